@@ -9,7 +9,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS=$ROOT/.tools
 cd "$ROOT" # so rustup honours a rust-toolchain.toml in the repo
-export PATH="$HOME/.cargo/bin:$PATH" # cargo-installed tools must win over older copies
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH" # cargo-installed tools win over older copies
 
 log() { echo "[setup] $*"; }
 die() { echo "[setup] ERROR: $*" >&2; exit 1; }
@@ -159,7 +159,8 @@ cat >"$TOOLS/webdriver.json" <<'EOF'
 EOF
 {
     echo '# Written by scripts/setup-toolchain.sh; rerun it instead of editing.'
-    echo 'case ":$PATH:" in *":$HOME/.cargo/bin:"*) ;; *) export PATH="$HOME/.cargo/bin:$PATH" ;; esac'
+    echo '_b=${CARGO_HOME:-$HOME/.cargo}/bin'
+    echo 'case ":$PATH:" in *":$_b:"*) ;; *) export PATH="$_b:$PATH" ;; esac; unset _b'
     echo '# Rustup toolchain for wasm32 commands only; empty means the default one has the target.'
     echo '# Native builds, clippy and rustfmt keep the default toolchain.'
     printf 'export SYNCHRO_WASM_TOOLCHAIN=%q\n' "$WASM_TOOLCHAIN"

@@ -57,7 +57,8 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn u64(&mut self) -> Option<u64> {
-        self.take(8).map(|s| u64::from_be_bytes(s.try_into().expect("8 octets")))
+        self.take(8)
+            .map(|s| u64::from_be_bytes(s.try_into().expect("8 octets")))
     }
 
     pub(crate) fn blob(&mut self) -> Option<&'a [u8]> {

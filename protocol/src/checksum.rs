@@ -23,7 +23,9 @@ impl Checksum {
             return Err(bad("not an object"));
         };
         if members.len() != 4 {
-            return Err(bad("must have exactly algorithm, version, encoding and digest"));
+            return Err(bad(
+                "must have exactly algorithm, version, encoding and digest",
+            ));
         }
         let mut digest = None;
         for (name, v) in members {
@@ -32,7 +34,10 @@ impl Checksum {
                 ("version", Json::Number(t)) if t == "1" => {}
                 ("encoding", Json::String(s)) if s == "hex" => {}
                 ("digest", Json::String(s)) => {
-                    digest = Some(parse_hex32(s).map_err(|_| bad("digest must be 64 lowercase hex characters"))?)
+                    digest = Some(
+                        parse_hex32(s)
+                            .map_err(|_| bad("digest must be 64 lowercase hex characters"))?,
+                    )
                 }
                 ("algorithm" | "version" | "encoding", _) => {
                     return Err(bad("unsupported algorithm, version or encoding"))
@@ -62,7 +67,8 @@ mod tests {
 
     #[test]
     fn exact_shape_only() {
-        let good = format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{D}"}}"#);
+        let good =
+            format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{D}"}}"#);
         let c = Checksum::parse(&good).unwrap();
         assert_eq!(Checksum::parse(&c.to_json_string()).unwrap(), c);
         let upper = D.to_uppercase();
@@ -75,13 +81,19 @@ mod tests {
             format!(r#"{{"algorithm":"sha256","version":1,"encoding":"base64","digest":"{D}"}}"#),
             format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{upper}"}}"#),
             format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{short}"}}"#),
-            format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex"}}"#),
-            format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{D}","x":1}}"#),
+            r#"{"algorithm":"sha256","version":1,"encoding":"hex"}"#.to_string(),
+            format!(
+                r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{D}","x":1}}"#
+            ),
             format!(r#"{{"algorithm":"sha256","version":1,"digest":"{D}","x":1}}"#),
             format!(r#"["sha256",1,"hex","{D}"]"#),
             format!(r#""{D}""#),
         ] {
-            assert_eq!(Checksum::parse(&bad).unwrap_err().code(), "invalid_checksum", "{bad}");
+            assert_eq!(
+                Checksum::parse(&bad).unwrap_err().code(),
+                "invalid_checksum",
+                "{bad}"
+            );
         }
     }
 }

@@ -33,7 +33,9 @@ pub const COMMANDS: &[&str] = &[
 pub fn eval_document(text: &str) -> Result<String> {
     let doc = Json::parse(text)?;
     let Some(Json::Array(cases)) = doc.get("cases") else {
-        return Err(Error::request("document must be an object with a cases array"));
+        return Err(Error::request(
+            "document must be an object with a cases array",
+        ));
     };
     let results = cases
         .iter()
@@ -116,7 +118,10 @@ fn run(command: &str, input: &Json) -> Result<Members> {
                     .ok_or_else(|| Error::request("input.field_spec is required"))?,
             )?;
             let value = TypedValue::from_wire_text(&spec, input_str(input, "raw_json")?)?;
-            Ok(vec![("canonical_bytes_hex".into(), s(hex::encode(value.to_bytes())))])
+            Ok(vec![(
+                "canonical_bytes_hex".into(),
+                s(hex::encode(value.to_bytes())),
+            )])
         }
         "manifest" => {
             let m = Manifest::parse(input_str(input, "manifest_json")?)?;
@@ -133,7 +138,10 @@ fn run(command: &str, input: &Json) -> Result<Members> {
             let pk = Json::parse(input_str(input, "pk_json")?)?;
             let pk = TypedValue::from_wire(&table.primary_key().spec, &pk)?;
             let identity = RowIdentity::new(table, &pk)?;
-            Ok(vec![("row_identity_hex".into(), s(hex::encode(identity.as_bytes())))])
+            Ok(vec![(
+                "row_identity_hex".into(),
+                s(hex::encode(identity.as_bytes())),
+            )])
         }
         "row-digest" => {
             let m = Manifest::parse(input_str(input, "manifest_json")?)?;
@@ -147,7 +155,10 @@ fn run(command: &str, input: &Json) -> Result<Members> {
                 input_str(input, "server_version")?,
             )?;
             Ok(vec![
-                ("row_identity_hex".into(), s(hex::encode(d.identity.as_bytes()))),
+                (
+                    "row_identity_hex".into(),
+                    s(hex::encode(d.identity.as_bytes())),
+                ),
                 ("canonical_bytes_hex".into(), s(hex::encode(&d.input))),
                 ("sha256".into(), s(hex::encode(d.digest))),
             ])
@@ -176,7 +187,10 @@ fn run(command: &str, input: &Json) -> Result<Members> {
                     s(hex::encode(d.input.unwrap_or_default())),
                 ),
                 ("sha256".into(), s(hex::encode(d.digest))),
-                ("cardinality".into(), Json::Number(d.cardinality.to_string())),
+                (
+                    "cardinality".into(),
+                    Json::Number(d.cardinality.to_string()),
+                ),
             ])
         }
         "canonical-json" => Ok(vec![(
@@ -191,7 +205,10 @@ fn run(command: &str, input: &Json) -> Result<Members> {
             };
             Ok(vec![(
                 "canonical".into(),
-                s(decimal::canonicalize_with(input_str(input, "source")?, spec)?),
+                s(decimal::canonicalize_with(
+                    input_str(input, "source")?,
+                    spec,
+                )?),
             )])
         }
         "canonical-float" => Ok(vec![(
@@ -204,7 +221,10 @@ fn run(command: &str, input: &Json) -> Result<Members> {
         }
         "semver-compare" => {
             let order = semver::compare(input_str(input, "a")?, input_str(input, "b")?)?;
-            Ok(vec![("order".into(), Json::Number((order as i8).to_string()))])
+            Ok(vec![(
+                "order".into(),
+                Json::Number((order as i8).to_string()),
+            )])
         }
         _ => Err(Error::request("unknown command")),
     }

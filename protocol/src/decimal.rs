@@ -210,13 +210,20 @@ mod tests {
             "", "-", "+", ".", "1e", "1e+", "e5", "1.2.3", " 1", "1 ", "NaN", "Infinity", "0x10",
             "1,5", "--1", "1e5.5",
         ] {
-            assert_eq!(canonicalize(bad).unwrap_err().code(), "invalid_decimal", "{bad:?}");
+            assert_eq!(
+                canonicalize(bad).unwrap_err().code(),
+                "invalid_decimal",
+                "{bad:?}"
+            );
         }
         assert_eq!(
             canonicalize("1e999999999999").unwrap_err().code(),
             "limit_exceeded"
         );
-        assert_eq!(canonicalize("1e-99999").unwrap_err().code(), "limit_exceeded");
+        assert_eq!(
+            canonicalize("1e-99999").unwrap_err().code(),
+            "limit_exceeded"
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::binary::{put_text, put_u32, put_u64, Reader, ROW_DIGEST_DOMAIN, ROW_ID_DOMAIN, SCOPE_DOMAIN};
+use crate::binary::{
+    put_text, put_u32, put_u64, Reader, ROW_DIGEST_DOMAIN, ROW_ID_DOMAIN, SCOPE_DOMAIN,
+};
 use crate::error::{Error, Result};
 use crate::json::Json;
 use crate::manifest::{Manifest, Table};
@@ -118,7 +120,10 @@ pub fn row_body(table: &Table, row: &Json, pk: &TypedValue) -> Result<Vec<u8>> {
     put_u32(&mut body, table.fields.len() as u32);
     for (field, slot) in table.fields.iter().zip(&slots) {
         let Some(value) = slot else {
-            return Err(Error::row(format!("row is missing field {}", field.field_id)));
+            return Err(Error::row(format!(
+                "row is missing field {}",
+                field.field_id
+            )));
         };
         if field.field_id == table.primary_key_field_id && value != pk {
             return Err(Error::PrimaryKeyMismatch);
@@ -162,7 +167,9 @@ pub fn row_digest_input(
     server_version: &str,
 ) -> Vec<u8> {
     let id = identity.as_bytes();
-    let mut out = Vec::with_capacity(ROW_DIGEST_DOMAIN.len() + 32 + 24 + id.len() + body.len() + server_version.len());
+    let mut out = Vec::with_capacity(
+        ROW_DIGEST_DOMAIN.len() + 32 + 24 + id.len() + body.len() + server_version.len(),
+    );
     out.extend_from_slice(ROW_DIGEST_DOMAIN);
     out.extend_from_slice(schema_hash);
     put_u64(&mut out, id.len() as u64);
@@ -198,7 +205,12 @@ impl ScopeDigester {
         ScopeDigester::start(schema_hash, scope_id, cardinality, true)
     }
 
-    fn start(schema_hash: &[u8; 32], scope_id: &str, cardinality: u64, record: bool) -> Result<Self> {
+    fn start(
+        schema_hash: &[u8; 32],
+        scope_id: &str,
+        cardinality: u64,
+        record: bool,
+    ) -> Result<Self> {
         if scope_id.is_empty() {
             return Err(Error::InvalidScope {
                 reason: "scope ID must be nonempty",

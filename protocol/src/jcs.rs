@@ -189,9 +189,17 @@ mod tests {
     fn json_number_domain() {
         assert_eq!(canonicalize("[1.0,1e0,10e-1]").unwrap(), "[1,1,1]");
         assert_eq!(canonicalize("[-0]").unwrap(), "[0]");
-        assert_eq!(canonicalize("[9007199254740991]").unwrap(), "[9007199254740991]");
+        assert_eq!(
+            canonicalize("[9007199254740991]").unwrap(),
+            "[9007199254740991]"
+        );
         assert_eq!(canonicalize("[1e21]").unwrap(), "[1e+21]");
-        for bad in ["[9007199254740992]", "[-9007199254740992]", "[1e400]", "[1e20]"] {
+        for bad in [
+            "[9007199254740992]",
+            "[-9007199254740992]",
+            "[1e400]",
+            "[1e20]",
+        ] {
             assert_eq!(
                 canonicalize(bad).unwrap_err().code(),
                 "number_out_of_domain",

@@ -351,8 +351,28 @@ mod tests {
     #[test]
     fn rejects_bad_grammar() {
         for bad in [
-            "", " ", "01", "1.", ".5", "+1", "1e", "-", "[1,]", "{\"a\":1,}", "[", "{\"a\"}", "nul",
-            "\"\\x\"", "\"a", "\"\u{1}\"", "1 2", "{1:2}", "[1]]", "NaN", "Infinity", "'a'",
+            "",
+            " ",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "1e",
+            "-",
+            "[1,]",
+            "{\"a\":1,}",
+            "[",
+            "{\"a\"}",
+            "nul",
+            "\"\\x\"",
+            "\"a",
+            "\"\u{1}\"",
+            "1 2",
+            "{1:2}",
+            "[1]]",
+            "NaN",
+            "Infinity",
+            "'a'",
         ] {
             assert!(Json::parse(bad).is_err(), "{bad:?} should be rejected");
         }
@@ -378,8 +398,17 @@ mod tests {
             Json::parse(r#""\ud83d\ude00""#).unwrap(),
             Json::String("😀".into())
         );
-        for bad in [r#""\ud800""#, r#""\udc00""#, r#""\ud800\u0041""#, r#""\ud800x""#] {
-            assert_eq!(Json::parse(bad).unwrap_err().code(), "lone_surrogate", "{bad}");
+        for bad in [
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800\u0041""#,
+            r#""\ud800x""#,
+        ] {
+            assert_eq!(
+                Json::parse(bad).unwrap_err().code(),
+                "lone_surrogate",
+                "{bad}"
+            );
         }
     }
 

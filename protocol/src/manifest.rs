@@ -201,13 +201,10 @@ impl Manifest {
                 Some(r)
             }
         };
-        let transition_class = TransitionClass::parse(str_of(
-            obj.req("transition_class")?,
-            "transition_class",
-        )?)
-        .ok_or_else(|| Error::manifest("unknown transition_class"))?;
-        let compatibility_floor =
-            counter(obj.req("compatibility_floor")?, "compatibility_floor")?;
+        let transition_class =
+            TransitionClass::parse(str_of(obj.req("transition_class")?, "transition_class")?)
+                .ok_or_else(|| Error::manifest("unknown transition_class"))?;
+        let compatibility_floor = counter(obj.req("compatibility_floor")?, "compatibility_floor")?;
         let Json::Array(table_values) = obj.req("tables")? else {
             return Err(Error::manifest("tables must be an array"));
         };
@@ -358,7 +355,10 @@ fn write_table(t: &Table, o: &mut String) {
         o.push_str(",\"nullable\":");
         o.push_str(if f.spec.nullable { "true" } else { "false" });
         if let Some(d) = f.spec.decimal {
-            o.push_str(&format!(",\"precision\":{},\"scale\":{}", d.precision, d.scale));
+            o.push_str(&format!(
+                ",\"precision\":{},\"scale\":{}",
+                d.precision, d.scale
+            ));
         }
         o.push_str(",\"type\":\"");
         o.push_str(f.spec.ty.as_str());
@@ -433,14 +433,18 @@ fn parse_table(value: &Json) -> Result<Table> {
     let primary_key_field_id = id_of(obj.req("primary_key_field_id")?, "primary_key_field_id")?;
     let lifecycle = parse_lifecycle(obj.req("lifecycle")?)?;
     let Json::Array(field_values) = obj.req("fields")? else {
-        return Err(Error::manifest(format!("table {table_id}: fields must be an array")));
+        return Err(Error::manifest(format!(
+            "table {table_id}: fields must be an array"
+        )));
     };
     let mut fields = field_values
         .iter()
         .map(parse_field)
         .collect::<Result<Vec<_>>>()?;
     let Json::Array(index_values) = obj.req("indexes")? else {
-        return Err(Error::manifest(format!("table {table_id}: indexes must be an array")));
+        return Err(Error::manifest(format!(
+            "table {table_id}: indexes must be an array"
+        )));
     };
     let mut indexes = index_values
         .iter()
@@ -534,9 +538,10 @@ fn parse_field(value: &Json) -> Result<Field> {
             let p = crate::types::json_u32(p);
             let s = crate::types::json_u32(s);
             match (p, s) {
-                (Some(p), Some(s)) => Some(DecimalSpec::new(p, s).map_err(|e| {
-                    Error::manifest(format!("field {field_id}: {e}"))
-                })?),
+                (Some(p), Some(s)) => Some(
+                    DecimalSpec::new(p, s)
+                        .map_err(|e| Error::manifest(format!("field {field_id}: {e}")))?,
+                ),
                 _ => {
                     return Err(Error::manifest(format!(
                         "field {field_id}: precision and scale must be integers"
@@ -590,7 +595,9 @@ fn parse_index(value: &Json) -> Result<Index> {
     let index_id = id_of(obj.req("index_id")?, "index_id")?;
     let name = id_of(obj.req("name")?, "index name")?;
     let Json::Array(ids) = obj.req("field_ids")? else {
-        return Err(Error::manifest(format!("index {index_id}: field_ids must be an array")));
+        return Err(Error::manifest(format!(
+            "index {index_id}: field_ids must be an array"
+        )));
     };
     let field_ids = ids
         .iter()
@@ -639,7 +646,10 @@ impl<'a> Members<'a> {
 
     fn finish(self) -> Result<()> {
         match self.used.iter().position(|u| !u) {
-            Some(_) => Err(Error::manifest(format!("{} has an unknown member", self.what))),
+            Some(_) => Err(Error::manifest(format!(
+                "{} has an unknown member",
+                self.what
+            ))),
             None => Ok(()),
         }
     }
@@ -667,7 +677,9 @@ fn bool_of(v: &Json, what: &str) -> Result<bool> {
 
 fn counter(v: &Json, what: &str) -> Result<u64> {
     let bad = || Error::manifest(format!("{what} must be a positive integer at most 2^53-1"));
-    let Json::Number(t) = v else { return Err(bad()) };
+    let Json::Number(t) = v else {
+        return Err(bad());
+    };
     if t.starts_with('0') || !t.bytes().all(|b| b.is_ascii_digit()) || t.len() > 16 {
         return Err(bad());
     }

@@ -121,28 +121,70 @@ mod tests {
     fn semver_spec_order() {
         // The chain from semver.org §11, strictly increasing.
         let chain = [
-            "1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
-            "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "2.0.0", "2.1.0", "2.1.1",
-            "18446744073709551616.0.0", "99999999999999999999999.0.0",
+            "1.0.0-alpha",
+            "1.0.0-alpha.1",
+            "1.0.0-alpha.beta",
+            "1.0.0-beta",
+            "1.0.0-beta.2",
+            "1.0.0-beta.11",
+            "1.0.0-rc.1",
+            "1.0.0",
+            "2.0.0",
+            "2.1.0",
+            "2.1.1",
+            "18446744073709551616.0.0",
+            "99999999999999999999999.0.0",
         ];
         for w in chain.windows(2) {
-            assert_eq!(compare(w[0], w[1]).unwrap(), Ordering::Less, "{} < {}", w[0], w[1]);
+            assert_eq!(
+                compare(w[0], w[1]).unwrap(),
+                Ordering::Less,
+                "{} < {}",
+                w[0],
+                w[1]
+            );
             assert_eq!(compare(w[1], w[0]).unwrap(), Ordering::Greater);
         }
         assert_eq!(compare("1.2.3+one", "1.2.3+two").unwrap(), Ordering::Equal);
         assert_eq!(compare("1.2.3-beta", "1.2.3").unwrap(), Ordering::Less);
         assert_eq!(compare("1.0.0-0A", "1.0.0-0a").unwrap(), Ordering::Less);
-        assert_eq!(compare("1.0.0-alpha-1", "1.0.0-alpha").unwrap(), Ordering::Greater);
+        assert_eq!(
+            compare("1.0.0-alpha-1", "1.0.0-alpha").unwrap(),
+            Ordering::Greater
+        );
     }
 
     #[test]
     fn malformed_fails_closed() {
         for bad in [
-            "v1.0.0", "1.0", "1", "1.0.0.0", "01.0.0", "1.00.0", "1.0.0-01", "1.0.0-", "1.0.0+",
-            "1.0.0-a..b", "1.0.0+a..b", " 1.0.0", "1.0.0 ", "+1.0.0", "-1.0.0", "1.0.0-é",
-            "1.0.0+b_1", "", "1..0", "a.b.c", "1.0.0-alpha+", "1.0.0++b",
+            "v1.0.0",
+            "1.0",
+            "1",
+            "1.0.0.0",
+            "01.0.0",
+            "1.00.0",
+            "1.0.0-01",
+            "1.0.0-",
+            "1.0.0+",
+            "1.0.0-a..b",
+            "1.0.0+a..b",
+            " 1.0.0",
+            "1.0.0 ",
+            "+1.0.0",
+            "-1.0.0",
+            "1.0.0-é",
+            "1.0.0+b_1",
+            "",
+            "1..0",
+            "a.b.c",
+            "1.0.0-alpha+",
+            "1.0.0++b",
         ] {
-            assert_eq!(Version::parse(bad).unwrap_err().code(), "invalid_semver", "{bad:?}");
+            assert_eq!(
+                Version::parse(bad).unwrap_err().code(),
+                "invalid_semver",
+                "{bad:?}"
+            );
         }
         // Build metadata may have leading zeros.
         assert!(Version::parse("1.0.0+001").is_ok());

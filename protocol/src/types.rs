@@ -209,7 +209,9 @@ impl FieldSpec {
 /// A JSON integer token in u32 range (no sign, fraction or exponent).
 pub(crate) fn json_u32(v: &Json) -> Option<u32> {
     match v {
-        Json::Number(t) if t.bytes().all(|b| b.is_ascii_digit()) && (t == "0" || !t.starts_with('0')) => {
+        Json::Number(t)
+            if t.bytes().all(|b| b.is_ascii_digit()) && (t == "0" || !t.starts_with('0')) =>
+        {
             t.parse().ok()
         }
         _ => None,

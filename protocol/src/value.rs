@@ -282,7 +282,11 @@ pub fn float_value(v: f64) -> Result<TypedValue> {
             ty: PortableType::Float,
         });
     }
-    Ok(TypedValue::some(Scalar::Float(if v == 0.0 { 0.0 } else { v })))
+    Ok(TypedValue::some(Scalar::Float(if v == 0.0 {
+        0.0
+    } else {
+        v
+    })))
 }
 
 #[cfg(test)]
@@ -298,10 +302,15 @@ mod tests {
         // The same number in four numeric types gives four different typed values.
         let int = TypedValue::from_wire_text(&spec(PortableType::Int), "1").unwrap();
         let int64 = TypedValue::from_wire_text(&spec(PortableType::Int64), "\"1\"").unwrap();
-        let dec = TypedValue::from_wire_text(&FieldSpec::decimal(true, 5, 0).unwrap(), "\"1\"")
-            .unwrap();
+        let dec =
+            TypedValue::from_wire_text(&FieldSpec::decimal(true, 5, 0).unwrap(), "\"1\"").unwrap();
         let float = TypedValue::from_wire_text(&spec(PortableType::Float), "1").unwrap();
-        let all = [int.to_bytes(), int64.to_bytes(), dec.to_bytes(), float.to_bytes()];
+        let all = [
+            int.to_bytes(),
+            int64.to_bytes(),
+            dec.to_bytes(),
+            float.to_bytes(),
+        ];
         for i in 0..all.len() {
             for j in i + 1..all.len() {
                 assert_ne!(all[i], all[j]);
@@ -354,6 +363,9 @@ mod tests {
         assert!(canonical_float("1e999").is_err());
         assert!(canonical_float("\"1\"").is_err());
         assert!(float_value(f64::NAN).is_err());
-        assert_eq!(float_value(-0.0).unwrap().to_bytes(), vec![5, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            float_value(-0.0).unwrap().to_bytes(),
+            vec![5, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
     }
 }

@@ -55,8 +55,8 @@ pub fn canonical_decimal(
 /// (`{"type","nullable","precision"?,"scale"?}`).
 #[wasm_bindgen(js_name = typedValueBytes)]
 pub fn typed_value_bytes(field_spec_json: &str, raw_json: &str) -> Result<Vec<u8>, JsValue> {
-    let spec = FieldSpec::from_json(&Json::parse(field_spec_json).map_err(js_error)?)
-        .map_err(js_error)?;
+    let spec =
+        FieldSpec::from_json(&Json::parse(field_spec_json).map_err(js_error)?).map_err(js_error)?;
     Ok(TypedValue::from_wire_text(&spec, raw_json)
         .map_err(js_error)?
         .to_bytes())

@@ -72,7 +72,10 @@ fn check_results(cases: &[Case], output: &str) -> usize {
         let output = result.get("output").expect("output");
         let valid = output.get("valid") == Some(&Json::Bool(true));
         if valid != case.valid {
-            failures.push(format!("{}: valid={valid}, expected {} ({output:?})", case.id, case.valid));
+            failures.push(format!(
+                "{}: valid={valid}, expected {} ({output:?})",
+                case.id, case.valid
+            ));
             continue;
         }
         if !valid {
@@ -90,7 +93,12 @@ fn check_results(cases: &[Case], output: &str) -> usize {
             }
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     cases.len()
 }
 
@@ -100,13 +108,19 @@ fn conformance_cases() -> Vec<Case> {
         .iter()
         .map(|c| {
             let expect = c.get("expect").unwrap();
-            let Json::Object(members) = expect else { panic!() };
+            let Json::Object(members) = expect else {
+                panic!()
+            };
             Case {
                 id: text(c, "id"),
                 command: text(c, "command"),
                 input: c.get("input").unwrap().clone(),
                 valid: expect.get("valid") == Some(&Json::Bool(true)),
-                expect: members.iter().filter(|(k, _)| k != "valid").cloned().collect(),
+                expect: members
+                    .iter()
+                    .filter(|(k, _)| k != "valid")
+                    .cloned()
+                    .collect(),
             }
         })
         .collect()
@@ -140,7 +154,11 @@ fn upstream_cases() -> Vec<Case> {
             };
             expect.push((bytes_name.to_owned(), bytes));
             if let Some(sha @ Json::String(_)) = expected.get("expected_sha256") {
-                let name = if command == "manifest" { "schema_hash" } else { "sha256" };
+                let name = if command == "manifest" {
+                    "schema_hash"
+                } else {
+                    "sha256"
+                };
                 expect.push((name.to_owned(), sha.clone()));
             }
         }
@@ -199,7 +217,10 @@ fn upstream_float_wire_boundaries() {
     let cases = arr(doc.get("cases").unwrap());
     assert!(!cases.is_empty());
     for c in cases {
-        assert_eq!(canonical_float(&text(c, "source")).unwrap(), text(c, "canonical"));
+        assert_eq!(
+            canonical_float(&text(c, "source")).unwrap(),
+            text(c, "canonical")
+        );
     }
 }
 
@@ -246,7 +267,12 @@ fn binary_gives_the_library_output_for_every_vector() {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(doc.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(doc.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success());
         let stdout = String::from_utf8(out.stdout).unwrap();
@@ -268,7 +294,12 @@ fn binary_rejects_a_malformed_document_with_status_2() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(doc.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(doc.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{doc}");
         assert!(out.stdout.is_empty());

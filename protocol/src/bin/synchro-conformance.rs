@@ -13,7 +13,12 @@ const USAGE: &str = "usage: synchro-conformance eval < cases.json > results.json
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["eval"] => eval(),
         ["commands"] => {
             for c in synchro_protocol::conformance::COMMANDS {
@@ -49,7 +54,10 @@ fn eval() -> ExitCode {
     match synchro_protocol::conformance::eval_document(&input) {
         Ok(out) => {
             let mut stdout = std::io::stdout().lock();
-            if writeln!(stdout, "{out}").and_then(|_| stdout.flush()).is_err() {
+            if writeln!(stdout, "{out}")
+                .and_then(|_| stdout.flush())
+                .is_err()
+            {
                 return ExitCode::from(1);
             }
             ExitCode::SUCCESS
