@@ -55,6 +55,58 @@ pub fn eval_document(text: &str) -> Result<String> {
     jcs::to_canonical_string(&out)
 }
 
+/// Outcome of [`check_document`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Cases evaluated.
+    pub total: usize,
+    /// One line per case whose output differs from its `expect`, naming the case and member.
+    pub mismatches: Vec<String>,
+}
+
+/// Evaluates a vector file whose cases carry `expect` objects and compares: `valid` must
+/// match, and every other expected member must equal the output's member exactly.
+pub fn check_document(text: &str) -> Result<CheckReport> {
+    let doc = Json::parse(text)?;
+    let Some(Json::Array(cases)) = doc.get("cases") else {
+        return Err(Error::request(
+            "document must be an object with a cases array",
+        ));
+    };
+    let mut mismatches = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let id = match case.get("id") {
+            Some(Json::String(s)) => s.clone(),
+            _ => format!("#{i}"),
+        };
+        let (Some(command), Some(input), Some(Json::Object(expect))) = (
+            case.get("command").and_then(Json::as_str),
+            case.get("input"),
+            case.get("expect"),
+        ) else {
+            mismatches.push(format!(
+                "{id}: case needs command, input and an expect object"
+            ));
+            continue;
+        };
+        let output = eval_case(command, input);
+        for (name, want) in expect {
+            let got = output.get(name);
+            if got != Some(want) {
+                let got = got.map_or("absent".to_owned(), |g| {
+                    jcs::to_canonical_string(g).unwrap_or_else(|_| "?".into())
+                });
+                let want = jcs::to_canonical_string(want).unwrap_or_else(|_| "?".into());
+                mismatches.push(format!("{id}: {name} is {got}, expected {want}"));
+            }
+        }
+    }
+    Ok(CheckReport {
+        total: cases.len(),
+        mismatches,
+    })
+}
+
 /// Evaluates one case and returns its `output` object.
 pub fn eval_case(command: &str, input: &Json) -> Json {
     match run(command, input) {

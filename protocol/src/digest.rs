@@ -134,6 +134,41 @@ pub fn row_body(table: &Table, row: &Json, pk: &TypedValue) -> Result<Vec<u8>> {
     Ok(body)
 }
 
+/// Computes the row digest of a complete row given as validated values, one per field in
+/// the table's field order (sorted by field ID), e.g. as read back from local storage.
+pub fn row_digest_of_values(
+    schema_hash: &[u8; 32],
+    table: &Table,
+    values: &[TypedValue],
+    server_version: &str,
+) -> Result<RowDigest> {
+    if values.len() != table.fields.len() {
+        return Err(Error::row("row must have exactly one value per field"));
+    }
+    if server_version.is_empty() {
+        return Err(Error::InvalidServerVersion);
+    }
+    let mut body = Vec::with_capacity(16 * values.len());
+    put_u32(&mut body, values.len() as u32);
+    let mut identity = None;
+    for (field, value) in table.fields.iter().zip(values) {
+        value.check(&field.spec)?;
+        if field.field_id == table.primary_key_field_id {
+            identity = Some(RowIdentity::new(table, value)?);
+        }
+        put_text(&mut body, &field.field_id);
+        value.encode(&mut body);
+    }
+    let identity = identity.expect("validated table has its primary-key field");
+    let input = row_digest_input(schema_hash, &identity, &body, server_version);
+    let digest = Sha256::digest(&input).into();
+    Ok(RowDigest {
+        identity,
+        input,
+        digest,
+    })
+}
+
 /// Computes the row digest of a complete row (`row_json` a JSON object keyed by field ID,
 /// `pk_json` the separate primary-key wire value) at `server_version`.
 pub fn row_digest(
@@ -191,8 +226,13 @@ pub struct ScopeDigester {
     expected: u64,
     seen: u64,
     last: Vec<u8>,
+    /// Entries are staged here and handed to SHA-256 in large blocks: many small
+    /// `update` calls cost more than the hashing itself.
+    pending: Vec<u8>,
     record: Option<Vec<u8>>,
 }
+
+const FLUSH_AT: usize = 16 * 1024;
 
 impl ScopeDigester {
     /// Starts a scope digest. `scope_id` must be nonempty.
@@ -226,6 +266,7 @@ impl ScopeDigester {
             expected: cardinality,
             seen: 0,
             last: Vec::new(),
+            pending: Vec::with_capacity(FLUSH_AT + 256),
             record: record.then(Vec::new),
         };
         d.update(&header);
@@ -233,10 +274,18 @@ impl ScopeDigester {
     }
 
     fn update(&mut self, bytes: &[u8]) {
-        self.hasher.update(bytes);
-        if let Some(r) = &mut self.record {
-            r.extend_from_slice(bytes);
+        self.pending.extend_from_slice(bytes);
+        if self.pending.len() >= FLUSH_AT {
+            self.flush();
         }
+    }
+
+    fn flush(&mut self) {
+        self.hasher.update(&self.pending);
+        if let Some(r) = &mut self.record {
+            r.extend_from_slice(&self.pending);
+        }
+        self.pending.clear();
     }
 
     /// Adds the next entry; identities must strictly increase.
@@ -256,8 +305,9 @@ impl ScopeDigester {
                 reason: "more entries than the declared cardinality",
             });
         }
-        self.update(&(id.len() as u64).to_be_bytes());
-        self.update(id);
+        self.pending
+            .extend_from_slice(&(id.len() as u64).to_be_bytes());
+        self.pending.extend_from_slice(id);
         self.update(row_digest);
         self.seen += 1;
         self.last.clear();
@@ -266,7 +316,8 @@ impl ScopeDigester {
     }
 
     /// Finalizes; fails unless exactly the declared number of entries was added.
-    pub fn finish(self) -> Result<ScopeDigest> {
+    pub fn finish(mut self) -> Result<ScopeDigest> {
+        self.flush();
         if self.seen != self.expected {
             return Err(Error::InvalidScope {
                 reason: "fewer entries than the declared cardinality",

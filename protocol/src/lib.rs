@@ -36,6 +36,8 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod binary;
 pub mod checksum;
 pub mod conformance;

@@ -70,8 +70,61 @@ impl TypedValue {
         TypedValue { ty, scalar: None }
     }
 
+    /// Validates a native scalar (canonical text, finite float, grammar-conforming temporal
+    /// values) and wraps it. Negative zero floats become positive zero.
+    pub fn from_scalar(scalar: Scalar) -> Result<TypedValue> {
+        let ty = scalar.ty();
+        let scalar = match scalar {
+            Scalar::Float(f) if !f.is_finite() => return Err(Error::OutOfRange { ty }),
+            Scalar::Float(f) => Scalar::Float(if f == 0.0 { 0.0 } else { f }),
+            Scalar::Decimal(s) => {
+                decimal::validate_wire(&s, None)?;
+                Scalar::Decimal(s)
+            }
+            Scalar::Datetime(s) => {
+                temporal::validate_datetime(&s)?;
+                Scalar::Datetime(s)
+            }
+            Scalar::Date(s) => {
+                temporal::validate_date(&s)?;
+                Scalar::Date(s)
+            }
+            Scalar::Time(s) => {
+                temporal::validate_time(&s)?;
+                Scalar::Time(s)
+            }
+            Scalar::Json(s) => {
+                if jcs::canonicalize(&s)? != s {
+                    return Err(Error::NonCanonical {
+                        ty,
+                        reason: "json content is not in RFC 8785 canonical form",
+                    });
+                }
+                Scalar::Json(s)
+            }
+            other => other,
+        };
+        Ok(TypedValue::some(scalar))
+    }
+
+    /// Checks this value against a field spec: same type, null only when nullable, decimal
+    /// within precision and scale.
+    pub fn check(&self, spec: &FieldSpec) -> Result<()> {
+        if self.ty != spec.ty {
+            return Err(Error::TypeMismatch { ty: spec.ty });
+        }
+        match &self.scalar {
+            None if !spec.nullable => Err(Error::NullNotAllowed),
+            Some(Scalar::Decimal(d)) => match spec.decimal {
+                Some(bounds) => decimal::check_bounds(d, bounds),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+
     /// Wraps a scalar that is already canonical (constructed through this module's checks).
-    pub fn some(scalar: Scalar) -> TypedValue {
+    pub(crate) fn some(scalar: Scalar) -> TypedValue {
         TypedValue {
             ty: scalar.ty(),
             scalar: Some(scalar),

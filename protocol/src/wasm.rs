@@ -91,3 +91,73 @@ pub fn row_digest(
 pub fn semver_compare(a: &str, b: &str) -> Result<i32, JsValue> {
     Ok(semver::compare(a, b).map_err(js_error)? as i32)
 }
+
+/// The benchmark workload for JS timing (feature `bench`; see bench/node-bench.mjs).
+#[cfg(feature = "bench")]
+#[wasm_bindgen]
+pub struct BenchWorkload {
+    inner: crate::bench::Workload,
+    sorted: Vec<(crate::digest::RowIdentity, [u8; 32])>,
+}
+
+#[cfg(feature = "bench")]
+#[wasm_bindgen]
+impl BenchWorkload {
+    /// Generates the workload (same octets as the native benchmark for the same seed).
+    #[wasm_bindgen(constructor)]
+    pub fn new(rows: usize, entries: usize, seed: u64) -> BenchWorkload {
+        let inner = crate::bench::Workload::new(rows, entries, seed);
+        let sorted = inner.sorted_entries();
+        BenchWorkload { inner, sorted }
+    }
+    /// Number of rows.
+    #[wasm_bindgen(js_name = rowCount)]
+    pub fn row_count(&self) -> usize {
+        self.inner.row_count()
+    }
+    /// Number of scope entries.
+    #[wasm_bindgen(js_name = entryCount)]
+    pub fn entry_count(&self) -> usize {
+        self.inner.entry_count()
+    }
+    /// Total row-digest input octets.
+    #[wasm_bindgen(js_name = rowInputBytes)]
+    pub fn row_input_bytes(&self) -> usize {
+        self.inner.row_input_bytes()
+    }
+    /// Scope-digest input octets.
+    #[wasm_bindgen(js_name = scopeInputBytes)]
+    pub fn scope_input_bytes(&self) -> usize {
+        self.inner.scope_input_bytes()
+    }
+    /// Kernel: row digests from wire JSON.
+    #[wasm_bindgen(js_name = rowDigestsFromWire)]
+    pub fn row_digests_from_wire(&self) -> u8 {
+        self.inner.row_digests_from_wire()
+    }
+    /// Kernel: row digests from validated values.
+    #[wasm_bindgen(js_name = rowDigestsFromValues)]
+    pub fn row_digests_from_values(&self) -> u8 {
+        self.inner.row_digests_from_values()
+    }
+    /// Baseline: raw SHA-256 over the row-digest inputs.
+    #[wasm_bindgen(js_name = rawSha256Rows)]
+    pub fn raw_sha256_rows(&self) -> u8 {
+        self.inner.raw_sha256_rows()
+    }
+    /// Kernel: scope digest including the sort.
+    #[wasm_bindgen(js_name = scopeDigestWithSort)]
+    pub fn scope_digest_with_sort(&self) -> u8 {
+        self.inner.scope_digest_with_sort()
+    }
+    /// Kernel: scope digest over presorted entries.
+    #[wasm_bindgen(js_name = scopeDigestPresorted)]
+    pub fn scope_digest_presorted(&self) -> u8 {
+        self.inner.scope_digest_presorted(&self.sorted)
+    }
+    /// Baseline: raw SHA-256 over the scope-digest input.
+    #[wasm_bindgen(js_name = rawSha256Scope)]
+    pub fn raw_sha256_scope(&self) -> u8 {
+        self.inner.raw_sha256_scope()
+    }
+}

@@ -510,3 +510,75 @@ fn duplicate_and_malformed_scope_entries_are_rejected() {
     assert!(s.add(&id, &[0; 32]).is_err());
     assert!(s.finish().is_err());
 }
+
+#[test]
+fn digest_from_values_equals_digest_from_wire_json() {
+    use synchro_protocol::digest::row_digest_of_values;
+    use synchro_protocol::value::TypedValue;
+    let m = manifest(
+        "tbl",
+        ("pk", "string"),
+        &[
+            ("f_a", "string", true),
+            ("f_b", "int", false),
+            ("f_c", "decimal", true),
+        ],
+        "t",
+    );
+    let t = m.table("tbl").unwrap();
+    let row = Json::parse(r#"{"pk":"k","f_a":null,"f_b":-3,"f_c":"12.5"}"#).unwrap();
+    let from_wire = row_digest(&m, "tbl", &Json::parse(r#""k""#).unwrap(), &row, "v9").unwrap();
+    // Values in field order: f_a, f_b, f_c, pk.
+    let values: Vec<TypedValue> = t
+        .fields
+        .iter()
+        .map(|f| TypedValue::from_wire(&f.spec, row.get(&f.field_id).unwrap()).unwrap())
+        .collect();
+    let from_values = row_digest_of_values(&m.schema_hash(), t, &values, "v9").unwrap();
+    assert_eq!(from_values.input, from_wire.input);
+    assert_eq!(from_values.digest, from_wire.digest);
+    // A value of the wrong type, a null for a required field, or a decimal beyond its
+    // scale is refused.
+    let mut wrong = values.clone();
+    wrong[1] = TypedValue::from_wire_text(
+        &synchro_protocol::types::FieldSpec::new(
+            synchro_protocol::types::PortableType::Int64,
+            false,
+        )
+        .unwrap(),
+        "\"-3\"",
+    )
+    .unwrap();
+    assert_eq!(
+        row_digest_of_values(&m.schema_hash(), t, &wrong, "v9")
+            .unwrap_err()
+            .code(),
+        "type_mismatch"
+    );
+    let mut null = values.clone();
+    null[1] = TypedValue::null(synchro_protocol::types::PortableType::Int);
+    assert_eq!(
+        row_digest_of_values(&m.schema_hash(), t, &null, "v9")
+            .unwrap_err()
+            .code(),
+        "null_not_allowed"
+    );
+    let mut wide = values.clone();
+    wide[2] = TypedValue::from_scalar(synchro_protocol::value::Scalar::Decimal("1.23456".into()))
+        .unwrap();
+    assert_eq!(
+        row_digest_of_values(&m.schema_hash(), t, &wide, "v9")
+            .unwrap_err()
+            .code(),
+        "scale_exceeded"
+    );
+    assert!(
+        TypedValue::from_scalar(synchro_protocol::value::Scalar::Decimal("1.50".into())).is_err()
+    );
+    assert_eq!(
+        row_digest_of_values(&m.schema_hash(), t, &values[..3], "v9")
+            .unwrap_err()
+            .code(),
+        "invalid_row"
+    );
+}

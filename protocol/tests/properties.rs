@@ -154,13 +154,13 @@ proptest! {
         prop_assert_eq!(back, canonical.clone());
         // The canonical text is a valid wire value and a fixed point.
         prop_assert_eq!(decimal::validate_wire(&canonical, None).unwrap(), canonical.as_str());
-        round_trip(&TypedValue::some(Scalar::Decimal(canonical)));
+        round_trip(&TypedValue::from_scalar(Scalar::Decimal(canonical)).unwrap());
     }
 
     #[test]
     fn string_and_bytes_round_trip(s in ".*", b in prop::collection::vec(any::<u8>(), 0..64)) {
-        round_trip(&TypedValue::some(Scalar::String(s)));
-        round_trip(&TypedValue::some(Scalar::Bytes(b)));
+        round_trip(&TypedValue::from_scalar(Scalar::String(s)).unwrap());
+        round_trip(&TypedValue::from_scalar(Scalar::Bytes(b)).unwrap());
     }
 
     #[test]
@@ -177,7 +177,7 @@ proptest! {
         noisy(&tree, &mut n);
         prop_assert_eq!(jcs::canonicalize(&n).unwrap(), canonical.clone());
         prop_assert_eq!(jcs::canonicalize(&canonical).unwrap(), canonical.clone());
-        round_trip(&TypedValue::some(Scalar::Json(canonical)));
+        round_trip(&TypedValue::from_scalar(Scalar::Json(canonical)).unwrap());
     }
 
     #[test]
@@ -207,7 +207,7 @@ proptest! {
            "lifecycle":{"created_at_field_id":null,"updated_at_field_id":null,"deleted_at_field_id":null},
            "fields":[{"field_id":"k","name":"k","type":"int64","nullable":false,"writable":false}],"indexes":[]}]}"#).unwrap();
         for (table, value) in [("a", Scalar::String(k.clone())), ("b", Scalar::Int64(i))] {
-            let id = RowIdentity::new(m.table(table).unwrap(), &TypedValue::some(value)).unwrap();
+            let id = RowIdentity::new(m.table(table).unwrap(), &TypedValue::from_scalar(value).unwrap()).unwrap();
             prop_assert_eq!(RowIdentity::from_bytes(id.as_bytes()).unwrap(), id.clone());
             let bytes = id.as_bytes();
             prop_assert!(RowIdentity::from_bytes(&bytes[..bytes.len() - 1]).is_err());

@@ -305,3 +305,35 @@ fn binary_rejects_a_malformed_document_with_status_2() {
         assert!(out.stdout.is_empty());
     }
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn check_subcommand_reports_mismatches() {
+    use std::process::Command;
+    let dir = std::env::temp_dir().join(format!("synchro-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.json");
+    std::fs::write(&good, CONFORMANCE).unwrap();
+    // Break one expectation: the tool must notice it.
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        CONFORMANCE.replacen("0101000000000000000568656c6c6f", "00", 1),
+    )
+    .unwrap();
+    let run = |p: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_synchro-conformance"))
+            .arg("check")
+            .arg(p)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&good);
+    assert!(ok.status.success());
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("123/123 cases match"));
+    let ko = run(&bad);
+    assert_eq!(ko.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&ko.stdout);
+    assert!(out.contains("MISMATCH TV-STRING-01") && out.contains("122/123 cases match"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -3,11 +3,14 @@
 //! `synchro-conformance eval` reads `{"cases":[{"id","command","input"}]}` on stdin and
 //! writes `{"results":[{"id","output"}]}` on stdout (RFC 8785 canonical JSON), one result
 //! per case, in order, exit status 0. A malformed document exits with status 2.
+//! `synchro-conformance check FILE...` runs vector files whose cases carry `expect`
+//! objects and reports every mismatch.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: synchro-conformance eval < cases.json > results.json
+       synchro-conformance check FILE...  (run vector files with expect members; exit 1 on a mismatch)
        synchro-conformance commands      (list the supported commands)
        synchro-conformance --version";
 
@@ -20,6 +23,7 @@ fn main() -> ExitCode {
         .as_slice()
     {
         ["eval"] => eval(),
+        ["check", files @ ..] if !files.is_empty() => check(files),
         ["commands"] => {
             for c in synchro_protocol::conformance::COMMANDS {
                 println!("{c}");
@@ -42,6 +46,40 @@ fn main() -> ExitCode {
             eprintln!("{USAGE}");
             ExitCode::from(2)
         }
+    }
+}
+
+fn check(files: &[&str]) -> ExitCode {
+    let mut failed = false;
+    for file in files {
+        let report = std::fs::read_to_string(file)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                synchro_protocol::conformance::check_document(&t)
+                    .map_err(|e| format!("{e} ({})", e.code()))
+            });
+        match report {
+            Ok(r) => {
+                for m in &r.mismatches {
+                    println!("MISMATCH {m}");
+                }
+                println!(
+                    "{file}: {}/{} cases match",
+                    r.total - r.mismatches.len(),
+                    r.total
+                );
+                failed |= !r.mismatches.is_empty();
+            }
+            Err(e) => {
+                eprintln!("synchro-conformance: {file}: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs what is missing, then runs every test: format, lints (native and wasm32), native
+# tests, wasm tests in node and in headless Chromium, the wasm packages, the native/wasm
+# parity test and the conformance run. Ends with each runner's summary lines.
+#   SYNCHRO_SKIP_SETUP=1  skip scripts/setup-toolchain.sh (tools already installed)
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOGS=$ROOT/target/test-logs
+mkdir -p "$LOGS"
+rm -f "$LOGS"/*.log
+summary=()
+failed=0
+
+# step NAME COMMAND... : run, log, remember the runner's summary lines.
+step() {
+    local name=$1; shift
+    local log=$LOGS/$(printf '%02d' ${#summary[@]})-$name.log start=$SECONDS status
+    echo "=== $name: $*"
+    "$@" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    local lines
+    lines=$(grep -E '^test result:|^# (tests|pass|fail) |cases match|^\[build-wasm\] done' "$log" | sed 's/^/    /')
+    if [ "$status" -eq 0 ]; then
+        summary+=("ok     $name ($((SECONDS - start))s)${lines:+$'\n'$lines}")
+    else
+        summary+=("FAILED $name ($((SECONDS - start))s, exit $status, log: ${log#"$ROOT"/})${lines:+$'\n'$lines}")
+        failed=1
+    fi
+    return "$status"
+}
+
+finish() {
+    echo
+    echo "=== summary"
+    printf '%s\n' "${summary[@]}"
+    if [ "$failed" -eq 0 ]; then echo "ALL PASSED in ${SECONDS}s"; else echo "FAILED after ${SECONDS}s"; fi
+    exit "$failed"
+}
+
+if [ "${SYNCHRO_SKIP_SETUP:-0}" != 1 ]; then
+    step setup scripts/setup-toolchain.sh || finish
+fi
+. .tools/env.sh
+wasm_cargo() {
+    if [ -n "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then RUSTUP_TOOLCHAIN=$SYNCHRO_WASM_TOOLCHAIN cargo "$@"; else cargo "$@"; fi
+}
+WASM_TESTS=(-p synchro-protocol --target wasm32-unknown-unknown --test vectors --test negative_controls)
+
+step fmt cargo fmt --all --check
+step clippy cargo clippy --workspace --all-targets --features synchro-protocol/bench -- -D warnings
+if [ -z "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
+    # Debian's wasm toolchain has no clippy; the native lint covers the shared code then.
+    step clippy-wasm32 cargo clippy -p synchro-protocol --target wasm32-unknown-unknown --features bench -- -D warnings
+fi
+step test-native cargo test --workspace
+step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
+step test-wasm-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
+step build-wasm scripts/build-wasm.sh
+step test-parity-node node --test protocol/js-tests/
+step conformance scripts/run.sh
+finish
