@@ -18,8 +18,11 @@ fn text(data: &[u8]) -> Option<&str> {
     std::str::from_utf8(data).ok()
 }
 
+/// A check of one fuzz input; panics when an invariant breaks.
+pub type Check = fn(&[u8]);
+
 /// The names of the targets, each with its check.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Check)] = &[
     ("json", json),
     ("typed_value", typed_value),
     ("decimal", decimal_source),
