@@ -17,23 +17,28 @@ fn invalid(reason: &'static str) -> Error {
     Error::InvalidDecimal { reason }
 }
 
+/// Consumes an optional `+`/`-` at `b[*i]`; true for `-`.
+fn take_sign(b: &[u8], i: &mut usize) -> bool {
+    match b.get(*i) {
+        Some(b'-') => {
+            *i += 1;
+            true
+        }
+        Some(b'+') => {
+            *i += 1;
+            false
+        }
+        _ => false,
+    }
+}
+
 /// Converts a source spelling (`1.2300`, `123e-2`, `+7`, `0.01230e2`, …) to canonical
 /// decimal text. Accepted grammar: optional sign, digits with an optional fraction (at
 /// least one digit in all), optional exponent `e`/`E` with optional sign and digits.
 pub fn canonicalize(source: &str) -> Result<String> {
     let b = source.as_bytes();
     let mut i = 0;
-    let negative = match b.first() {
-        Some(b'-') => {
-            i += 1;
-            true
-        }
-        Some(b'+') => {
-            i += 1;
-            false
-        }
-        _ => false,
-    };
+    let negative = take_sign(b, &mut i);
     let int_start = i;
     while i < b.len() && b[i].is_ascii_digit() {
         i += 1;
@@ -54,17 +59,7 @@ pub fn canonicalize(source: &str) -> Result<String> {
     let mut exponent: i64 = 0;
     if i < b.len() && (b[i] == b'e' || b[i] == b'E') {
         i += 1;
-        let exp_negative = match b.get(i) {
-            Some(b'-') => {
-                i += 1;
-                true
-            }
-            Some(b'+') => {
-                i += 1;
-                false
-            }
-            _ => false,
-        };
+        let exp_negative = take_sign(b, &mut i);
         let s = i;
         while i < b.len() && b[i].is_ascii_digit() {
             // Saturate: anything this large is rejected below unless the value is zero.

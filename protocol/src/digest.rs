@@ -99,6 +99,23 @@ pub struct RowDigest {
     pub digest: [u8; 32],
 }
 
+impl RowDigest {
+    fn hash(
+        schema_hash: &[u8; 32],
+        identity: RowIdentity,
+        body: &[u8],
+        server_version: &str,
+    ) -> Self {
+        let input = row_digest_input(schema_hash, &identity, body, server_version);
+        let digest = Sha256::digest(&input).into();
+        RowDigest {
+            identity,
+            input,
+            digest,
+        }
+    }
+}
+
 /// Validates a complete row against its table and builds `row_body`: every synced field
 /// exactly once, the key inside the row equal to `pk`, fields ordered by field-ID octets.
 pub fn row_body(table: &Table, row: &Json, pk: &TypedValue) -> Result<Vec<u8>> {
@@ -160,13 +177,12 @@ pub fn row_digest_of_values(
         value.encode(&mut body);
     }
     let identity = identity.expect("validated table has its primary-key field");
-    let input = row_digest_input(schema_hash, &identity, &body, server_version);
-    let digest = Sha256::digest(&input).into();
-    Ok(RowDigest {
+    Ok(RowDigest::hash(
+        schema_hash,
         identity,
-        input,
-        digest,
-    })
+        &body,
+        server_version,
+    ))
 }
 
 /// Computes the row digest of a complete row (`row_json` a JSON object keyed by field ID,
@@ -185,13 +201,12 @@ pub fn row_digest(
         return Err(Error::InvalidServerVersion);
     }
     let body = row_body(table, row_json, &pk)?;
-    let input = row_digest_input(&manifest.schema_hash(), &identity, &body, server_version);
-    let digest = Sha256::digest(&input).into();
-    Ok(RowDigest {
+    Ok(RowDigest::hash(
+        &manifest.schema_hash(),
         identity,
-        input,
-        digest,
-    })
+        &body,
+        server_version,
+    ))
 }
 
 /// The exact row-digest input octets.

@@ -253,27 +253,33 @@ fn upstream_manifest_lineage() {
     }
 }
 
+/// Runs `synchro-conformance eval` with `doc` on stdin.
+#[cfg(not(target_arch = "wasm32"))]
+fn eval_with_binary(doc: &str) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_synchro-conformance"))
+        .arg("eval")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(doc.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn binary_gives_the_library_output_for_every_vector() {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-
     for (cases, n) in [(conformance_cases(), 123), (upstream_cases(), 95)] {
         let doc = document(&cases);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_synchro-conformance"))
-            .arg("eval")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(doc.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = eval_with_binary(&doc);
         assert!(out.status.success());
         let stdout = String::from_utf8(out.stdout).unwrap();
         assert_eq!(check_results(&cases, &stdout), n);
@@ -284,23 +290,8 @@ fn binary_gives_the_library_output_for_every_vector() {
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn binary_rejects_a_malformed_document_with_status_2() {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
     for doc in ["{", "{\"cases\":{}}", "[]"] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_synchro-conformance"))
-            .arg("eval")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(doc.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = eval_with_binary(doc);
         assert_eq!(out.status.code(), Some(2), "{doc}");
         assert!(out.stdout.is_empty());
     }
