@@ -158,6 +158,35 @@ pub enum Error {
         /// Which rule is broken.
         reason: &'static str,
     },
+    /// A connect schema reference is malformed or misuses the fresh sentinel (HTTP 400).
+    #[error("invalid schema reference: {reason}")]
+    InvalidSchemaReference {
+        /// Which rule is broken.
+        reason: &'static str,
+    },
+    /// A manifest cannot join the lineage (wrong parent, reused version, wrong class or floor).
+    #[error("invalid lineage: {reason}")]
+    InvalidLineage {
+        /// Which rule is broken, naming versions (never row data).
+        reason: String,
+    },
+    /// A client state name is not one of the defined states.
+    #[error("unknown client state")]
+    UnknownState,
+    /// A client state transition is not in the state map; nothing was changed.
+    #[error("illegal client state transition from {from} to {to}")]
+    IllegalTransition {
+        /// The current state.
+        from: &'static str,
+        /// The requested state.
+        to: &'static str,
+    },
+    /// A migration plan does not match its manifests, its hash, or its own rules.
+    #[error("invalid migration plan: {reason}")]
+    InvalidMigrationPlan {
+        /// Which rule is broken.
+        reason: String,
+    },
     /// A value exceeds a protocol or implementation limit.
     #[error("limit exceeded: {what}")]
     LimitExceeded {
@@ -202,6 +231,11 @@ impl Error {
             Error::InvalidDigest => "invalid_digest",
             Error::InvalidChecksum { .. } => "invalid_checksum",
             Error::InvalidSemver { .. } => "invalid_semver",
+            Error::InvalidSchemaReference { .. } => "invalid_schema_reference",
+            Error::InvalidLineage { .. } => "invalid_lineage",
+            Error::UnknownState => "unknown_state",
+            Error::IllegalTransition { .. } => "illegal_transition",
+            Error::InvalidMigrationPlan { .. } => "invalid_migration_plan",
             Error::LimitExceeded { .. } => "limit_exceeded",
             Error::InvalidRequest { .. } => "invalid_request",
         }
@@ -215,6 +249,12 @@ impl Error {
 
     pub(crate) fn row(reason: impl Into<String>) -> Self {
         Error::InvalidRow {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn lineage(reason: impl Into<String>) -> Self {
+        Error::InvalidLineage {
             reason: reason.into(),
         }
     }

@@ -16,7 +16,11 @@
 //! | [`manifest`] | schema manifests: validation, canonical body, schema hash |
 //! | [`digest`] | row identity, row digest, streaming scope digest |
 //! | [`checksum`] | the strict wire checksum object |
+//! | [`lineage`] | manifest history, parent links, presented schema references |
+//! | [`classify`] | schema change classes 1-4 |
+//! | [`dispatch`] | connect schema dispatch and the cursor bridge |
 //! | [`semver`] | SemVer 2.0.0 precedence |
+//! | [`state`] | the client state machine |
 //! | [`conformance`] | the cross-language conformance command set |
 //!
 //! ```
@@ -40,14 +44,18 @@
 pub mod bench;
 pub mod binary;
 pub mod checksum;
+pub mod classify;
 pub mod conformance;
 pub mod decimal;
 pub mod digest;
+pub mod dispatch;
 mod error;
 pub mod jcs;
 pub mod json;
+pub mod lineage;
 pub mod manifest;
 pub mod semver;
+pub mod state;
 pub mod temporal;
 pub mod types;
 pub mod value;

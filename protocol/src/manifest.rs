@@ -20,7 +20,7 @@ use crate::types::{DecimalSpec, FieldSpec, PortableType};
 pub const MAX_JSON_COUNTER: u64 = 9_007_199_254_740_991;
 
 /// An exact schema reference: manifest version and hash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SchemaRef {
     /// Manifest version.
     pub version: u64,
@@ -297,6 +297,16 @@ impl Manifest {
         o.push_str(self.transition_class.as_str());
         o.push_str("\"}");
         o
+    }
+
+    /// The complete definition as sent in `schema_definition`: the canonical body plus
+    /// `schema_hash`.
+    pub fn definition_json(&self) -> Json {
+        let mut v = Json::parse(&self.canonical_body()).expect("the canonical body is JSON");
+        if let Json::Object(members) = &mut v {
+            members.push(("schema_hash".into(), Json::String(self.schema_hash_hex())));
+        }
+        v
     }
 
     /// The exact schema-hash input: domain prefix and canonical body.
