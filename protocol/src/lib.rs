@@ -19,6 +19,7 @@
 //! | [`lineage`] | manifest history, parent links, presented schema references |
 //! | [`classify`] | schema change classes 1-4 |
 //! | [`dispatch`] | connect schema dispatch and the cursor bridge |
+//! | [`migration`] | hash-bound local SQLite migration plans and their SQL |
 //! | [`semver`] | SemVer 2.0.0 precedence |
 //! | [`state`] | the client state machine |
 //! | [`conformance`] | the cross-language conformance command set |
@@ -54,6 +55,7 @@ pub mod jcs;
 pub mod json;
 pub mod lineage;
 pub mod manifest;
+pub mod migration;
 pub mod semver;
 pub mod state;
 pub mod temporal;

@@ -1,6 +1,8 @@
 //! Change classification, lineage validation and connect dispatch, table-driven from the
 //! examples and the dispatch table of spec 000 / spec 003.
 #![cfg(not(target_arch = "wasm32"))]
+// The case tables read better with explicit clones of shared fixtures.
+#![allow(clippy::cloned_ref_to_slice_refs)]
 
 mod common;
 
@@ -90,7 +92,14 @@ fn classification_covers_every_listed_example() {
     };
 
     use ChangeClass::*;
-    let cases: Vec<(&str, Vec<String>, TransitionFacts, ChangeClass, &[&str])> = vec![
+    type ClassCase<'a> = (
+        &'a str,
+        Vec<String>,
+        TransitionFacts,
+        ChangeClass,
+        &'a [&'a str],
+    );
+    let cases: Vec<ClassCase> = vec![
         (
             "unchanged",
             vec![documents(&[], &[]), notes()],
