@@ -6,6 +6,7 @@ TYPES = ["string", "int", "int64", "decimal", "float", "boolean", "datetime", "d
 seeds = {t: [] for t in ["json", "typed_value", "decimal", "manifest", "row_identity", "semver", "checksum", "conformance"]}
 
 conf = json.load(open(os.path.join(vectors, "conformance-v1.json")))["cases"]
+conf += json.load(open(os.path.join(vectors, "synchro-v1.json")))["cases"]
 upstream = json.load(open(os.path.join(vectors, "upstream", "canonical-v1.json")))["vectors"]
 for c in conf + [{"command": v["kind"], "input": v["input"]} for v in upstream]:
     i = c["input"]

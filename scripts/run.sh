@@ -5,4 +5,4 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 cargo build -q --release -p synchro-protocol --bin synchro-conformance
-exec target/release/synchro-conformance check vectors/conformance-v1.json
+exec target/release/synchro-conformance check vectors/conformance-v1.json vectors/synchro-v1.json

@@ -21,11 +21,10 @@ const wasm = createRequire(import.meta.url)(join(pkgDir, "synchro_protocol.js"))
 const readJson = (p) => JSON.parse(readFileSync(join(root, p), "utf8"));
 
 function vectorCases() {
-  const cases = readJson("vectors/conformance-v1.json").cases.map(({ id, command, input }) => ({
-    id,
-    command,
-    input,
-  }));
+  const cases = [
+    ...readJson("vectors/conformance-v1.json").cases,
+    ...readJson("vectors/synchro-v1.json").cases,
+  ].map(({ id, command, input }) => ({ id, command, input }));
   const kinds = {
     typed_value: "typed-value",
     schema_manifest: "manifest",
@@ -120,9 +119,9 @@ for (const [name, cases] of [["vectors", vectorCases()], ["generated", generated
 }
 
 test("vector expectations hold in the wasm build (node)", () => {
-  const cases = readJson("vectors/conformance-v1.json").cases;
+  const cases = [...readJson("vectors/conformance-v1.json").cases, ...readJson("vectors/synchro-v1.json").cases];
   const results = JSON.parse(wasm.evalConformance(JSON.stringify({ cases }))).results;
-  assert.equal(results.length, 123);
+  assert.equal(results.length, 123 + 39);
   for (const [i, c] of cases.entries()) {
     const out = results[i].output;
     for (const [k, v] of Object.entries(c.expect)) assert.deepEqual(out[k], v, `${c.id}.${k}`);

@@ -5,11 +5,17 @@
 //! compared octet for octet. `output` is `{"valid":true, ...}` or
 //! `{"valid":false,"error":{"code","message"}}`. See README.md for every command.
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::classify::{classify, TransitionFacts};
 use crate::digest::{row_digest, scope_digest, RowIdentity};
+use crate::dispatch::{dispatch, ConnectOutcome, ConnectRequest, SchemaAction, ServerView};
 use crate::error::{Error, Result};
 use crate::jcs;
 use crate::json::Json;
-use crate::manifest::{parse_hex32, Manifest};
+use crate::lineage::Lineage;
+use crate::manifest::{parse_hex32, Manifest, SchemaRef};
+use crate::migration::MigrationPlan;
 use crate::types::{DecimalSpec, FieldSpec};
 use crate::value::{canonical_float, TypedValue};
 use crate::{checksum::Checksum, decimal, semver};
@@ -26,6 +32,9 @@ pub const COMMANDS: &[&str] = &[
     "canonical-float",
     "checksum",
     "semver-compare",
+    "classify",
+    "connect-dispatch",
+    "migration-plan",
 ];
 
 /// Evaluates a whole `{"cases":[...]}` document and returns the canonical
@@ -52,7 +61,7 @@ pub fn eval_document(text: &str) -> Result<String> {
         })
         .collect();
     let out = Json::Object(vec![("results".into(), Json::Array(results))]);
-    jcs::to_canonical_string(&out)
+    Ok(jcs::to_output_string(&out))
 }
 
 /// Outcome of [`check_document`].
@@ -93,10 +102,8 @@ pub fn check_document(text: &str) -> Result<CheckReport> {
         for (name, want) in expect {
             let got = output.get(name);
             if got != Some(want) {
-                let got = got.map_or("absent".to_owned(), |g| {
-                    jcs::to_canonical_string(g).unwrap_or_else(|_| "?".into())
-                });
-                let want = jcs::to_canonical_string(want).unwrap_or_else(|_| "?".into());
+                let got = got.map_or("absent".to_owned(), jcs::to_output_string);
+                let want = jcs::to_output_string(want);
                 mismatches.push(format!("{id}: {name} is {got}, expected {want}"));
             }
         }
@@ -278,6 +285,210 @@ fn run(command: &str, input: &Json) -> Result<Members> {
                 Json::Number((order as i8).to_string()),
             )])
         }
+        "classify" => {
+            let parent = Manifest::parse(input_str(input, "parent_manifest_json")?)?;
+            let child = Manifest::parse(input_str(input, "child_manifest_json")?)?;
+            let facts = match input.get("facts") {
+                None | Some(Json::Null) => TransitionFacts::default(),
+                Some(f) => transition_facts(f)?,
+            };
+            let c = classify(&parent, &child, &facts)?;
+            Ok(vec![
+                ("class".into(), s(c.class.as_str())),
+                ("affected_tables".into(), strings(c.affected_tables.iter())),
+            ])
+        }
+        "connect-dispatch" => connect_dispatch(input),
+        "migration-plan" => {
+            let source = match input.get("source_manifest_json") {
+                None | Some(Json::Null) => None,
+                Some(Json::String(text)) => Some(Manifest::parse(text)?),
+                Some(_) => {
+                    return Err(Error::request(
+                        "input.source_manifest_json must be a string or null",
+                    ))
+                }
+            };
+            let target = Manifest::parse(input_str(input, "target_manifest_json")?)?;
+            let reset = input_bool(input, "reset")?;
+            let plan = MigrationPlan::derive(source.as_ref(), &target, reset)?;
+            Ok(vec![
+                ("mode".into(), s(plan.mode.as_str())),
+                ("plan_hash".into(), s(hex::encode(plan.plan_hash()))),
+                ("statements".into(), strings(plan.render().iter())),
+                ("plan".into(), plan.to_json()),
+            ])
+        }
         _ => Err(Error::request("unknown command")),
     }
+}
+
+fn strings<'a>(items: impl Iterator<Item = &'a String>) -> Json {
+    Json::Array(items.map(|x| Json::String(x.clone())).collect())
+}
+
+fn input_bool(input: &Json, name: &str) -> Result<bool> {
+    match input.get(name) {
+        None | Some(Json::Null) => Ok(false),
+        Some(Json::Bool(b)) => Ok(*b),
+        Some(_) => Err(Error::request(format!("input.{name} must be a boolean"))),
+    }
+}
+
+fn string_set(value: Option<&Json>, name: &str) -> Result<BTreeSet<String>> {
+    match value {
+        None | Some(Json::Null) => Ok(BTreeSet::new()),
+        Some(Json::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| Error::request(format!("{name} must hold strings")))
+            })
+            .collect(),
+        Some(_) => Err(Error::request(format!(
+            "{name} must be an array of strings"
+        ))),
+    }
+}
+
+fn transition_facts(f: &Json) -> Result<TransitionFacts> {
+    let fields = match f.get("added_fields_without_history") {
+        None | Some(Json::Null) => BTreeSet::new(),
+        Some(Json::Array(items)) => items
+            .iter()
+            .map(|v| {
+                Ok((
+                    input_str(v, "table_id")?.to_owned(),
+                    input_str(v, "field_id")?.to_owned(),
+                ))
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => {
+            return Err(Error::request(
+                "facts.added_fields_without_history must be an array",
+            ))
+        }
+    };
+    Ok(TransitionFacts {
+        added_fields_without_history: fields,
+        empty_added_tables: string_set(f.get("empty_added_tables"), "facts.empty_added_tables")?,
+        materialization_changed: string_set(
+            f.get("materialization_changed"),
+            "facts.materialization_changed",
+        )?,
+        reconfigured: string_set(f.get("reconfigured"), "facts.reconfigured")?,
+    })
+}
+
+/// A positive JSON integer at most 2^53−1.
+fn positive_counter(v: &Json, name: &str) -> Result<u64> {
+    match v {
+        Json::Number(t)
+            if !t.starts_with('0') && t.len() <= 16 && t.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            t.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= crate::manifest::MAX_JSON_COUNTER)
+                .ok_or_else(|| Error::request(format!("{name} must be a positive integer")))
+        }
+        _ => Err(Error::request(format!("{name} must be a positive integer"))),
+    }
+}
+
+fn connect_dispatch(input: &Json) -> Result<Members> {
+    let request = input
+        .get("request")
+        .ok_or_else(|| Error::request("input.request is required"))?;
+    let protocol_version = match request.get("protocol_version") {
+        Some(Json::Number(t)) if t.bytes().all(|b| b.is_ascii_digit()) => t.parse().ok(),
+        _ => None,
+    };
+    let client_generation = match request.get("client_generation") {
+        None | Some(Json::Null) => None,
+        Some(v) => Some(positive_counter(v, "request.client_generation")?),
+    };
+    let req = ConnectRequest {
+        protocol_version,
+        schema: request.get("schema").cloned().unwrap_or(Json::Null),
+        client_generation,
+        schema_reset: input_bool(request, "schema_reset")?,
+    };
+    let Some(Json::Array(texts)) = input.get("manifests") else {
+        return Err(Error::request(
+            "input.manifests must be an array of manifest JSON texts",
+        ));
+    };
+    let manifests = texts
+        .iter()
+        .map(|t| {
+            Manifest::parse(
+                t.as_str()
+                    .ok_or_else(|| Error::request("manifests must be strings"))?,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let lineage = Lineage::from_history(manifests)?;
+    let mut transition_scopes = BTreeMap::new();
+    if let Some(Json::Array(items)) = input.get("transition_scopes") {
+        for item in items {
+            let r = SchemaRef {
+                version: positive_counter(
+                    item.get("version").unwrap_or(&Json::Null),
+                    "transition version",
+                )?,
+                hash: parse_hex32(input_str(item, "hash")?)?,
+            };
+            transition_scopes.insert(r, string_set(item.get("scopes"), "transition scopes")?);
+        }
+    }
+    let assigned = string_set(input.get("assigned_scopes"), "input.assigned_scopes")?;
+    let presented = string_set(
+        input.get("presented_cursor_scopes"),
+        "input.presented_cursor_scopes",
+    )?;
+    let stale = string_set(
+        input.get("stale_cursor_scopes"),
+        "input.stale_cursor_scopes",
+    )?;
+    let runtime_ok = match input.get("client_runtime_supported") {
+        None | Some(Json::Null) => true,
+        Some(Json::Bool(b)) => *b,
+        Some(_) => {
+            return Err(Error::request(
+                "input.client_runtime_supported must be a boolean",
+            ))
+        }
+    };
+    let view = ServerView {
+        identity_known: matches!(input.get("identity_known"), Some(Json::Bool(true))),
+        client_runtime_supported: runtime_ok,
+        lineage: &lineage,
+        transition_scopes: &transition_scopes,
+        assigned_scopes: &assigned,
+        presented_cursor_scopes: &presented,
+        stale_cursor_scopes: &stale,
+    };
+    let outcome = dispatch(&req, &view)?;
+    let response = outcome.to_json(&req.schema);
+    let mut out = vec![("status".into(), Json::Number(outcome.status().to_string()))];
+    match &outcome {
+        ConnectOutcome::Schema { action, .. } => {
+            out.push(("action".into(), s(action.name())));
+            if let SchemaAction::Unsupported { reason, .. } = action {
+                out.push(("reason".into(), s(reason.as_str())));
+            }
+            for member in ["affected_scopes", "scope_cursor_updates"] {
+                if let Some(v) = response.get(member) {
+                    out.push((member.into(), v.clone()));
+                }
+            }
+        }
+        _ => {
+            let code = response.get("error").and_then(|e| e.get("code")).cloned();
+            out.push(("code".into(), code.unwrap_or(Json::Null)));
+        }
+    }
+    out.push(("response".into(), response));
+    Ok(out)
 }

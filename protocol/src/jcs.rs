@@ -28,13 +28,30 @@ pub fn to_canonical_string(value: &Json) -> Result<String> {
     Ok(out)
 }
 
+/// Serializes a value the protocol emits (responses, conformance results): RFC 8785 for
+/// everything in the I-JSON domain, and a number outside it (say, an echoed malformed
+/// version such as 9007199254740992) kept as its original token instead of failing.
+pub fn to_output_string(value: &Json) -> String {
+    let mut out = String::new();
+    write(value, &mut out, false).expect("lenient serialization does not fail");
+    out
+}
+
 /// Appends the RFC 8785 serialization of `value` to `out`.
 pub fn write_value(value: &Json, out: &mut String) -> Result<()> {
+    write(value, out, true)
+}
+
+fn write(value: &Json, out: &mut String, strict: bool) -> Result<()> {
     match value {
         Json::Null => out.push_str("null"),
         Json::Bool(true) => out.push_str("true"),
         Json::Bool(false) => out.push_str("false"),
-        Json::Number(token) => out.push_str(&canonical_json_number(token)?),
+        Json::Number(token) => match canonical_json_number(token) {
+            Ok(text) => out.push_str(&text),
+            Err(_) if !strict => out.push_str(token),
+            Err(e) => return Err(e),
+        },
         Json::String(s) => write_string(s, out),
         Json::Array(items) => {
             out.push('[');
@@ -42,7 +59,7 @@ pub fn write_value(value: &Json, out: &mut String) -> Result<()> {
                 if i > 0 {
                     out.push(',');
                 }
-                write_value(item, out)?;
+                write(item, out, strict)?;
             }
             out.push(']');
         }
@@ -56,7 +73,7 @@ pub fn write_value(value: &Json, out: &mut String) -> Result<()> {
                 }
                 write_string(name, out);
                 out.push(':');
-                write_value(member, out)?;
+                write(member, out, strict)?;
             }
             out.push('}');
         }

@@ -231,14 +231,10 @@ impl TypedValue {
         out
     }
 
-    /// The canonical wire value as JSON text. Unlike serializing [`TypedValue::to_wire`]
-    /// with [`jcs::to_canonical_string`], this admits every finite float: the I-JSON integer
-    /// limit governs json content, not float values.
+    /// The canonical wire value as JSON text. Unlike [`jcs::to_canonical_string`], this
+    /// admits every finite float: the I-JSON integer limit governs json content, not floats.
     pub fn to_wire_text(&self) -> String {
-        match self.to_wire() {
-            Json::Number(t) => t,
-            other => jcs::to_canonical_string(&other).expect("non-number wire values serialize"),
-        }
+        jcs::to_output_string(&self.to_wire())
     }
 
     /// The canonical wire value.

@@ -14,6 +14,7 @@ use synchro_protocol::value::canonical_float;
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const CONFORMANCE: &str = include_str!("../../vectors/conformance-v1.json");
+const SYNCHRO: &str = include_str!("../../vectors/synchro-v1.json");
 const UPSTREAM: &str = include_str!("../../vectors/upstream/canonical-v1.json");
 const UPSTREAM_CATALOG: &str = include_str!("../../vectors/upstream/catalog.json");
 const FLOAT_BOUNDARIES: &str = include_str!("../../vectors/upstream/float-wire-boundaries-v1.json");
@@ -54,11 +55,10 @@ fn document(cases: &[Case]) -> String {
             ])
         })
         .collect();
-    synchro_protocol::jcs::to_canonical_string(&Json::Object(vec![(
+    synchro_protocol::jcs::to_output_string(&Json::Object(vec![(
         "cases".into(),
         Json::Array(items),
     )]))
-    .unwrap()
 }
 
 /// Checks an output document against the cases; returns the number checked.
@@ -103,7 +103,11 @@ fn check_results(cases: &[Case], output: &str) -> usize {
 }
 
 fn conformance_cases() -> Vec<Case> {
-    let doc = Json::parse(CONFORMANCE).unwrap();
+    cases_with_expectations(CONFORMANCE)
+}
+
+fn cases_with_expectations(file: &str) -> Vec<Case> {
+    let doc = Json::parse(file).unwrap();
     arr(doc.get("cases").unwrap())
         .iter()
         .map(|c| {
@@ -179,6 +183,14 @@ fn conformance_v1_all_cases_pass() {
     assert_eq!(cases.len(), 123);
     let out = eval_document(&document(&cases)).unwrap();
     assert_eq!(check_results(&cases, &out), 123);
+}
+
+#[test]
+fn synchro_v1_schema_evolution_cases_pass() {
+    let cases = cases_with_expectations(SYNCHRO);
+    assert_eq!(cases.len(), 39);
+    let out = eval_document(&document(&cases)).unwrap();
+    assert_eq!(check_results(&cases, &out), 39);
 }
 
 #[test]
@@ -277,7 +289,11 @@ fn eval_with_binary(doc: &str) -> std::process::Output {
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn binary_gives_the_library_output_for_every_vector() {
-    for (cases, n) in [(conformance_cases(), 123), (upstream_cases(), 95)] {
+    for (cases, n) in [
+        (conformance_cases(), 123),
+        (upstream_cases(), 95),
+        (cases_with_expectations(SYNCHRO), 39),
+    ] {
         let doc = document(&cases);
         let out = eval_with_binary(&doc);
         assert!(out.status.success());
