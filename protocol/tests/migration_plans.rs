@@ -65,49 +65,6 @@ fn new_table() -> String {
     )
 }
 
-fn notes_single() -> String {
-    table(
-        "tbl_notes",
-        "notes",
-        "single_scope",
-        &[
-            field("fld_note_id", "id", "int64", false, false),
-            field("fld_note_body", "body", "string", true, true),
-        ],
-        &[],
-    )
-}
-
-fn documents_multi() -> String {
-    table(
-        "tbl_documents",
-        "documents",
-        "multi_scope",
-        &[
-            field("fld_doc_id", "id", "string", false, false),
-            field("fld_doc_title", "title", "string", true, true),
-            decimal("fld_doc_amount", "amount", 10, 2, false),
-            field("fld_doc_count", "count", "int", false, false),
-        ],
-        &[],
-    )
-}
-
-fn documents_with(replace: &str, by: String) -> String {
-    let mut fields = vec![
-        field("fld_doc_id", "id", "string", false, false),
-        field("fld_doc_title", "title", "string", true, true),
-        decimal("fld_doc_amount", "amount", 10, 2, false),
-        field("fld_doc_count", "count", "int", false, false),
-    ];
-    let i = fields
-        .iter()
-        .position(|f| f.contains(&format!("\"{replace}\"")))
-        .unwrap();
-    fields[i] = by;
-    table("tbl_documents", "documents", "single_scope", &fields, &[])
-}
-
 #[test]
 fn install_plan_golden() {
     let m = base();

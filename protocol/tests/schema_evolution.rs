@@ -39,7 +39,6 @@ fn with_null_history(fields: &[(&str, &str)]) -> TransitionFacts {
 #[test]
 fn classification_covers_every_listed_example() {
     let none = TransitionFacts::default();
-    let title_nullable = field("fld_doc_title", "title", "string", true, true);
     let extra = field("fld_doc_extra", "extra", "string", true, true);
     let new_table = table(
         "tbl_new",
@@ -49,43 +48,6 @@ fn classification_covers_every_listed_example() {
         &[],
     );
     let idx = index("idx_doc_title", "idx_doc_title", &["fld_doc_title"], false);
-    let notes_single = table(
-        "tbl_notes",
-        "notes",
-        "single_scope",
-        &[
-            field("fld_note_id", "id", "int64", false, false),
-            field("fld_note_body", "body", "string", true, true),
-        ],
-        &[],
-    );
-    // documents() with one base field replaced.
-    let docs_with = |replace: &str, by: String| {
-        let mut fields = vec![
-            field("fld_doc_id", "id", "string", false, false),
-            title_nullable.clone(),
-            decimal("fld_doc_amount", "amount", 10, 2, false),
-            field("fld_doc_count", "count", "int", false, false),
-        ];
-        let i = fields
-            .iter()
-            .position(|f| f.contains(&format!("\"{replace}\"")))
-            .unwrap();
-        fields[i] = by;
-        table("tbl_documents", "documents", "single_scope", &fields, &[])
-    };
-    let docs_without = |remove: &str| {
-        let fields: Vec<String> = [
-            field("fld_doc_id", "id", "string", false, false),
-            title_nullable.clone(),
-            decimal("fld_doc_amount", "amount", 10, 2, false),
-            field("fld_doc_count", "count", "int", false, false),
-        ]
-        .into_iter()
-        .filter(|f| !f.contains(&format!("\"{remove}\"")))
-        .collect();
-        table("tbl_documents", "documents", "single_scope", &fields, &[])
-    };
     let docs = |tid: &str| TransitionFacts {
         materialization_changed: set(&[tid]),
         ..Default::default()
@@ -158,7 +120,7 @@ fn classification_covers_every_listed_example() {
         (
             "nullable false -> true",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_amount",
                     decimal("fld_doc_amount", "amount", 10, 2, true),
                 ),
@@ -171,7 +133,7 @@ fn classification_covers_every_listed_example() {
         (
             "writable false -> true",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_count",
                     field("fld_doc_count", "count", "int", false, true),
                 ),
@@ -184,7 +146,7 @@ fn classification_covers_every_listed_example() {
         (
             "widen decimal precision",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_amount",
                     decimal("fld_doc_amount", "amount", 12, 2, false),
                 ),
@@ -197,7 +159,7 @@ fn classification_covers_every_listed_example() {
         (
             "widen decimal scale and precision",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_amount",
                     decimal("fld_doc_amount", "amount", 11, 3, false),
                 ),
@@ -209,28 +171,14 @@ fn classification_covers_every_listed_example() {
         ),
         (
             "composition single -> multi",
-            vec![
-                table(
-                    "tbl_documents",
-                    "documents",
-                    "multi_scope",
-                    &[
-                        field("fld_doc_id", "id", "string", false, false),
-                        title_nullable.clone(),
-                        decimal("fld_doc_amount", "amount", 10, 2, false),
-                        field("fld_doc_count", "count", "int", false, false),
-                    ],
-                    &[],
-                ),
-                notes(),
-            ],
+            vec![documents_multi(), notes()],
             none.clone(),
             Class3,
             &["tbl_documents"],
         ),
         (
             "composition multi -> single",
-            vec![documents(&[], &[]), notes_single.clone()],
+            vec![documents(&[], &[]), notes_single()],
             none.clone(),
             Class3,
             &["tbl_notes"],
@@ -254,7 +202,7 @@ fn classification_covers_every_listed_example() {
         ),
         (
             "remove field",
-            vec![docs_without("fld_doc_count"), notes()],
+            vec![documents_without("fld_doc_count"), notes()],
             none.clone(),
             Class4,
             &["tbl_documents"],
@@ -262,7 +210,7 @@ fn classification_covers_every_listed_example() {
         (
             "rename field",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_count",
                     field("fld_doc_count", "n", "int", false, false),
                 ),
@@ -281,7 +229,7 @@ fn classification_covers_every_listed_example() {
                     "single_scope",
                     &[
                         field("fld_doc_id", "id", "string", false, false),
-                        title_nullable.clone(),
+                        field("fld_doc_title", "title", "string", true, true),
                         decimal("fld_doc_amount", "amount", 10, 2, false),
                         field("fld_doc_count2", "count", "int", true, false),
                     ],
@@ -296,7 +244,7 @@ fn classification_covers_every_listed_example() {
         (
             "change field type",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_count",
                     field("fld_doc_count", "count", "int64", false, false),
                 ),
@@ -309,7 +257,7 @@ fn classification_covers_every_listed_example() {
         (
             "narrow decimal precision",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_amount",
                     decimal("fld_doc_amount", "amount", 9, 2, false),
                 ),
@@ -322,7 +270,7 @@ fn classification_covers_every_listed_example() {
         (
             "narrow decimal scale",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_amount",
                     decimal("fld_doc_amount", "amount", 10, 1, false),
                 ),
@@ -335,7 +283,7 @@ fn classification_covers_every_listed_example() {
         (
             "scale up, integer digits down",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_amount",
                     decimal("fld_doc_amount", "amount", 10, 3, false),
                 ),
@@ -348,7 +296,7 @@ fn classification_covers_every_listed_example() {
         (
             "tighten nullable",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_title",
                     field("fld_doc_title", "title", "string", false, true),
                 ),
@@ -361,7 +309,7 @@ fn classification_covers_every_listed_example() {
         (
             "remove writability",
             vec![
-                docs_with(
+                documents_with(
                     "fld_doc_title",
                     field("fld_doc_title", "title", "string", true, false),
                 ),
@@ -438,10 +386,7 @@ fn classification_covers_every_listed_example() {
         ),
         (
             "Class 3 dominates Class 2",
-            vec![
-                documents(&[extra.clone()], &[idx.clone()]),
-                notes_single.clone(),
-            ],
+            vec![documents(&[extra.clone()], &[idx.clone()]), notes_single()],
             none.clone(),
             Class3,
             &["tbl_documents", "tbl_notes"],
@@ -564,16 +509,7 @@ fn lineage() -> (Lineage, Vec<Manifest>) {
         1,
         &[documents(&[], &[idx.clone()]), notes()],
     );
-    let single = table(
-        "tbl_notes",
-        "notes",
-        "single_scope",
-        &[
-            field("fld_note_id", "id", "int64", false, false),
-            field("fld_note_body", "body", "string", true, true),
-        ],
-        &[],
-    );
+    let single = notes_single();
     let v3 = manifest(
         3,
         Some(&v2),
@@ -638,16 +574,7 @@ fn lineage_validates_children_against_their_parent() {
                 false,
             )],
         ),
-        table(
-            "tbl_notes",
-            "notes",
-            "single_scope",
-            &[
-                field("fld_note_id", "id", "int64", false, false),
-                field("fld_note_body", "body", "string", true, true),
-            ],
-            &[],
-        ),
+        notes_single(),
     ];
     let facts = with_null_history(&[("tbl_documents", "fld_doc_more")]);
     let bad = [
@@ -691,16 +618,7 @@ fn lineage_validates_children_against_their_parent() {
                 false,
             )],
         ),
-        table(
-            "tbl_notes",
-            "notes",
-            "single_scope",
-            &[
-                field("fld_note_id", "id", "int64", false, false),
-                field("fld_note_body", "body", "string", true, true),
-            ],
-            &[],
-        ),
+        notes_single(),
     ];
     let err = l
         .append(

@@ -65,14 +65,19 @@ pub fn manifest(
     .unwrap_or_else(|e| panic!("test manifest invalid: {e}"))
 }
 
-/// The documents table of the base schema.
-pub fn documents(extra_fields: &[String], indexes: &[String]) -> String {
-    let mut fields = vec![
+/// The fields of the base documents table; the key comes first.
+pub fn doc_fields() -> Vec<String> {
+    vec![
         field("fld_doc_id", "id", "string", false, false),
         field("fld_doc_title", "title", "string", true, true),
         decimal("fld_doc_amount", "amount", 10, 2, false),
         field("fld_doc_count", "count", "int", false, false),
-    ];
+    ]
+}
+
+/// The documents table of the base schema, with extra fields and indexes.
+pub fn documents(extra_fields: &[String], indexes: &[String]) -> String {
+    let mut fields = doc_fields();
     fields.extend_from_slice(extra_fields);
     table(
         "tbl_documents",
@@ -83,18 +88,59 @@ pub fn documents(extra_fields: &[String], indexes: &[String]) -> String {
     )
 }
 
-/// The base schema's second table.
-pub fn notes() -> String {
+/// The documents table with the field `replace` replaced by `by`.
+pub fn documents_with(replace: &str, by: String) -> String {
+    let mut fields = doc_fields();
+    let i = fields
+        .iter()
+        .position(|f| f.contains(&format!("\"{replace}\"")))
+        .unwrap();
+    fields[i] = by;
+    table("tbl_documents", "documents", "single_scope", &fields, &[])
+}
+
+/// The documents table without the field `remove`.
+pub fn documents_without(remove: &str) -> String {
+    let fields: Vec<String> = doc_fields()
+        .into_iter()
+        .filter(|f| !f.contains(&format!("\"{remove}\"")))
+        .collect();
+    table("tbl_documents", "documents", "single_scope", &fields, &[])
+}
+
+/// The documents table as multi_scope.
+pub fn documents_multi() -> String {
+    table(
+        "tbl_documents",
+        "documents",
+        "multi_scope",
+        &doc_fields(),
+        &[],
+    )
+}
+
+/// The base schema's second table with a given composition.
+pub fn notes_as(composition: &str) -> String {
     table(
         "tbl_notes",
         "notes",
-        "multi_scope",
+        composition,
         &[
             field("fld_note_id", "id", "int64", false, false),
             field("fld_note_body", "body", "string", true, true),
         ],
         &[],
     )
+}
+
+/// The base schema's second table.
+pub fn notes() -> String {
+    notes_as("multi_scope")
+}
+
+/// The second table as single_scope.
+pub fn notes_single() -> String {
+    notes_as("single_scope")
 }
 
 /// Version 1 of the base schema.
