@@ -1,0 +1,381 @@
+//! The HTTP API: `POST /sync/connect` and `GET /ready`.
+//!
+//! Order of checks on connect: body size (refused before parsing), JSON, protocol version
+//! (426 before anything else), bearer JWT (401), request members (400), then the schema
+//! dispatch of the protocol core. Responses and logs never carry user, client or scope ids,
+//! tokens or row values; errors use the spec's `{"error":{"code","message","retryable",...}}`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use synchro_protocol::dispatch::{
+    dispatch, ConnectOutcome, ConnectRequest, SchemaAction, ServerView,
+};
+use synchro_protocol::jcs;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::MAX_JSON_COUNTER;
+use tokio_postgres::Client;
+
+use crate::auth::Authenticator;
+
+/// Server settings.
+#[derive(Clone)]
+pub struct Config {
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Minimum client runtime (SemVer); clients below it get 426.
+    pub min_client_version: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_body_bytes: 1_048_576,
+            min_client_version: None,
+        }
+    }
+}
+
+/// Shared state of the HTTP handlers.
+pub struct AppState {
+    /// Adapter connection (member of synchro_adapter only).
+    pub db: Client,
+    /// Bearer verification.
+    pub auth: Authenticator,
+    /// Settings.
+    pub config: Config,
+}
+
+/// The router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/sync/connect", post(connect))
+        .route("/ready", get(ready))
+        .with_state(state)
+}
+
+/// A wire error with the spec's exact status, code and retryability.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: &'static str,
+    retryable: bool,
+    extra: Vec<(String, Json)>,
+}
+
+impl ApiError {
+    fn new(status: u16, code: &'static str, message: &'static str, retryable: bool) -> ApiError {
+        ApiError {
+            status: StatusCode::from_u16(status).expect("valid status"),
+            code,
+            message,
+            retryable,
+            extra: Vec::new(),
+        }
+    }
+
+    fn invalid_request(message: &'static str) -> ApiError {
+        ApiError::new(400, "invalid_request", message, false)
+    }
+
+    fn unavailable() -> ApiError {
+        ApiError::new(
+            503,
+            "temporary_unavailable",
+            "the service is temporarily unavailable",
+            true,
+        )
+    }
+}
+
+fn json_response(status: StatusCode, body: &Json) -> Response {
+    (
+        status,
+        [("content-type", "application/json")],
+        jcs::to_output_string(body),
+    )
+        .into_response()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut members = vec![
+            ("code".to_owned(), Json::String(self.code.into())),
+            ("message".to_owned(), Json::String(self.message.into())),
+            ("retryable".to_owned(), Json::Bool(self.retryable)),
+        ];
+        members.extend(self.extra);
+        tracing::info!(
+            status = self.status.as_u16(),
+            code = self.code,
+            "request refused"
+        );
+        json_response(
+            self.status,
+            &Json::Object(vec![("error".into(), Json::Object(members))]),
+        )
+    }
+}
+
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let ok = matches!(
+        state
+            .db
+            .query_one("SELECT synchro.synchro_readiness()", &[])
+            .await
+            .map(|r| r.get::<_, bool>(0)),
+        Ok(true)
+    );
+    let (status, text) = if ok {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unready")
+    };
+    json_response(
+        status,
+        &Json::Object(vec![("status".into(), Json::String(text.into()))]),
+    )
+}
+
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Json, ApiError> {
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::invalid_request(
+            "the request body exceeds the configured maximum",
+        ));
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::invalid_request("the request body exceeds the configured maximum")
+    })?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| ApiError::invalid_request("the body is not UTF-8"))?;
+    Json::parse(text).map_err(|_| ApiError::invalid_request("the body is not a valid JSON object"))
+}
+
+fn positive_integer(v: &Json) -> Option<u64> {
+    match v {
+        Json::Number(t)
+            if !t.starts_with('0') && t.len() <= 16 && t.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            t.parse().ok().filter(|n| *n <= MAX_JSON_COUNTER)
+        }
+        _ => None,
+    }
+}
+
+async fn connect(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    match connect_inner(&state, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn connect_inner(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let req = read_body(headers, body, state.config.max_body_bytes).await?;
+    if !matches!(req, Json::Object(_)) {
+        return Err(ApiError::invalid_request(
+            "the body is not a valid JSON object",
+        ));
+    }
+    // Protocol compatibility comes before everything else (spec 000).
+    let protocol_version = match req.get("protocol_version") {
+        Some(Json::Number(t)) if t.bytes().all(|b| b.is_ascii_digit()) => t.parse::<u64>().ok(),
+        _ => None,
+    };
+    if protocol_version != Some(3) {
+        let outcome = ConnectOutcome::UpgradeRequired {
+            received_protocol_version: protocol_version,
+            client_runtime: false,
+        };
+        tracing::info!(status = 426, "connect: protocol incompatible");
+        return Ok(json_response(
+            StatusCode::UPGRADE_REQUIRED,
+            &outcome.to_json(&Json::Null),
+        ));
+    }
+    let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
+    let Some(user_id) = state.auth.user_id(authorization) else {
+        return Err(ApiError::new(
+            401,
+            "unauthorized",
+            "a valid bearer token is required",
+            false,
+        ));
+    };
+    let client_id = match req.get("client_id") {
+        Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
+        _ => {
+            return Err(ApiError::invalid_request(
+                "client_id must be a nonempty string of at most 256 bytes",
+            ))
+        }
+    };
+    let client_generation = match req.get("client_generation") {
+        None | Some(Json::Null) => None,
+        Some(v) => Some(positive_integer(v).ok_or_else(|| {
+            ApiError::invalid_request("client_generation must be a positive integer")
+        })?),
+    };
+    let schema_reset = match req.get("schema_reset") {
+        None | Some(Json::Null) => false,
+        Some(Json::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid_request("schema_reset must be a boolean")),
+    };
+    let runtime_ok = match (&state.config.min_client_version, req.get("client_version")) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(min), Some(Json::String(v))) => synchro_protocol::semver::compare(v, min)
+            .map_err(|_| {
+                ApiError::invalid_request("client_version must be a SemVer 2.0.0 version")
+            })?
+            .is_ge(),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid_request("client_version must be a string"))
+        }
+    };
+    let presented: BTreeSet<String> = match req.get("scope_cursors") {
+        None | Some(Json::Null) => BTreeSet::new(),
+        Some(Json::Object(m)) => m
+            .iter()
+            .filter(|(_, v)| !matches!(v, Json::Null))
+            .map(|(k, _)| k.clone())
+            .collect(),
+        Some(_) => return Err(ApiError::invalid_request("scope_cursors must be an object")),
+    };
+    let schema = req.get("schema").cloned().unwrap_or(Json::Null);
+
+    let db = &state.db;
+    let stored = db
+        .query_opt(
+            "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
+            &[&user_id, &client_id],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let assigned: Vec<String> = db
+        .query_one("SELECT synchro.synchro_assigned_scopes($1)", &[&user_id])
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .get(0);
+    let assigned: BTreeSet<String> = assigned.into_iter().collect();
+    let lineage = crate::publish::load_lineage(db)
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let transition_scopes = BTreeMap::new();
+    // Cursor tokens are verified once capture and pull land; until then no presented cursor
+    // can be proven current, so each is treated as stale and nulled (the scope rebuilds).
+    let stale = presented.clone();
+    let view = ServerView {
+        identity_known: stored.is_some(),
+        client_runtime_supported: runtime_ok,
+        lineage: &lineage,
+        transition_scopes: &transition_scopes,
+        assigned_scopes: &assigned,
+        presented_cursor_scopes: &presented,
+        stale_cursor_scopes: &stale,
+    };
+    let request = ConnectRequest {
+        protocol_version,
+        schema: schema.clone(),
+        client_generation,
+        schema_reset,
+    };
+    let outcome = dispatch(&request, &view).map_err(|_| ApiError::unavailable())?;
+    let ConnectOutcome::Schema { action, .. } = &outcome else {
+        tracing::info!(
+            status = outcome.status(),
+            "connect: refused by schema dispatch"
+        );
+        return Ok(json_response(
+            StatusCode::from_u16(outcome.status()).expect("valid status"),
+            &outcome.to_json(&schema),
+        ));
+    };
+
+    let (previous_generation, previous_scopes, expired) = match &stored {
+        Some(row) => (
+            Some(row.get::<_, i64>(0) as u64),
+            row.get::<_, Vec<String>>(1),
+            row.get::<_, bool>(2),
+        ),
+        None => (None, Vec::new(), false),
+    };
+    let new_generation =
+        previous_generation.is_none() || expired || client_generation != previous_generation;
+    let installed = match action {
+        SchemaAction::Unsupported { .. } => None,
+        _ => lineage.current().map(|m| m.schema_ref()),
+    };
+    let row = db
+        .query_one(
+            "SELECT client_generation, scope_set_version FROM synchro.synchro_client_connect($1, $2, $3, $4, $5, $6)",
+            &[
+                &user_id,
+                &client_id,
+                &new_generation,
+                &assigned.iter().cloned().collect::<Vec<_>>(),
+                &installed.map(|r| r.version as i64),
+                &installed.map(|r| hex::encode(r.hash)),
+            ],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let generation: i64 = row.get(0);
+    let scope_set_version: i64 = row.get(1);
+    let previous: BTreeSet<String> = previous_scopes.into_iter().collect();
+    let strings = |items: Vec<&String>| {
+        Json::Array(items.into_iter().map(|s| Json::String(s.clone())).collect())
+    };
+
+    let Json::Object(mut body) = outcome.to_json(&schema) else {
+        unreachable!("a schema outcome is an object")
+    };
+    body.splice(
+        0..0,
+        [
+            ("protocol_version".to_owned(), Json::Number("3".into())),
+            (
+                "client_generation".to_owned(),
+                Json::Number(generation.to_string()),
+            ),
+            (
+                "scope_set_version".to_owned(),
+                Json::Number(scope_set_version.to_string()),
+            ),
+            (
+                "scope_updates".to_owned(),
+                Json::Object(vec![
+                    (
+                        "added".into(),
+                        strings(assigned.difference(&previous).collect()),
+                    ),
+                    (
+                        "removed".into(),
+                        strings(previous.difference(&assigned).collect()),
+                    ),
+                ]),
+            ),
+        ],
+    );
+    tracing::info!(
+        status = 200,
+        action = action.name(),
+        new_generation,
+        "connect"
+    );
+    Ok(json_response(StatusCode::OK, &Json::Object(body)))
+}

@@ -1,0 +1,171 @@
+//! `synchro-server install`: the six group roles of spec 001 and the versioned, checked-in
+//! migrations of the fixed `synchro` schema, recorded in a ledger.
+//!
+//! Roles are cluster-wide, so they are created when missing and always forced to exactly
+//! their attributes. Migrations run in order, each in one transaction; an applied migration
+//! whose file changed, or a ledger newer than this binary, refuses to run.
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+/// The fixed group roles (spec 001 "PostgreSQL schema and authorization").
+pub const ROLES: [&str; 6] = [
+    "synchro_owner",
+    "synchro_adapter",
+    "synchro_seed",
+    "synchro_monitor",
+    "synchro_operator",
+    "synchro_worker",
+];
+
+/// The attributes every group role has, exactly.
+pub const ROLE_ATTRIBUTES: &str =
+    "NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS NOREPLICATION";
+
+/// One checked-in migration.
+pub struct Migration {
+    /// Ledger version (1, 2, ...).
+    pub version: i32,
+    /// File name.
+    pub name: &'static str,
+    /// SQL text.
+    pub sql: &'static str,
+}
+
+/// Every migration, in order. Add new ones at the end; never edit an applied one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_install.sql",
+    sql: include_str!("../migrations/0001_install.sql"),
+}];
+
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// What an install run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallReport {
+    /// Versions applied by this run (empty when already current).
+    pub applied: Vec<i32>,
+    /// The ledger's version afterwards.
+    pub version: i32,
+}
+
+/// Creates or corrects the group roles. Needs a superuser or CREATEROLE connection.
+pub async fn ensure_roles(db: &Client) -> Result<()> {
+    for role in ROLES {
+        let exists = db
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await?
+            .is_some();
+        if !exists {
+            db.batch_execute(&format!("CREATE ROLE {role} {ROLE_ATTRIBUTES}"))
+                .await
+                .with_context(|| format!("creating role {role}"))?;
+        }
+        db.batch_execute(&format!("ALTER ROLE {role} {ROLE_ATTRIBUTES}"))
+            .await?;
+    }
+    // No runtime group may be a member of the owner or of another runtime group.
+    let bad: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
+               JOIN pg_roles r ON r.oid = m.member
+              WHERE g.rolname = ANY($1) AND r.rolname = ANY($1)",
+            &[&ROLES.as_slice()],
+        )
+        .await?
+        .get(0);
+    if bad > 0 {
+        bail!("a synchro group role is a member of another synchro group role; fix the memberships first");
+    }
+    Ok(())
+}
+
+/// Installs or upgrades the `synchro` schema in the connected database.
+pub async fn install(db: &mut Client) -> Result<InstallReport> {
+    ensure_roles(db).await?;
+    let database: String = db.query_one("SELECT current_database()", &[]).await?.get(0);
+    // Publications need CREATE on the database; the owner creates the capture publication.
+    db.batch_execute(&format!(
+        "GRANT CREATE ON DATABASE {} TO synchro_owner",
+        quote_ident(&database)
+    ))
+    .await?;
+    let schema_exists = db
+        .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = 'synchro'", &[])
+        .await?
+        .is_some();
+    let mut applied_versions: Vec<(i32, String)> = Vec::new();
+    if schema_exists {
+        let ledger = db
+            .query_one(
+                "SELECT to_regclass('synchro.schema_migrations') IS NOT NULL",
+                &[],
+            )
+            .await?
+            .get::<_, bool>(0);
+        if !ledger {
+            bail!("schema synchro exists but has no migration ledger: it was not installed by synchro-server");
+        }
+        for row in db
+            .query(
+                "SELECT version, sha256 FROM synchro.schema_migrations ORDER BY version",
+                &[],
+            )
+            .await?
+        {
+            applied_versions.push((row.get(0), row.get(1)));
+        }
+    }
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    for (version, sha) in &applied_versions {
+        match MIGRATIONS.iter().find(|m| m.version == *version) {
+            None if *version > known => bail!(
+                "the database is at synchro schema version {version}, newer than this binary knows ({known}); upgrade synchro-server"
+            ),
+            None => bail!("the ledger records an unknown migration version {version}"),
+            Some(m) if sha256_hex(m.sql) != *sha => bail!(
+                "migration {} differs from the one applied to this database; applied migrations are immutable",
+                m.name
+            ),
+            Some(_) => {}
+        }
+    }
+    let mut applied = Vec::new();
+    for m in MIGRATIONS {
+        if applied_versions.iter().any(|(v, _)| *v == m.version) {
+            continue;
+        }
+        let tx = db.transaction().await?;
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(|e| anyhow::anyhow!("migration {} failed: {}", m.name, describe(&e)))?;
+        tx.execute(
+            "INSERT INTO synchro.schema_migrations (version, name, sha256) VALUES ($1, $2, $3)",
+            &[&m.version, &m.name, &sha256_hex(m.sql)],
+        )
+        .await?;
+        tx.commit().await?;
+        applied.push(m.version);
+    }
+    Ok(InstallReport {
+        applied,
+        version: known,
+    })
+}
+
+/// `"name"` with embedded quotes doubled.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A database error's message and SQLSTATE (tokio-postgres displays only "db error").
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
+        None => e.to_string(),
+    }
+}

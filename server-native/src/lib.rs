@@ -1,0 +1,39 @@
+//! # synchro-server
+//!
+//! The native server: installs the fixed `synchro` schema and roles into PostgreSQL,
+//! registers application relations, publishes immutable schema manifests, and serves the
+//! sync HTTP API. Pure protocol decisions (classification, lineage, dispatch) come from
+//! `synchro-protocol`; this crate adds the database and the network.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`pg_harness`] | throwaway PostgreSQL clusters for tests and `dev` |
+//! | [`install`] | roles, migrations, ledger |
+//! | [`registry`] | relation registration |
+//! | [`publish`] | manifest publication and history |
+//! | [`auth`] | bearer JWT (HS256) |
+//! | [`http`] | `POST /sync/connect`, `GET /ready` |
+//! | [`dev`] | the `dev` command's provisioning |
+#![warn(missing_docs)]
+
+pub mod auth;
+pub mod dev;
+pub mod http;
+pub mod install;
+pub mod pg_harness;
+pub mod publish;
+pub mod registry;
+
+/// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front
+/// for anything else) and drives the connection on the runtime.
+pub async fn connect_db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to PostgreSQL: {}", install::describe(&e)))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %install::describe(&e), "database connection ended");
+        }
+    });
+    Ok(client)
+}

@@ -1,0 +1,274 @@
+//! `synchro-server`: install, register, publish, serve, and a one-command dev server.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use synchro_server::auth::{mint, Authenticator};
+use synchro_server::http::{router, AppState, Config};
+use synchro_server::registry::{register, RegisterRequest, RegistrationError};
+use synchro_server::{connect_db, dev, install, pg_harness, publish};
+
+#[derive(Parser)]
+#[command(name = "synchro-server", version, about = "synchro native server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install or upgrade the synchro schema and roles (needs a superuser connection).
+    Install {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Registry operations (as a synchro_operator login).
+    Registry {
+        #[command(subcommand)]
+        command: RegistryCommand,
+    },
+    /// Publish the registry as a new immutable manifest when it changed.
+    Publish {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Print the detailed health checks (synchro_monitor or synchro_operator login).
+    Health {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Serve the sync HTTP API (as a synchro_adapter login).
+    Serve {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+        /// HS256 secret for bearer JWTs.
+        #[arg(long, env = "SYNCHRO_JWT_SECRET", hide_env_values = true)]
+        jwt_secret: String,
+        /// Largest accepted request body in bytes.
+        #[arg(long, default_value_t = 1_048_576)]
+        max_body_bytes: usize,
+        /// Minimum client runtime version (SemVer).
+        #[arg(long)]
+        min_client_version: Option<String>,
+    },
+    /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
+    /// with a demo schema registered, serving on 127.0.0.1:8787.
+    Dev {
+        /// Use this database instead of a throwaway cluster (needs superuser rights).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum RegistryCommand {
+    /// Register a schema-qualified relation.
+    Register {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// Exact schema name.
+        #[arg(long)]
+        schema: String,
+        /// Exact relation name.
+        #[arg(long)]
+        relation: String,
+        /// synced or capture_dependency.
+        #[arg(long, default_value = "synced")]
+        kind: String,
+        /// single_scope or multi_scope.
+        #[arg(long, default_value = "single_scope")]
+        composition: String,
+        /// Refuse client pushes to this table.
+        #[arg(long)]
+        no_push: bool,
+        /// Client-visible table name (default: the relation name).
+        #[arg(long)]
+        table_name: Option<String>,
+        /// Membership fanout bound.
+        #[arg(long, default_value_t = 1000)]
+        fanout_bound: i32,
+        /// Impact bound.
+        #[arg(long, default_value_t = 1000)]
+        impact_bound: i32,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SYNCHRO_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("synchro-server: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Install { database_url } => {
+            let mut db = connect_db(&database_url).await?;
+            let report = install::install(&mut db).await?;
+            println!(
+                "synchro schema at version {} (applied now: {:?})",
+                report.version, report.applied
+            );
+        }
+        Command::Registry {
+            command:
+                RegistryCommand::Register {
+                    database_url,
+                    schema,
+                    relation,
+                    kind,
+                    composition,
+                    no_push,
+                    table_name,
+                    fanout_bound,
+                    impact_bound,
+                },
+        } => {
+            let db = connect_db(&database_url).await?;
+            let req = RegisterRequest {
+                schema,
+                relation,
+                kind,
+                composition,
+                push_enabled: !no_push,
+                fanout_bound,
+                impact_bound,
+                table_name,
+            };
+            match register(&db, &req).await {
+                Ok(v) => println!("{v}"),
+                Err(RegistrationError::Invalid(body, _)) => {
+                    println!("{body}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Command::Publish { database_url } => {
+            let mut db = connect_db(&database_url).await?;
+            println!("{:?}", publish::publish(&mut db).await?);
+        }
+        Command::Health { database_url } => {
+            let db = connect_db(&database_url).await?;
+            let detail: String = db
+                .query_one("SELECT synchro.synchro_health_detail()::text", &[])
+                .await
+                .map_err(|e| anyhow::anyhow!(install::describe(&e)))?
+                .get(0);
+            println!("{detail}");
+        }
+        Command::Serve {
+            database_url,
+            listen,
+            jwt_secret,
+            max_body_bytes,
+            min_client_version,
+        } => {
+            let db = connect_db(&database_url).await?;
+            let config = Config {
+                max_body_bytes,
+                min_client_version,
+            };
+            serve(db, jwt_secret.as_bytes(), config, listen).await?;
+        }
+        Command::Dev {
+            database_url,
+            listen,
+        } => run_dev(database_url, listen).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(
+    db: tokio_postgres::Client,
+    secret: &[u8],
+    config: Config,
+    listen: SocketAddr,
+) -> Result<()> {
+    let state = Arc::new(AppState {
+        db,
+        auth: Authenticator::hs256(secret)?,
+        config,
+    });
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    tracing::info!(%listen, "serving");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()> {
+    // Keep the cluster alive for the whole run; dropping it stops and deletes it.
+    let (_cluster, admin_url, url_for) = match database_url {
+        Some(url) => (
+            None,
+            url.clone(),
+            Box::new(move |_: &str| url.clone()) as Box<dyn Fn(&str) -> String>,
+        ),
+        None => {
+            eprintln!("starting a throwaway PostgreSQL cluster...");
+            let cluster = pg_harness::TempCluster::start()?;
+            let admin = connect_db(&cluster.admin_url()).await?;
+            admin.batch_execute("CREATE DATABASE synchro_dev").await?;
+            let port = cluster.port();
+            (
+                Some(cluster),
+                format!("host=127.0.0.1 port={port} user=postgres dbname=synchro_dev"),
+                Box::new(move |user: &str| {
+                    format!("host=127.0.0.1 port={port} user={user} dbname=synchro_dev")
+                }) as Box<dyn Fn(&str) -> String>,
+            )
+        }
+    };
+    let mut admin = connect_db(&admin_url).await?;
+    install::install(&mut admin).await?;
+    for (login, group) in dev::DEV_LOGINS {
+        dev::ensure_login(&admin, login, group).await?;
+    }
+    dev::create_demo_schema(&admin).await?;
+    let mut operator = connect_db(&url_for("synchro_dev_operator")).await?;
+    dev::register_demo(&operator).await?;
+    publish::publish(&mut operator).await?;
+    let secret = "synchro-dev-secret-not-for-production";
+    let token = mint(secret.as_bytes(), "dev-user", 30 * 24 * 3600);
+    println!("synchro dev server on http://{listen}");
+    println!("  database: {admin_url}");
+    println!("  JWT secret (HS256): {secret}");
+    println!("  development token for user dev-user:\n  {token}");
+    println!(
+        "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
+    );
+    println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
+    let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
+    serve(adapter, secret.as_bytes(), Config::default(), listen).await
+}

@@ -1,0 +1,209 @@
+//! A throwaway PostgreSQL cluster from the system binaries, for tests and `synchro-server dev`.
+//!
+//! `initdb` into a fresh directory, `pg_ctl start` on a free loopback port with
+//! `wal_level=logical`, and on drop `pg_ctl stop` and removal of the directory. As root the
+//! cluster runs as the `postgres` system user (initdb refuses root). See
+//! shared/notes/postgres.md for the recipe's background.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{bail, Context, Result};
+
+/// A running throwaway cluster; stopped and deleted on drop.
+pub struct TempCluster {
+    dir: PathBuf,
+    bin: PathBuf,
+    run_as: Option<String>,
+    port: u16,
+    stopped: bool,
+}
+
+fn bindir() -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var("SYNCHRO_PG_BINDIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return Ok(dir);
+        }
+    }
+    // Debian keeps server binaries out of PATH: take the newest installed major version.
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, p): &(u32, PathBuf)| p.join("initdb").exists())
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, p)| p).context(
+        "no PostgreSQL server binaries found (install postgresql, or set SYNCHRO_PG_BINDIR)",
+    )
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl TempCluster {
+    /// Creates and starts a cluster. Superuser `postgres`, trust authentication on loopback.
+    pub fn start() -> Result<TempCluster> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let bin = bindir()?;
+        let run_as = is_root().then(|| "postgres".to_owned());
+        let dir = std::env::temp_dir().join(format!(
+            "synchro-pg-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        if let Some(user) = &run_as {
+            let ok = Command::new("chown")
+                .arg(user)
+                .arg(&dir)
+                .status()?
+                .success();
+            if !ok {
+                bail!("cannot hand the cluster directory to the {user} user");
+            }
+        }
+        let mut cluster = TempCluster {
+            dir,
+            bin,
+            run_as,
+            port: 0,
+            stopped: true,
+        };
+        let data = cluster.data_dir();
+        cluster.run(
+            "initdb",
+            &[
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+                "-D",
+            ],
+            Some(&data),
+        )?;
+        // A port can be taken between probing and binding: retry a few times.
+        for attempt in 0..5 {
+            cluster.port = free_port()?;
+            let opts = format!(
+                "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c wal_level=logical \
+                 -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c full_page_writes=off",
+                cluster.port,
+                cluster.dir.display()
+            );
+            let log = cluster.dir.join("server.log");
+            let started = cluster.run(
+                "pg_ctl",
+                &[
+                    "-w",
+                    "-t",
+                    "60",
+                    "-l",
+                    &log.to_string_lossy(),
+                    "-o",
+                    &opts,
+                    "start",
+                    "-D",
+                ],
+                Some(&data),
+            );
+            match started {
+                Ok(()) => {
+                    cluster.stopped = false;
+                    return Ok(cluster);
+                }
+                Err(e) if attempt == 4 => return Err(e),
+                Err(_) => continue,
+            }
+        }
+        unreachable!()
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn run(&self, tool: &str, args: &[&str], dir_arg: Option<&Path>) -> Result<()> {
+        let exe = self.bin.join(tool);
+        let mut cmd = match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        cmd.args(args);
+        if let Some(d) = dir_arg {
+            cmd.arg(d);
+        }
+        let out = cmd.output().with_context(|| format!("running {tool}"))?;
+        if !out.status.success() {
+            bail!(
+                "{tool} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// The port the cluster listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A tokio-postgres connection string for `user` on database `db`.
+    pub fn url(&self, user: &str, db: &str) -> String {
+        format!("host=127.0.0.1 port={} user={user} dbname={db}", self.port)
+    }
+
+    /// The superuser connection string for the `postgres` database.
+    pub fn admin_url(&self) -> String {
+        self.url("postgres", "postgres")
+    }
+
+    /// Stops the cluster and deletes its directory.
+    pub fn stop(&mut self) -> Result<()> {
+        if !self.stopped {
+            let data = self.data_dir();
+            self.run("pg_ctl", &["-m", "fast", "-w", "stop", "-D"], Some(&data))?;
+            self.stopped = true;
+        }
+        if self.dir.exists() {
+            std::fs::remove_dir_all(&self.dir)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TempCluster {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("synchro: could not stop the throwaway PostgreSQL cluster: {e}");
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Manifest publication: build the child manifest from the registry, classify it against
+//! the current manifest with facts read from the source rows, and insert one immutable
+//! record. Runs in one REPEATABLE READ transaction as synchro_operator.
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use synchro_protocol::classify::{classify, ChangeClass, TransitionFacts};
+use synchro_protocol::lineage::Lineage;
+use synchro_protocol::manifest::Manifest;
+use tokio_postgres::{Client, GenericClient};
+
+/// What a publish run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// The registry matches the current manifest (Class 1): nothing published.
+    Unchanged {
+        /// The current version.
+        version: u64,
+    },
+    /// A new manifest was published.
+    Published {
+        /// Its version.
+        version: u64,
+        /// Its hash.
+        hash: String,
+        /// Its transition class.
+        class: String,
+    },
+}
+
+/// Reads the whole manifest history.
+pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
+    let rows = db
+        .query(
+            "SELECT body, schema_hash FROM synchro.synchro_manifest_history()",
+            &[],
+        )
+        .await
+        .context("reading manifest history")?;
+    let mut manifests = Vec::with_capacity(rows.len());
+    for row in rows {
+        let body: String = row.get(0);
+        let hash: String = row.get(1);
+        let m = Manifest::parse(&body).context("a stored manifest body does not validate")?;
+        if m.schema_hash_hex() != hash {
+            bail!(
+                "stored manifest {} does not match its recorded hash",
+                m.schema_version
+            );
+        }
+        manifests.push(m);
+    }
+    Ok(Lineage::from_history(manifests)?)
+}
+
+fn table_json(t: &Value) -> Result<Value> {
+    let fields = t["fields"]
+        .as_array()
+        .context("registry table without fields")?;
+    let pk = fields
+        .iter()
+        .find(|f| f["is_key"] == json!(true))
+        .context("registry table without a key field")?;
+    let fields: Vec<Value> = fields
+        .iter()
+        .map(|f| {
+            let mut o = json!({
+                "field_id": f["field_id"], "name": f["name"], "type": f["type"],
+                "nullable": f["nullable"], "writable": f["writable"],
+            });
+            if f["type"] == json!("decimal") {
+                o["precision"] = f["precision"].clone();
+                o["scale"] = f["scale"].clone();
+            }
+            o
+        })
+        .collect();
+    Ok(json!({
+        "table_id": t["table_id"], "relation_id": t["relation_id"], "name": t["name"],
+        "composition": t["composition"], "primary_key_field_id": pk["field_id"],
+        "lifecycle": {"created_at_field_id": null, "updated_at_field_id": null, "deleted_at_field_id": null},
+        "fields": fields, "indexes": [],
+    }))
+}
+
+fn manifest_text(
+    version: u64,
+    parent: Option<&Manifest>,
+    class: &str,
+    floor: u64,
+    tables: &[Value],
+) -> String {
+    let parent = parent.map(|p| json!({"version": p.schema_version, "hash": p.schema_hash_hex()}));
+    json!({
+        "schema_version": version, "parent_schema": parent, "transition_class": class,
+        "compatibility_floor": floor, "tables": tables,
+    })
+    .to_string()
+}
+
+/// Publishes the registry as a new manifest when it differs from the current one.
+pub async fn publish(db: &mut Client) -> Result<PublishOutcome> {
+    let tx = db
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await?;
+    let lineage = load_lineage(&tx).await?;
+    let snapshot: Value = serde_json::from_str(
+        &tx.query_one("SELECT synchro.synchro_registry_snapshot()::text", &[])
+            .await?
+            .get::<_, String>(0),
+    )?;
+    let registry: Vec<Value> = snapshot.as_array().cloned().unwrap_or_default();
+    let tables = registry
+        .iter()
+        .map(table_json)
+        .collect::<Result<Vec<_>>>()?;
+    let outcome = match lineage.current() {
+        None => {
+            let child = Manifest::parse(&manifest_text(1, None, "initial", 1, &tables))?;
+            insert(&tx, &child).await?;
+            PublishOutcome::Published {
+                version: 1,
+                hash: child.schema_hash_hex(),
+                class: "initial".into(),
+            }
+        }
+        Some(parent) => {
+            let version = parent.schema_version + 1;
+            // Classify a draft first; its own class and floor do not affect the tables.
+            let draft = Manifest::parse(&manifest_text(
+                version,
+                Some(parent),
+                "class_4",
+                version,
+                &tables,
+            ))?;
+            let facts = read_facts(&tx, parent, &draft, &registry).await?;
+            let c = classify(parent, &draft, &facts)?;
+            let Some(class) = c.class.transition_class() else {
+                tx.commit().await?;
+                return Ok(PublishOutcome::Unchanged {
+                    version: parent.schema_version,
+                });
+            };
+            let floor = if c.class == ChangeClass::Class2 {
+                parent.compatibility_floor
+            } else {
+                version
+            };
+            let child = Manifest::parse(&manifest_text(
+                version,
+                Some(parent),
+                class.as_str(),
+                floor,
+                &tables,
+            ))?;
+            // The pure lineage validates class, floor and parent exactly as clients will.
+            let mut check = lineage.clone();
+            check.append(child.clone(), &facts)?;
+            insert(&tx, &child).await?;
+            PublishOutcome::Published {
+                version,
+                hash: child.schema_hash_hex(),
+                class: class.as_str().into(),
+            }
+        }
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+async fn read_facts(
+    tx: &impl GenericClient,
+    parent: &Manifest,
+    child: &Manifest,
+    registry: &[Value],
+) -> Result<TransitionFacts> {
+    let relation_of = |table_id: &str| {
+        registry
+            .iter()
+            .find(|t| t["table_id"] == json!(table_id))
+            .and_then(|t| t["relation_id"].as_str())
+            .map(str::to_owned)
+    };
+    let mut facts = TransitionFacts::default();
+    for t in &child.tables {
+        let rel = relation_of(&t.table_id).context("table without relation")?;
+        match parent.table(&t.table_id) {
+            None => {
+                let has_rows: bool = tx
+                    .query_one(
+                        "SELECT synchro.synchro_column_has_values($1, NULL)",
+                        &[&rel],
+                    )
+                    .await?
+                    .get(0);
+                if !has_rows {
+                    facts.empty_added_tables.insert(t.table_id.clone());
+                }
+            }
+            Some(p) => {
+                for f in t.fields.iter().filter(|f| p.field(&f.field_id).is_none()) {
+                    let has_values: bool = tx
+                        .query_one(
+                            "SELECT synchro.synchro_column_has_values($1, $2)",
+                            &[&rel, &f.name],
+                        )
+                        .await?
+                        .get(0);
+                    if !has_values {
+                        facts
+                            .added_fields_without_history
+                            .insert((t.table_id.clone(), f.field_id.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(facts)
+}
+
+async fn insert(tx: &impl GenericClient, m: &Manifest) -> Result<()> {
+    let version = m.schema_version as i64;
+    let parent_version = m.parent_schema.map(|p| p.version as i64);
+    let parent_hash = m.parent_schema.map(|p| hex::encode(p.hash));
+    let body = m.canonical_body();
+    tx.execute(
+        "SELECT synchro.synchro_insert_manifest($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            &version,
+            &m.schema_hash_hex(),
+            &body,
+            &parent_version,
+            &parent_hash,
+            &m.transition_class.as_str(),
+            &(m.compatibility_floor as i64),
+        ],
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("inserting the manifest: {}", crate::install::describe(&e)))?;
+    Ok(())
+}
