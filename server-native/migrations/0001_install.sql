@@ -335,6 +335,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp
 DECLARE
     v_current synchro.manifests%ROWTYPE;
 BEGIN
+    -- The body and hash must agree (SHA-256 of the domain-prefixed canonical body).
+    IF p_hash IS DISTINCT FROM encode(sha256('\x73796e6368726f3a76333a736368656d612d6d616e69666573743a763100'::bytea
+                                             || convert_to(p_body, 'UTF8')), 'hex') THEN
+        RAISE EXCEPTION 'the manifest hash does not match its body' USING ERRCODE = '22023';
+    END IF;
     LOCK TABLE synchro.manifests IN EXCLUSIVE MODE;
     SELECT * INTO v_current FROM synchro.manifests ORDER BY schema_version DESC LIMIT 1;
     IF FOUND AND (p_parent_version IS DISTINCT FROM v_current.schema_version

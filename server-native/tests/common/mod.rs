@@ -1,0 +1,60 @@
+//! A fresh throwaway cluster per test, with synchro installed and one login per role.
+#![allow(dead_code)]
+
+use synchro_server::dev::{ensure_login, DEV_LOGINS};
+use synchro_server::pg_harness::TempCluster;
+use synchro_server::{connect_db, install};
+use tokio_postgres::Client;
+
+pub struct Env {
+    pub cluster: TempCluster,
+    pub admin: Client,
+}
+
+impl Env {
+    /// A cluster with a database `app`, synchro installed, dev logins and an application
+    /// owner role that synchro_owner may act for.
+    pub async fn installed() -> Env {
+        let cluster = TempCluster::start().expect("throwaway PostgreSQL");
+        let boot = connect_db(&cluster.admin_url()).await.unwrap();
+        boot.batch_execute("CREATE DATABASE app").await.unwrap();
+        let mut admin = connect_db(&cluster.url("postgres", "app")).await.unwrap();
+        install::install(&mut admin).await.unwrap();
+        for (login, group) in DEV_LOGINS {
+            ensure_login(&admin, login, group).await.unwrap();
+        }
+        admin
+            .batch_execute(
+                "CREATE ROLE nobody LOGIN;
+                 CREATE ROLE synchro_dev_worker LOGIN; GRANT synchro_worker TO synchro_dev_worker;
+                 CREATE ROLE app_owner NOLOGIN; GRANT app_owner TO synchro_owner;
+                 CREATE SCHEMA app AUTHORIZATION app_owner;",
+            )
+            .await
+            .unwrap();
+        Env { cluster, admin }
+    }
+
+    pub async fn login(&self, user: &str) -> Client {
+        connect_db(&self.cluster.url(user, "app")).await.unwrap()
+    }
+
+    /// Runs SQL as the application owner (tables it creates are owned by app_owner).
+    pub async fn as_app_owner(&self, sql: &str) {
+        self.admin
+            .batch_execute(&format!("SET ROLE app_owner; {sql}; RESET ROLE;"))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {}", install::describe(&e)));
+    }
+}
+
+/// The SQLSTATE of a failed statement, or "ok".
+pub async fn sqlstate(db: &Client, sql: &str) -> String {
+    match db.batch_execute(sql).await {
+        Ok(()) => "ok".into(),
+        Err(e) => e
+            .as_db_error()
+            .map(|d| d.code().code().to_owned())
+            .unwrap_or_else(|| e.to_string()),
+    }
+}

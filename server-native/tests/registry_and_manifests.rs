@@ -1,0 +1,360 @@
+//! Registration validation and manifest publication against a real PostgreSQL.
+
+mod common;
+
+use common::{sqlstate, Env};
+use serde_json::Value;
+use synchro_protocol::manifest::Manifest;
+use synchro_server::publish::{load_lineage, publish, PublishOutcome};
+use synchro_server::registry::{register, RegisterRequest, RegistrationError};
+
+fn synced(relation: &str) -> RegisterRequest {
+    RegisterRequest::synced("app", relation, "single_scope")
+}
+
+async fn reason(env: &Env, r: &RegisterRequest) -> (String, String) {
+    let op = env.login("synchro_dev_operator").await;
+    match register(&op, r).await {
+        Err(e @ RegistrationError::Invalid(..)) => {
+            let RegistrationError::Invalid(body, _) = &e else {
+                unreachable!()
+            };
+            // Exactly the spec's error shape, no row payload.
+            let err = body["error"].as_object().expect("error object");
+            assert_eq!(err["code"], "invalid_registration");
+            assert!(err
+                .keys()
+                .all(|k| ["code", "reason", "relation_id", "field_id"].contains(&k.as_str())));
+            (
+                e.reason().unwrap().to_owned(),
+                e.sqlstate().unwrap().to_owned(),
+            )
+        }
+        other => panic!("{} registered: {other:?}", r.relation),
+    }
+}
+
+#[tokio::test]
+async fn invalid_relations_are_refused_with_the_exact_reason() {
+    let env = Env::installed().await;
+    env.admin
+        .batch_execute("CREATE SCHEMA other AUTHORIZATION app_owner")
+        .await
+        .unwrap();
+    env.as_app_owner(
+        "CREATE TABLE app.no_key (a int);
+         CREATE TABLE app.composite (a int, b int, PRIMARY KEY (a, b));
+         CREATE TABLE app.deferrable (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED);
+         CREATE DOMAIN app.key_text AS text;
+         CREATE TABLE app.domain_key (id app.key_text PRIMARY KEY);
+         CREATE TABLE app.interval_key (id interval PRIMARY KEY);
+         CREATE TABLE app.full_identity (id int PRIMARY KEY); ALTER TABLE app.full_identity REPLICA IDENTITY FULL;
+         CREATE TABLE app.generated_key (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text);
+         CREATE TABLE app.odd_column (id int PRIMARY KEY, at timestamp);
+         CREATE TABLE app.unbounded_numeric (id int PRIMARY KEY, n numeric);
+         CREATE VIEW app.a_view AS SELECT 1 AS id;
+         CREATE TABLE app.fine (id int PRIMARY KEY);
+         CREATE TABLE other.fine (id int PRIMARY KEY)",
+    )
+    .await;
+    let cases = [
+        (synced("missing"), "ambiguous_physical_relation", "42P17"),
+        (synced("a_view"), "ambiguous_physical_relation", "42P17"),
+        (
+            RegisterRequest {
+                schema: "nope".into(),
+                ..synced("fine")
+            },
+            "ambiguous_physical_relation",
+            "42P17",
+        ),
+        (synced("no_key"), "missing_primary_key", "42P17"),
+        (synced("composite"), "composite_primary_key", "42P17"),
+        (
+            synced("deferrable"),
+            "unsupported_replica_identity",
+            "42P17",
+        ),
+        (
+            synced("domain_key"),
+            "unsupported_primary_key_type",
+            "42P17",
+        ),
+        (
+            synced("interval_key"),
+            "unsupported_primary_key_type",
+            "42P17",
+        ),
+        (
+            synced("full_identity"),
+            "unsupported_replica_identity",
+            "42P17",
+        ),
+        (
+            synced("generated_key"),
+            "unsupported_primary_key_type",
+            "42P17",
+        ),
+        (synced("odd_column"), "unsupported_column_type", "42P17"),
+        (
+            synced("unbounded_numeric"),
+            "unsupported_column_type",
+            "42P17",
+        ),
+        (
+            RegisterRequest {
+                fanout_bound: 0,
+                ..synced("fine")
+            },
+            "invalid_limit",
+            "22023",
+        ),
+        (
+            RegisterRequest {
+                impact_bound: 100_001,
+                ..synced("fine")
+            },
+            "invalid_limit",
+            "22023",
+        ),
+    ];
+    for (req, want, state) in cases {
+        let (got, sqlstate) = reason(&env, &req).await;
+        assert_eq!(
+            (got.as_str(), sqlstate.as_str()),
+            (want, state),
+            "{}.{}",
+            req.schema,
+            req.relation
+        );
+    }
+    // Nothing was recorded by any refused registration.
+    let count: i64 = env
+        .admin
+        .query_one("SELECT count(*) FROM synchro.relations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 0);
+    // A generated key is fine when clients do not push.
+    let op = env.login("synchro_dev_operator").await;
+    register(
+        &op,
+        &RegisterRequest {
+            push_enabled: false,
+            ..synced("generated_key")
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_valid_registration_records_identity_types_trigger_and_publication() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.orders (id uuid PRIMARY KEY, customer text NOT NULL, qty integer, big bigint,
+           amount numeric(12,2), ratio double precision, small real, paid boolean, at timestamptz, day date,
+           tm time, doc jsonb, raw bytea, total numeric(14,2) GENERATED ALWAYS AS (amount * 2) STORED);
+         INSERT INTO app.orders (id, customer) VALUES ('00000000-0000-0000-0000-000000000001', 'a')",
+    )
+    .await;
+    let op = env.login("synchro_dev_operator").await;
+    let got = register(&op, &synced("orders")).await.unwrap();
+    let relation_id = got["relation_id"].as_str().unwrap();
+    let table_id = got["table_id"].as_str().unwrap();
+    assert!(relation_id.starts_with("rel_") && table_id.starts_with("tbl_"));
+    assert!(
+        !relation_id.contains("orders") && !table_id.contains("orders"),
+        "IDs are not derived from names"
+    );
+    let types: Vec<(String, String)> = got["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["column"].as_str().unwrap().into(),
+                f["type"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want = [
+        ("id", "string"),
+        ("customer", "string"),
+        ("qty", "int"),
+        ("big", "int64"),
+        ("amount", "decimal"),
+        ("ratio", "float"),
+        ("small", "float"),
+        ("paid", "boolean"),
+        ("at", "datetime"),
+        ("day", "date"),
+        ("tm", "time"),
+        ("doc", "json"),
+        ("raw", "bytes"),
+        ("total", "decimal"),
+    ];
+    assert_eq!(types, want.map(|(a, b)| (a.to_owned(), b.to_owned())));
+    // Registering again returns the same IDs.
+    assert_eq!(register(&op, &synced("orders")).await.unwrap(), got);
+
+    let row = env
+        .admin
+        .query_one(
+            "SELECT physical_schema::text, physical_relation::text, physical_relation_oid = 'app.orders'::regclass::oid,
+                    replica_identity::text, capture_key_column::text, primary_key_type = 'uuid'::regtype::oid
+               FROM synchro.relations",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, String>(1),
+            row.get::<_, bool>(2),
+            row.get::<_, String>(3),
+            row.get::<_, String>(4),
+            row.get::<_, bool>(5)
+        ),
+        (
+            "app".into(),
+            "orders".into(),
+            true,
+            "d".into(),
+            "id".into(),
+            true
+        )
+    );
+    let decimals = env
+        .admin
+        .query(
+            "SELECT column_name::text, decimal_precision, decimal_scale, writable, nullable FROM synchro.fields
+              WHERE portable_type = 'decimal' ORDER BY attnum",
+            &[],
+        )
+        .await
+        .unwrap();
+    let d: Vec<(String, i32, i32, bool, bool)> = decimals
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    assert_eq!(
+        d,
+        [
+            ("amount".into(), 12, 2, true, true),
+            ("total".into(), 14, 2, false, true)
+        ]
+    );
+
+    // The source trigger refuses key updates; other updates go through.
+    assert_eq!(
+        sqlstate(
+            &env.admin,
+            "UPDATE app.orders SET id = '00000000-0000-0000-0000-000000000002'"
+        )
+        .await,
+        "55000"
+    );
+    assert_eq!(
+        sqlstate(&env.admin, "UPDATE app.orders SET customer = 'b'").await,
+        "ok"
+    );
+    let published: i64 = env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'synchro_publication' AND tablename = 'orders'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(published, 1);
+
+    // A capture dependency has no table ID.
+    env.as_app_owner("CREATE TABLE app.members (id bigint PRIMARY KEY, team text)")
+        .await;
+    let dep = register(
+        &op,
+        &RegisterRequest {
+            kind: "capture_dependency".into(),
+            ..synced("members")
+        },
+    )
+    .await
+    .unwrap();
+    assert!(dep.get("table_id").is_none() && dep["fields"] == Value::Array(vec![]));
+}
+
+#[tokio::test]
+async fn publication_classifies_from_database_facts_and_records_are_immutable() {
+    let env = Env::installed().await;
+    let mut op = env.login("synchro_dev_operator").await;
+    env.as_app_owner("CREATE TABLE app.a (id int PRIMARY KEY, v text)")
+        .await;
+    register(&op, &synced("a")).await.unwrap();
+    let first = publish(&mut op).await.unwrap();
+    assert!(
+        matches!(&first, PublishOutcome::Published { version: 1, class, .. } if class == "initial"),
+        "{first:?}"
+    );
+    assert_eq!(
+        publish(&mut op).await.unwrap(),
+        PublishOutcome::Unchanged { version: 1 }
+    );
+
+    env.as_app_owner("CREATE TABLE app.b (id bigint PRIMARY KEY)")
+        .await;
+    register(&op, &synced("b")).await.unwrap();
+    let second = publish(&mut op).await.unwrap();
+    assert!(
+        matches!(&second, PublishOutcome::Published { version: 2, class, .. } if class == "class_2"),
+        "{second:?}"
+    );
+
+    env.as_app_owner("CREATE TABLE app.c (id text PRIMARY KEY); INSERT INTO app.c VALUES ('row')")
+        .await;
+    register(
+        &op,
+        &RegisterRequest {
+            composition: "multi_scope".into(),
+            ..synced("c")
+        },
+    )
+    .await
+    .unwrap();
+    let third = publish(&mut op).await.unwrap();
+    assert!(
+        matches!(&third, PublishOutcome::Published { version: 3, class, .. } if class == "class_3"),
+        "{third:?}"
+    );
+
+    let lineage = load_lineage(&op).await.unwrap();
+    let floors: Vec<u64> = lineage.manifests().map(|m| m.compatibility_floor).collect();
+    assert_eq!(floors, [1, 1, 3]);
+    assert_eq!(lineage.current().unwrap().tables.len(), 3);
+
+    // Historical records resolve to their original body, and nothing can change them.
+    let v1: String = env
+        .admin
+        .query_one(
+            "SELECT body FROM synchro.manifests WHERE schema_version = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(Manifest::parse(&v1).unwrap().tables.len(), 1);
+    for sql in [
+        "UPDATE synchro.manifests SET body = '{}' WHERE schema_version = 1",
+        "DELETE FROM synchro.manifests WHERE schema_version = 3",
+        "TRUNCATE synchro.manifests CASCADE",
+    ] {
+        assert_eq!(sqlstate(&env.admin, sql).await, "55000", "{sql}");
+    }
+    // A body that does not match its hash, or a parent that is not current, is refused.
+    let bad_hash =
+        "SELECT synchro.synchro_insert_manifest(4, repeat('a', 64), '{}', 3, NULL, 'class_2', 1)";
+    assert_eq!(sqlstate(&op, bad_hash).await, "22023");
+}
