@@ -112,6 +112,14 @@ else
     apt_install chromium chromium-driver
 fi
 
+# --- c2. PostgreSQL server binaries for the throwaway test clusters ------------------------
+if compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null ||
+    { command -v pg_config >/dev/null && [ -x "$(pg_config --bindir 2>/dev/null)/initdb" ]; }; then
+    log "PostgreSQL server binaries present"
+else
+    apt_install postgresql
+fi
+
 # --- d. wasm-opt from the npm binaryen package ----------------------------------------------
 WASM_OPT=$TOOLS/binaryen/node_modules/.bin/wasm-opt
 have_binaryen=$(node -p "require('$TOOLS/binaryen/node_modules/binaryen/package.json').version" 2>/dev/null || true)

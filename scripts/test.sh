@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every test: format, lints (native and wasm32), native
-# tests, wasm tests in node and in headless Chromium, the wasm packages, the native/wasm
-# parity test and the conformance run. Ends with each runner's summary lines.
+# tests (the server's against throwaway PostgreSQL clusters), wasm tests in node and in
+# headless Chromium, the wasm packages, the native/wasm parity test and the conformance run.
+# Ends with each runner's summary lines.
 #   SYNCHRO_SKIP_SETUP=1  skip scripts/setup-toolchain.sh (tools already installed)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -58,5 +59,6 @@ step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
 step test-wasm-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
 step build-wasm scripts/build-wasm.sh
 step test-parity-node node --test protocol/js-tests/
-step conformance scripts/run.sh
+step conformance cargo run -q --release -p synchro-protocol --bin synchro-conformance -- \
+    check vectors/conformance-v1.json vectors/synchro-v1.json
 finish

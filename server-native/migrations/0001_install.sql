@@ -101,7 +101,10 @@ CREATE TABLE synchro.clients (
     assigned_scopes text[] NOT NULL,
     schema_version bigint,
     schema_hash text,
-    expires_at timestamptz NOT NULL,
+    -- Expiry runs from the last cursor acknowledgement, or from the start of the generation
+    -- before the first one; connect traffic alone does not refresh it (spec 003).
+    generation_started_at timestamptz NOT NULL DEFAULT now(),
+    last_acknowledged_at timestamptz,
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (user_id, client_id)
 );
@@ -431,32 +434,35 @@ RETURNS TABLE (client_generation bigint, scope_set_version bigint, assigned_scop
                schema_version bigint, schema_hash text, expired boolean)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT c.client_generation, c.scope_set_version, c.assigned_scopes, c.schema_version, c.schema_hash,
-           c.expires_at <= now()
+           coalesce(c.last_acknowledged_at, c.generation_started_at)
+             + make_interval(days => (SELECT value::integer FROM synchro.settings WHERE key = 'client_ttl_days')) <= now()
       FROM synchro.clients c WHERE c.user_id = p_user_id AND c.client_id = p_client_id
 $$;
 
--- Records a connect: issues or renews the generation, reconciles the assignment set
--- (advancing scope_set_version when it changed) and the installed schema. A client whose
--- record expired gets a new generation. Returns the stored state.
+-- Records a connect: issues a new generation when asked (new, expired or stale client),
+-- reconciles the assignment set (advancing scope_set_version by one only when it changed)
+-- and records the installed schema. Returns the stored generation and scope_set_version.
 CREATE FUNCTION synchro.synchro_client_connect(p_user_id text, p_client_id text, p_new_generation boolean,
     p_assigned text[], p_schema_version bigint, p_schema_hash text)
 RETURNS TABLE (client_generation bigint, scope_set_version bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
-    v_ttl interval := make_interval(days => (SELECT value::integer FROM synchro.settings WHERE key = 'client_ttl_days'));
     v_row synchro.clients%ROWTYPE;
 BEGIN
     SELECT * INTO v_row FROM synchro.clients c WHERE c.user_id = p_user_id AND c.client_id = p_client_id FOR UPDATE;
     IF NOT FOUND THEN
-        INSERT INTO synchro.clients VALUES (p_user_id, p_client_id, 1, 1, p_assigned, p_schema_version, p_schema_hash,
-                                            now() + v_ttl, now())
+        INSERT INTO synchro.clients (user_id, client_id, client_generation, scope_set_version, assigned_scopes,
+                                     schema_version, schema_hash)
+        VALUES (p_user_id, p_client_id, 1, 1, p_assigned, p_schema_version, p_schema_hash)
         RETURNING * INTO v_row;
     ELSE
         UPDATE synchro.clients c SET
             client_generation = c.client_generation + CASE WHEN p_new_generation THEN 1 ELSE 0 END,
+            generation_started_at = CASE WHEN p_new_generation THEN now() ELSE c.generation_started_at END,
+            last_acknowledged_at = CASE WHEN p_new_generation THEN NULL ELSE c.last_acknowledged_at END,
             scope_set_version = c.scope_set_version + CASE WHEN c.assigned_scopes = p_assigned THEN 0 ELSE 1 END,
             assigned_scopes = p_assigned, schema_version = p_schema_version, schema_hash = p_schema_hash,
-            expires_at = now() + v_ttl, updated_at = now()
+            updated_at = now()
          WHERE c.user_id = p_user_id AND c.client_id = p_client_id
         RETURNING * INTO v_row;
     END IF;

@@ -14,12 +14,14 @@
 //! | [`auth`] | bearer JWT (HS256) |
 //! | [`http`] | `POST /sync/connect`, `GET /ready` |
 //! | [`dev`] | the `dev` command's provisioning |
+//! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
 
 pub mod auth;
 pub mod dev;
 pub mod http;
 pub mod install;
+pub mod logging;
 pub mod pg_harness;
 pub mod publish;
 pub mod registry;
