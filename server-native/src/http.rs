@@ -46,6 +46,10 @@ impl Default for Config {
 pub struct AppState {
     /// Adapter connection (member of synchro_adapter only).
     pub db: Client,
+    /// Connection as the owner of the registered assignment function, which evaluates it
+    /// with its owner's privileges and never synchro_owner's (spec 003). Without one, a
+    /// registered function makes connect fail closed.
+    pub assignment_db: Option<Client>,
     /// Bearer verification.
     pub auth: Authenticator,
     /// Settings.
@@ -93,6 +97,70 @@ impl ApiError {
             true,
         )
     }
+
+    fn integrity() -> ApiError {
+        ApiError::new(
+            500,
+            "sync_integrity_failure",
+            "scope assignment could not be evaluated",
+            false,
+        )
+    }
+}
+
+/// The scopes the registered assignment function returns for `user_id`, validated: each
+/// non-null, nonempty after trim, not `user:`-prefixed, and at most `max_scopes` distinct.
+async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<String>, ApiError> {
+    let Some(check) = state
+        .db
+        .query_opt(
+            "SELECT function_schema::text, function_name::text, max_scopes, intact
+               FROM synchro.synchro_assignment_function_check()",
+            &[],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?
+    else {
+        return Ok(Vec::new());
+    };
+    let (schema, name, max, intact): (String, String, Option<i32>, bool) =
+        (check.get(0), check.get(1), check.get(2), check.get(3));
+    if !intact {
+        tracing::error!("assignment function missing or changed since registration");
+        return Err(ApiError::integrity());
+    }
+    let Some(owner_db) = &state.assignment_db else {
+        tracing::error!(
+            "an assignment function is registered but no evaluator connection is configured"
+        );
+        return Err(ApiError::integrity());
+    };
+    let limit = max.map_or(String::new(), |m| format!(" LIMIT {}", i64::from(m) + 1));
+    let sql = format!(
+        "SELECT DISTINCT s FROM {}.{}($1) AS s{limit}",
+        crate::install::quote_ident(&schema),
+        crate::install::quote_ident(&name)
+    );
+    let rows = owner_db.query(&sql, &[&user_id]).await.map_err(|_| {
+        tracing::error!("assignment function evaluation failed");
+        ApiError::integrity()
+    })?;
+    let mut scopes = Vec::with_capacity(rows.len());
+    for row in rows {
+        let scope: Option<String> = row.get(0);
+        match scope {
+            Some(s) if !s.trim().is_empty() && !s.starts_with("user:") => scopes.push(s),
+            _ => {
+                tracing::error!("assignment function returned an invalid scope");
+                return Err(ApiError::integrity());
+            }
+        }
+    }
+    if max.is_some_and(|m| scopes.len() > m as usize) {
+        tracing::error!("assignment function returned more scopes than its bound");
+        return Err(ApiError::integrity());
+    }
+    Ok(scopes)
 }
 
 fn json_response(status: StatusCode, body: &Json) -> Response {
@@ -271,7 +339,8 @@ async fn connect_inner(
         .await
         .map_err(|_| ApiError::unavailable())?
         .get(0);
-    let assigned: BTreeSet<String> = assigned.into_iter().collect();
+    let mut assigned: BTreeSet<String> = assigned.into_iter().collect();
+    assigned.extend(assigned_by_function(state, &user_id).await?);
     let lineage = crate::publish::load_lineage(db)
         .await
         .map_err(|_| ApiError::unavailable())?;

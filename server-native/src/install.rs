@@ -34,11 +34,18 @@ pub struct Migration {
 }
 
 /// Every migration, in order. Add new ones at the end; never edit an applied one.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_install.sql",
-    sql: include_str!("../migrations/0001_install.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_install.sql",
+        sql: include_str!("../migrations/0001_install.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_assignment_function.sql",
+        sql: include_str!("../migrations/0002_assignment_function.sql"),
+    },
+];
 
 fn sha256_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
@@ -86,6 +93,12 @@ pub async fn ensure_roles(db: &Client) -> Result<()> {
 
 /// Installs or upgrades the `synchro` schema in the connected database.
 pub async fn install(db: &mut Client) -> Result<InstallReport> {
+    install_to(db, None).await
+}
+
+/// Installs or upgrades up to migration `target` (all when `None`); used to prove that a
+/// database upgraded step by step equals a fresh install.
+pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallReport> {
     ensure_roles(db).await?;
     let database: String = db.query_one("SELECT current_database()", &[]).await?.get(0);
     // Publications need CREATE on the database; the owner creates the capture publication.
@@ -135,7 +148,10 @@ pub async fn install(db: &mut Client) -> Result<InstallReport> {
         }
     }
     let mut applied = Vec::new();
-    for m in MIGRATIONS {
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| target.is_none_or(|t| m.version <= t))
+    {
         if applied_versions.iter().any(|(v, _)| *v == m.version) {
             continue;
         }
@@ -153,7 +169,7 @@ pub async fn install(db: &mut Client) -> Result<InstallReport> {
     }
     Ok(InstallReport {
         applied,
-        version: known,
+        version: target.unwrap_or(known).min(known),
     })
 }
 

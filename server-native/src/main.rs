@@ -60,6 +60,10 @@ enum Command {
         /// Minimum client runtime version (SemVer).
         #[arg(long)]
         min_client_version: Option<String>,
+        /// Connection as the owner of the registered scope-assignment function (evaluated
+        /// with that owner's privileges).
+        #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL")]
+        assignment_url: Option<String>,
     },
     /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
     /// with a demo schema registered, serving on 127.0.0.1:8787.
@@ -188,13 +192,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             jwt_secret,
             max_body_bytes,
             min_client_version,
+            assignment_url,
         } => {
             let db = connect_db(&database_url).await?;
+            let assignment_db = match assignment_url {
+                Some(url) => Some(connect_db(&url).await?),
+                None => None,
+            };
             let config = Config {
                 max_body_bytes,
                 min_client_version,
             };
-            serve(db, jwt_secret.as_bytes(), config, listen).await?;
+            serve(db, assignment_db, jwt_secret.as_bytes(), config, listen).await?;
         }
         Command::Dev {
             database_url,
@@ -206,12 +215,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 
 async fn serve(
     db: tokio_postgres::Client,
+    assignment_db: Option<tokio_postgres::Client>,
     secret: &[u8],
     config: Config,
     listen: SocketAddr,
 ) -> Result<()> {
     let state = Arc::new(AppState {
         db,
+        assignment_db,
         auth: Authenticator::hs256(secret)?,
         config,
     });
@@ -270,5 +281,13 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
     );
     println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
     let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
-    serve(adapter, secret.as_bytes(), Config::default(), listen).await
+    let assignment = connect_db(&url_for("synchro_dev_operator")).await?;
+    serve(
+        adapter,
+        Some(assignment),
+        secret.as_bytes(),
+        Config::default(),
+        listen,
+    )
+    .await
 }

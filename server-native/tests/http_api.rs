@@ -64,6 +64,7 @@ async fn start(config: Config) -> Server {
         .unwrap();
     let state = Arc::new(AppState {
         db: env.login("synchro_dev_adapter").await,
+        assignment_db: Some(env.login("synchro_dev_operator").await),
         auth: Authenticator::hs256(SECRET).unwrap(),
         config,
     });
@@ -413,4 +414,123 @@ async fn a_client_below_the_minimum_runtime_must_upgrade() {
         (200, json!("replace")),
         "{v}"
     );
+}
+
+#[tokio::test]
+async fn the_assignment_function_runs_as_its_owner_and_its_results_are_validated() {
+    let s = start(Config::default()).await;
+    s.env
+        .admin
+        .batch_execute("CREATE SCHEMA assign AUTHORIZATION synchro_dev_operator; GRANT USAGE ON SCHEMA assign TO synchro_owner;")
+        .await
+        .unwrap();
+    let op = s.env.login("synchro_dev_operator").await;
+    // The table belongs to the operator and is NOT readable by synchro_owner: the function
+    // can only work when it runs with its owner's privileges.
+    op.batch_execute(
+        "CREATE TABLE assign.memberships (user_id text, scope text);
+         INSERT INTO assign.memberships VALUES ('team-user', 'team:red'), ('team-user', 'team:blue');
+         CREATE FUNCTION assign.scopes(p_user text) RETURNS SETOF text LANGUAGE sql STABLE
+           SET search_path = pg_catalog, synchro
+           BEGIN ATOMIC SELECT scope FROM assign.memberships WHERE user_id = p_user; END;
+         REVOKE EXECUTE ON FUNCTION assign.scopes(text) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION assign.scopes(text) TO synchro_owner;
+         SELECT synchro.synchro_register_assignment_function('assign.scopes', 3);",
+    )
+    .await
+    .unwrap();
+    let readable: bool = s
+        .env
+        .admin
+        .query_one(
+            "SELECT has_table_privilege('synchro_owner', 'assign.memberships', 'SELECT')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!readable);
+    let token = mint(SECRET, "team-user", 3600);
+    let req = |client: &str| {
+        body(
+            json!({"protocol_version": 3, "client_id": client, "schema": {"version": 0, "hash": ""}}),
+        )
+    };
+    let (st, v) = s.connect(Some(&token), req("a")).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["scope_updates"]["added"],
+        json!([SHARED, "team:blue", "team:red", "user:team-user"])
+    );
+
+    // Invalid results fail closed with 500 sync_integrity_failure.
+    for (sql, client) in [
+        ("INSERT INTO assign.memberships VALUES ('team-user', 'user:someone')", "b"),
+        ("DELETE FROM assign.memberships WHERE scope LIKE 'user:%'; INSERT INTO assign.memberships VALUES ('team-user', '  ')", "c"),
+        ("DELETE FROM assign.memberships WHERE scope = '  '; INSERT INTO assign.memberships VALUES ('team-user', 'team:x'), ('team-user', 'team:y')", "d"),
+    ] {
+        op.batch_execute(sql).await.unwrap();
+        let (st, v) = s.connect(Some(&token), req(client)).await;
+        error(st, &v, 500, "sync_integrity_failure", false);
+    }
+    op.batch_execute("DELETE FROM assign.memberships WHERE scope IN ('team:x', 'team:y')")
+        .await
+        .unwrap();
+    let (st, _) = s.connect(Some(&token), req("e")).await;
+    assert_eq!(st, 200);
+    // A definition changed after registration is refused until registered again.
+    op.batch_execute(
+        "CREATE OR REPLACE FUNCTION assign.scopes(p_user text) RETURNS SETOF text LANGUAGE sql STABLE
+           SET search_path = pg_catalog, synchro
+           BEGIN ATOMIC SELECT scope FROM assign.memberships WHERE user_id = p_user AND scope <> ''; END",
+    )
+    .await
+    .unwrap();
+    let (st, v) = s.connect(Some(&token), req("f")).await;
+    error(st, &v, 500, "sync_integrity_failure", false);
+    op.batch_execute(
+        "SELECT synchro.synchro_register_assignment_function('assign.scopes(text)', 3)",
+    )
+    .await
+    .unwrap();
+    let (st, _) = s.connect(Some(&token), req("g")).await;
+    assert_eq!(st, 200);
+}
+
+#[tokio::test]
+async fn a_database_failure_is_503_and_readiness_fails_closed() {
+    logs();
+    let env = Env::installed().await;
+    // A database without synchro: every call fails.
+    let boot = synchro_server::connect_db(&env.cluster.admin_url())
+        .await
+        .unwrap();
+    boot.batch_execute("CREATE DATABASE bare").await.unwrap();
+    let state = Arc::new(AppState {
+        db: synchro_server::connect_db(&env.cluster.url("synchro_dev_adapter", "bare"))
+            .await
+            .unwrap(),
+        assignment_db: None,
+        auth: Authenticator::hs256(SECRET).unwrap(),
+        config: Config::default(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{base}/sync/connect"))
+        .header("authorization", format!("Bearer {}", mint(SECRET, "u", 60)))
+        .body(body(
+            json!({"protocol_version": 3, "client_id": "c", "schema": {"version": 0, "hash": ""}}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let v: Value = resp.json().await.unwrap();
+    error(status, &v, 503, "temporary_unavailable", true);
+    let ready = http.get(format!("{base}/ready")).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    assert_eq!(ready.text().await.unwrap(), r#"{"status":"unready"}"#);
 }

@@ -11,7 +11,7 @@ async fn install_is_idempotent_and_the_ledger_guards_upgrades() {
     let mut env = Env::installed().await;
     let again = install::install(&mut env.admin).await.unwrap();
     assert!(again.applied.is_empty(), "a second install applies nothing");
-    assert_eq!(again.version, 1);
+    assert_eq!(again.version, install::MIGRATIONS.len() as i32);
 
     // Every group role has exactly the spec's attributes.
     for role in ROLES {
@@ -52,6 +52,52 @@ async fn install_is_idempotent_and_the_ledger_guards_upgrades() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("newer") || err.contains("immutable"), "{err}");
+}
+
+/// Every synchro catalog object with its definition and privileges, one line each.
+const CATALOG: &str = "SELECT string_agg(x, E'\n' ORDER BY x) FROM (
+    SELECT 'fn ' || p.oid::regprocedure::text || ' ' || pg_get_functiondef(p.oid) || ' ' || coalesce(p.proacl::text, '') AS x
+      FROM pg_proc p WHERE p.pronamespace = 'synchro'::regnamespace
+    UNION ALL SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(c.relacl::text, '')
+      FROM pg_class c WHERE c.relnamespace = 'synchro'::regnamespace
+    UNION ALL SELECT 'col ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull::text
+      FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+     WHERE c.relnamespace = 'synchro'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+    UNION ALL SELECT 'con ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = 'synchro'::regnamespace
+    UNION ALL SELECT 'trg ' || t.tgname || ' ' || c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+     WHERE c.relnamespace = 'synchro'::regnamespace AND NOT t.tgisinternal) q";
+
+#[tokio::test]
+async fn stepwise_upgrade_equals_a_fresh_install() {
+    let env = Env::installed().await;
+    let boot = synchro_server::connect_db(&env.cluster.admin_url())
+        .await
+        .unwrap();
+    boot.batch_execute("CREATE DATABASE stepwise")
+        .await
+        .unwrap();
+    let mut db = synchro_server::connect_db(&env.cluster.url("postgres", "stepwise"))
+        .await
+        .unwrap();
+    for step in 1..=install::MIGRATIONS.len() as i32 {
+        let r = install::install_to(&mut db, Some(step)).await.unwrap();
+        assert_eq!(r.applied, vec![step]);
+    }
+    let fresh: String = env.admin.query_one(CATALOG, &[]).await.unwrap().get(0);
+    let stepwise: String = db.query_one(CATALOG, &[]).await.unwrap().get(0);
+    assert!(fresh.lines().count() > 50);
+    let only = |a: &str, b: &str| -> Vec<String> {
+        a.lines()
+            .filter(|l| !b.lines().any(|m| m == *l))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert!(
+        stepwise == fresh,
+        "only in the stepwise database: {:?}\nonly in the fresh one: {:?}",
+        only(&stepwise, &fresh),
+        only(&fresh, &stepwise)
+    );
 }
 
 #[tokio::test]

@@ -358,3 +358,159 @@ async fn publication_classifies_from_database_facts_and_records_are_immutable() 
         "SELECT synchro.synchro_insert_manifest(4, repeat('a', 64), '{}', 3, NULL, 'class_2', 1)";
     assert_eq!(sqlstate(&op, bad_hash).await, "22023");
 }
+
+/// Creates `assign.<name>` owned by the operator login from `definition` (the part after
+/// the function name), revokes PUBLIC and grants synchro_owner unless told otherwise.
+async fn assignment_function(
+    env: &Env,
+    op: &tokio_postgres::Client,
+    name: &str,
+    definition: &str,
+    grant: bool,
+) {
+    op.batch_execute(&format!("CREATE FUNCTION assign.{name}{definition}"))
+        .await
+        .unwrap();
+    op.batch_execute(&format!(
+        "REVOKE EXECUTE ON FUNCTION assign.{name} FROM PUBLIC"
+    ))
+    .await
+    .unwrap();
+    if grant {
+        op.batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION assign.{name} TO synchro_owner"
+        ))
+        .await
+        .unwrap();
+    }
+    let _ = env;
+}
+
+#[tokio::test]
+async fn assignment_function_registration_enforces_every_rule() {
+    let env = Env::installed().await;
+    env.admin
+        .batch_execute(
+            "CREATE SCHEMA assign AUTHORIZATION synchro_dev_operator;
+             GRANT USAGE ON SCHEMA assign TO synchro_owner;
+             GRANT USAGE ON SCHEMA app TO synchro_dev_operator;",
+        )
+        .await
+        .unwrap();
+    env.as_app_owner(
+        "CREATE TABLE app.team_members (user_id text, team text);
+         CREATE TABLE app.secret (user_id text);
+         GRANT SELECT ON app.team_members TO synchro_dev_operator",
+    )
+    .await;
+    let op = env.login("synchro_dev_operator").await;
+    let ok_body = "(p_user text) RETURNS SETOF text LANGUAGE sql STABLE SET search_path = pg_catalog, synchro \
+                   BEGIN ATOMIC SELECT 'team:' || team FROM app.team_members WHERE user_id = p_user; END";
+    assignment_function(
+        &env,
+        &op,
+        "helper",
+        "() RETURNS text LANGUAGE sql STABLE BEGIN ATOMIC SELECT 'x'; END",
+        true,
+    )
+    .await;
+    let cases: [(&str, String, bool, &str); 10] = [
+        ("plpgsql", "(p_user text) RETURNS SETOF text LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro AS $$ BEGIN RETURN NEXT 'a'; END $$".into(), true, "invalid_scope_function"),
+        ("string_body", "(p_user text) RETURNS SETOF text LANGUAGE sql STABLE SET search_path = pg_catalog, synchro AS $$ SELECT 'a' $$".into(), true, "invalid_scope_function"),
+        ("volatile", ok_body.replace("STABLE", "VOLATILE"), true, "invalid_scope_function"),
+        ("definer", ok_body.replace("STABLE", "STABLE SECURITY DEFINER"), true, "invalid_scope_function"),
+        ("path", ok_body.replace("pg_catalog, synchro", "pg_catalog"), true, "invalid_scope_function"),
+        ("scalar", ok_body.replace("SETOF text", "text").replace("SELECT 'team:' || team FROM app.team_members WHERE user_id = p_user", "SELECT 'a'"), true, "invalid_scope_function"),
+        ("no_grant", ok_body.to_owned(), false, "invalid_scope_function"),
+        ("reads_synchro", ok_body.replace("team FROM app.team_members WHERE user_id = p_user", "scope_id FROM synchro.shared_scopes"), true, "undeclared_dependency"),
+        ("calls_user_function", ok_body.replace("'team:' || team", "assign.helper()"), true, "undeclared_dependency"),
+        ("unreadable", ok_body.replace("team FROM app.team_members WHERE user_id = p_user", "user_id FROM app.secret"), true, "undeclared_dependency"),
+    ];
+    for (name, body, grant, want) in cases {
+        assignment_function(&env, &op, name, &body, grant).await;
+        let err = op
+            .query_one(
+                "SELECT synchro.synchro_register_assignment_function($1)",
+                &[&format!("assign.{name}")],
+            )
+            .await
+            .unwrap_err();
+        let db = err.as_db_error().unwrap_or_else(|| panic!("{name}: {err}"));
+        let detail: Value = serde_json::from_str(db.detail().unwrap_or("null")).unwrap();
+        assert_eq!(detail["error"]["reason"], want, "{name}: {}", db.message());
+    }
+    assignment_function(&env, &op, "teams", ok_body, true).await;
+    assert_eq!(
+        sqlstate(
+            &op,
+            "SELECT synchro.synchro_register_assignment_function('assign.teams', 0)"
+        )
+        .await,
+        "22023"
+    );
+    // NULL changes nothing.
+    op.execute(
+        "SELECT synchro.synchro_register_assignment_function(NULL, 0)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let none: i64 = env
+        .admin
+        .query_one("SELECT count(*) FROM synchro.assignment_function", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(none, 0);
+    op.execute(
+        "SELECT synchro.synchro_register_assignment_function('assign.teams', 2)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let adapter = env.login("synchro_dev_adapter").await;
+    let intact: bool = adapter
+        .query_one(
+            "SELECT intact FROM synchro.synchro_assignment_function_check()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(intact);
+    // Another role cannot register one.
+    assert_eq!(
+        sqlstate(
+            &adapter,
+            "SELECT synchro.synchro_register_assignment_function('assign.teams')"
+        )
+        .await,
+        "42501"
+    );
+    // A changed definition is detected.
+    op.batch_execute(&format!(
+        "CREATE OR REPLACE FUNCTION assign.teams{}",
+        ok_body.replace("'team:'", "'crew:'")
+    ))
+    .await
+    .unwrap();
+    let intact: bool = adapter
+        .query_one(
+            "SELECT intact FROM synchro.synchro_assignment_function_check()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!intact);
+    let monitor = env.login("synchro_dev_monitor").await;
+    let detail: String = monitor
+        .query_one(
+            "SELECT synchro.synchro_health_detail()->>'assignment_function'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(detail, "failed");
+}
