@@ -203,7 +203,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 max_body_bytes,
                 min_client_version,
             };
-            serve(db, assignment_db, jwt_secret.as_bytes(), config, listen).await?;
+            serve(
+                db,
+                assignment_db,
+                jwt_secret.as_bytes(),
+                config,
+                bind(listen).await?,
+            )
+            .await?;
         }
         Command::Dev {
             database_url,
@@ -213,12 +220,29 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// SIGINT or SIGTERM (a container stop): finish in-flight requests, then return, which
+/// also stops a `dev` throwaway cluster.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))
+}
+
 async fn serve(
     db: tokio_postgres::Client,
     assignment_db: Option<tokio_postgres::Client>,
     secret: &[u8],
     config: Config,
-    listen: SocketAddr,
+    listener: tokio::net::TcpListener,
 ) -> Result<()> {
     let state = Arc::new(AppState {
         db,
@@ -226,14 +250,9 @@ async fn serve(
         auth: Authenticator::hs256(secret)?,
         config,
     });
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("binding {listen}"))?;
-    tracing::info!(%listen, "serving");
+    tracing::info!(listen = %listener.local_addr()?, "serving");
     axum::serve(listener, router(state))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown_signal())
         .await?;
     Ok(())
 }
@@ -270,6 +289,9 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
     let mut operator = connect_db(&url_for("synchro_dev_operator")).await?;
     dev::register_demo(&operator).await?;
     publish::publish(&mut operator).await?;
+    let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
+    let assignment = connect_db(&url_for("synchro_dev_operator")).await?;
+    let listener = bind(listen).await?;
     let secret = "synchro-dev-secret-not-for-production";
     let token = mint(secret.as_bytes(), "dev-user", 30 * 24 * 3600);
     println!("synchro dev server on http://{listen}");
@@ -280,14 +302,12 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
         "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
     );
     println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
-    let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
-    let assignment = connect_db(&url_for("synchro_dev_operator")).await?;
     serve(
         adapter,
         Some(assignment),
         secret.as_bytes(),
         Config::default(),
-        listen,
+        listener,
     )
     .await
 }
