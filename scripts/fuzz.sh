@@ -8,7 +8,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 FUZZ=$ROOT/protocol/fuzz
 secs=${1:-60}; shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(json typed_value decimal manifest row_identity semver checksum conformance)
+[ ${#targets[@]} -gt 0 ] || targets=(json typed_value decimal manifest row_identity semver checksum conformance token)
 command -v cargo-fuzz >/dev/null || { echo "[fuzz] installing cargo-fuzz"; cargo install cargo-fuzz; }
 
 python3 "$ROOT/scripts/fuzz_seeds.py" "$ROOT/vectors" "$FUZZ/corpus"

@@ -46,7 +46,7 @@ fi
 wasm_cargo() {
     if [ -n "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then RUSTUP_TOOLCHAIN=$SYNCHRO_WASM_TOOLCHAIN cargo "$@"; else cargo "$@"; fi
 }
-WASM_TESTS=(-p synchro-protocol --target wasm32-unknown-unknown --test vectors --test negative_controls)
+WASM_TESTS=(-p synchro-protocol --target wasm32-unknown-unknown --test vectors --test negative_controls --test tokens)
 
 step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets --features synchro-protocol/bench -- -D warnings

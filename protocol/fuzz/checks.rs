@@ -31,6 +31,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("semver", semver_text),
     ("checksum", checksum),
     ("conformance", conformance_doc),
+    ("token", token),
 ];
 
 pub fn json(data: &[u8]) {
@@ -118,5 +119,15 @@ pub fn conformance_doc(data: &[u8]) {
     let Some(s) = text(data) else { return };
     if let Ok(out) = conformance::eval_document(s) {
         assert!(Json::parse(&out).is_ok(), "output is JSON");
+    }
+}
+
+pub fn token(data: &[u8]) {
+    use synchro_protocol::token::{Keyring, ScopeCursor};
+    let Some(s) = text(data) else { return };
+    let ring = Keyring::new("k", &[7; 32]).unwrap();
+    if let Ok(c) = ScopeCursor::open(&ring, s) {
+        // Only tokens this ring signed open; re-signing gives the same cursor.
+        assert_eq!(ScopeCursor::open(&ring, &c.sign(&ring)).unwrap(), c);
     }
 }

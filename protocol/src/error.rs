@@ -187,6 +187,13 @@ pub enum Error {
         /// Which rule is broken.
         reason: String,
     },
+    /// A cursor or continuation token is malformed, forged or misbound (HTTP 400
+    /// `invalid_request`; the reason is for logs, never for the response).
+    #[error("invalid token: {reason}")]
+    InvalidToken {
+        /// Which rule is broken.
+        reason: &'static str,
+    },
     /// A value exceeds a protocol or implementation limit.
     #[error("limit exceeded: {what}")]
     LimitExceeded {
@@ -236,6 +243,7 @@ impl Error {
             Error::UnknownState => "unknown_state",
             Error::IllegalTransition { .. } => "illegal_transition",
             Error::InvalidMigrationPlan { .. } => "invalid_migration_plan",
+            Error::InvalidToken { .. } => "invalid_token",
             Error::LimitExceeded { .. } => "limit_exceeded",
             Error::InvalidRequest { .. } => "invalid_request",
         }

@@ -22,6 +22,7 @@
 //! | [`migration`] | hash-bound local SQLite migration plans and their SQL |
 //! | [`semver`] | SemVer 2.0.0 precedence |
 //! | [`state`] | the client state machine |
+//! | [`token`] | HMAC scope cursors and rebuild continuation tokens |
 //! | [`conformance`] | the cross-language conformance command set |
 //!
 //! ```
@@ -59,6 +60,7 @@ pub mod migration;
 pub mod semver;
 pub mod state;
 pub mod temporal;
+pub mod token;
 pub mod types;
 pub mod value;
 
