@@ -12,12 +12,14 @@
 //! | [`registry`] | relation registration |
 //! | [`publish`] | manifest publication and history |
 //! | [`auth`] | bearer JWT (HS256) |
+//! | [`capture`] | logical-decoding capture (pgoutput decoder so far) |
 //! | [`http`] | `POST /sync/connect`, `GET /ready` |
 //! | [`dev`] | the `dev` command's provisioning |
 //! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod capture;
 pub mod dev;
 pub mod http;
 pub mod install;
