@@ -2,3 +2,4 @@
 //! that applies decoded transactions to projections, membership and scope effects follows.
 
 pub mod pgoutput;
+pub mod values;
