@@ -8,10 +8,12 @@ import { performance } from "node:perf_hooks";
 const [pkgDir, rows = 200000, entries = 1000000, runs = 5, seed = 42] = process.argv.slice(2);
 const wasm = createRequire(import.meta.url)(join(resolve(pkgDir), "synchro_protocol.js"));
 
-function time(f) {
+function time(f, setup = () => {}) {
+  setup();
   f();
   const t = [];
   for (let i = 0; i < Number(runs); i++) {
+    setup();
     const start = performance.now();
     f();
     t.push((performance.now() - start) / 1000);
@@ -29,7 +31,7 @@ const wire = time(() => w.rowDigestsFromWire());
 const values = time(() => w.rowDigestsFromValues());
 const rawScope = time(() => w.rawSha256Scope());
 const scopeSorted = time(() => w.scopeDigestPresorted());
-const scopeUnsorted = time(() => w.scopeDigestWithSort());
+const scopeUnsorted = time(() => w.scopeDigestWithSort(), () => w.prepareUnsorted());
 const n = w.rowCount();
 const f0 = (x, w) => x.toFixed(0).padStart(w);
 const f1 = (x, w) => x.toFixed(1).padStart(w);

@@ -199,17 +199,17 @@ impl Workload {
         acc
     }
 
-    /// Scope digest of the whole scope, including sorting the unsorted entries.
-    pub fn scope_digest_with_sort(&self) -> u8 {
-        let mut entries = self.entries.clone();
-        scope_digest(
-            &self.manifest.schema_hash(),
-            "user:bench",
-            &mut entries,
-            false,
-        )
-        .expect("scope digest")
-        .digest[0]
+    /// A fresh unsorted copy of the scope entries (setup for
+    /// [`Workload::scope_digest_with_sort`], not part of what is timed).
+    pub fn unsorted_entries(&self) -> Vec<(RowIdentity, [u8; 32])> {
+        self.entries.clone()
+    }
+
+    /// Scope digest of the whole scope, sorting the given unsorted entries in place first.
+    pub fn scope_digest_with_sort(&self, entries: &mut [(RowIdentity, [u8; 32])]) -> u8 {
+        scope_digest(&self.manifest.schema_hash(), "user:bench", entries, false)
+            .expect("scope digest")
+            .digest[0]
     }
 
     /// Scope digest streamed from entries already in identity order (an ordered index).

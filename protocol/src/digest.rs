@@ -365,10 +365,67 @@ pub fn scope_digest(
     entries: &mut [(RowIdentity, [u8; 32])],
     record: bool,
 ) -> Result<ScopeDigest> {
-    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    sort_by_identity(entries);
     let mut d = ScopeDigester::start(schema_hash, scope_id, entries.len() as u64, record)?;
     for (identity, digest) in entries.iter() {
         d.add(identity, digest)?;
     }
     d.finish()
+}
+
+/// Sorts entries by identity octets. Identities of one scope share a long prefix (domain,
+/// table and key field), so comparing them chases pointers through that prefix; instead
+/// sort compact 16-byte keys taken just after the common prefix, then settle equal keys by
+/// full comparison and permute the entries in place.
+pub fn sort_by_identity(entries: &mut [(RowIdentity, [u8; 32])]) {
+    if entries.len() < 256 {
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        return;
+    }
+    let first = entries[0].0.as_bytes();
+    let lcp = entries.iter().fold(first.len(), |lcp, e| {
+        let b = e.0.as_bytes();
+        first[..lcp]
+            .iter()
+            .zip(b)
+            .take_while(|(x, y)| x == y)
+            .count()
+    });
+    // Zero padding keeps key order consistent with octet order: a smaller key means a
+    // smaller identity; equal keys are compared in full below.
+    let key = |b: &[u8]| {
+        let tail = &b[lcp.min(b.len())..];
+        let mut k = [0u8; 16];
+        let n = tail.len().min(16);
+        k[..n].copy_from_slice(&tail[..n]);
+        u128::from_be_bytes(k)
+    };
+    let mut order: Vec<(u128, usize)> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (key(e.0.as_bytes()), i))
+        .collect();
+    order.sort_unstable();
+    let mut start = 0;
+    while start < order.len() {
+        let end = start
+            + order[start..]
+                .iter()
+                .take_while(|(k, _)| *k == order[start].0)
+                .count();
+        if end - start > 1 {
+            order[start..end].sort_unstable_by(|a, b| entries[a.1].0.cmp(&entries[b.1].0));
+        }
+        start = end;
+    }
+    // Apply the permutation: position i receives the entry at order[i].1.
+    let mut source: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
+    for i in 0..source.len() {
+        let mut j = source[i];
+        while j < i {
+            j = source[j];
+        }
+        source[i] = j;
+        entries.swap(i, j);
+    }
 }

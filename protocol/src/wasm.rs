@@ -98,6 +98,7 @@ pub fn semver_compare(a: &str, b: &str) -> Result<i32, JsValue> {
 pub struct BenchWorkload {
     inner: crate::bench::Workload,
     sorted: Vec<(crate::digest::RowIdentity, [u8; 32])>,
+    scratch: Vec<(crate::digest::RowIdentity, [u8; 32])>,
 }
 
 #[cfg(feature = "bench")]
@@ -108,7 +109,11 @@ impl BenchWorkload {
     pub fn new(rows: usize, entries: usize, seed: u64) -> BenchWorkload {
         let inner = crate::bench::Workload::new(rows, entries, seed);
         let sorted = inner.sorted_entries();
-        BenchWorkload { inner, sorted }
+        BenchWorkload {
+            inner,
+            sorted,
+            scratch: Vec::new(),
+        }
     }
     /// Number of rows.
     #[wasm_bindgen(js_name = rowCount)]
@@ -145,10 +150,15 @@ impl BenchWorkload {
     pub fn raw_sha256_rows(&self) -> u8 {
         self.inner.raw_sha256_rows()
     }
-    /// Kernel: scope digest including the sort.
+    /// Setup (untimed): a fresh unsorted copy for [`BenchWorkload::scope_digest_with_sort`].
+    #[wasm_bindgen(js_name = prepareUnsorted)]
+    pub fn prepare_unsorted(&mut self) {
+        self.scratch = self.inner.unsorted_entries();
+    }
+    /// Kernel: scope digest including the sort of the prepared copy.
     #[wasm_bindgen(js_name = scopeDigestWithSort)]
-    pub fn scope_digest_with_sort(&self) -> u8 {
-        self.inner.scope_digest_with_sort()
+    pub fn scope_digest_with_sort(&mut self) -> u8 {
+        self.inner.scope_digest_with_sort(&mut self.scratch)
     }
     /// Kernel: scope digest over presorted entries.
     #[wasm_bindgen(js_name = scopeDigestPresorted)]
