@@ -3,7 +3,7 @@ import hashlib, json, os, sys
 
 vectors, out = sys.argv[1], sys.argv[2]
 TYPES = ["string", "int", "int64", "decimal", "float", "boolean", "datetime", "date", "time", "json", "bytes"]
-seeds = {t: [] for t in ["json", "typed_value", "decimal", "manifest", "row_identity", "semver", "checksum", "conformance"]}
+seeds = {t: [] for t in ["json", "typed_value", "decimal", "manifest", "row_identity", "semver", "checksum", "conformance", "token"]}
 
 conf = json.load(open(os.path.join(vectors, "conformance-v1.json")))["cases"]
 conf += json.load(open(os.path.join(vectors, "synchro-v1.json")))["cases"]
@@ -29,6 +29,7 @@ for c in conf + [{"command": v["kind"], "input": v["input"]} for v in upstream]:
            "row_digest": "row-digest", "scope_digest": "scope-digest"}.get(c["command"], c["command"])
     seeds["conformance"].append(json.dumps({"cases": [{"id": "s", "command": cmd, "input": i}]}).encode())
 d = "0123456789abcdef" * 4
+seeds["token"].append(b"c1.eyJrZXlfaWQiOiJrIn0.AAAA")
 seeds["checksum"].append(json.dumps({"algorithm": "sha256", "version": 1, "encoding": "hex", "digest": d}).encode())
 
 for target, items in seeds.items():
