@@ -7,7 +7,8 @@ use tokio_postgres::Client;
 use crate::install::quote_ident;
 use crate::registry::{register, RegisterRequest};
 
-/// Login principals created for development, one per runtime group role.
+/// Login principals created for development, one per runtime group role (the worker
+/// login is created by [`ensure_worker_login`]).
 pub const DEV_LOGINS: [(&str, &str); 4] = [
     ("synchro_dev_adapter", "synchro_adapter"),
     ("synchro_dev_operator", "synchro_operator"),
@@ -35,6 +36,27 @@ pub async fn ensure_login(admin: &Client, login: &str, group: &str) -> Result<()
             quote_ident(group),
             quote_ident(login)
         ))
+        .await?;
+    Ok(())
+}
+
+/// Creates (or keeps) the capture worker login: REPLICATION, NOINHERIT, member of exactly
+/// synchro_worker (spec 001).
+pub async fn ensure_worker_login(admin: &Client, login: &str) -> Result<()> {
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&login])
+        .await?
+        .is_some();
+    if !exists {
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE {} LOGIN REPLICATION NOINHERIT NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS",
+                quote_ident(login)
+            ))
+            .await?;
+    }
+    admin
+        .batch_execute(&format!("GRANT synchro_worker TO {}", quote_ident(login)))
         .await?;
     Ok(())
 }

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_assignment_function.sql",
         sql: include_str!("../migrations/0002_assignment_function.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_capture.sql",
+        sql: include_str!("../migrations/0003_capture.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -64,6 +64,16 @@ enum Command {
         /// with that owner's privileges).
         #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL")]
         assignment_url: Option<String>,
+        /// Also run the capture worker in this process, as this worker login (REPLICATION,
+        /// member of synchro_worker). Without it, run `synchro-server capture` separately.
+        #[arg(long, env = "SYNCHRO_WORKER_DATABASE_URL")]
+        worker_url: Option<String>,
+    },
+    /// Run the capture worker (one leader per database; others wait).
+    Capture {
+        /// Worker login connection string (REPLICATION, member of synchro_worker).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
     },
     /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
     /// with a demo schema registered, serving on 127.0.0.1:8787.
@@ -193,7 +203,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             max_body_bytes,
             min_client_version,
             assignment_url,
+            worker_url,
         } => {
+            if let Some(url) = worker_url {
+                tokio::spawn(capture_loop(url));
+            }
             let db = connect_db(&database_url).await?;
             let assignment_db = match assignment_url {
                 Some(url) => Some(connect_db(&url).await?),
@@ -212,12 +226,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             )
             .await?;
         }
+        Command::Capture { database_url } => capture_loop(database_url).await,
         Command::Dev {
             database_url,
             listen,
         } => run_dev(database_url, listen).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn capture_loop(url: String) {
+    synchro_server::capture::worker::run_forever(url, std::time::Duration::from_millis(100)).await
 }
 
 /// SIGINT or SIGTERM (a container stop): finish in-flight requests, then return, which
@@ -285,12 +304,14 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
     for (login, group) in dev::DEV_LOGINS {
         dev::ensure_login(&admin, login, group).await?;
     }
+    dev::ensure_worker_login(&admin, "synchro_dev_worker").await?;
     dev::create_demo_schema(&admin).await?;
     let mut operator = connect_db(&url_for("synchro_dev_operator")).await?;
     dev::register_demo(&operator).await?;
     publish::publish(&mut operator).await?;
     let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
     let assignment = connect_db(&url_for("synchro_dev_operator")).await?;
+    tokio::spawn(capture_loop(url_for("synchro_dev_worker")));
     let listener = bind(listen).await?;
     let secret = "synchro-dev-secret-not-for-production";
     let token = mint(secret.as_bytes(), "dev-user", 30 * 24 * 3600);

@@ -344,7 +344,23 @@ async fn connect_dispatch_errors_generations_and_canaries() {
         .await;
     assert_eq!((st, v["client_generation"].clone()), (200, json!(3)), "{v}");
 
-    // Readiness: generic body only.
+    // Readiness fails closed until a capture worker has run; then it is ready, with a
+    // generic body only.
+    let ready = s
+        .http
+        .get(format!("{}/ready", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    let worker_url = s.env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = synchro_server::capture::worker::Worker::connect(&worker_url)
+        .await
+        .unwrap();
+    worker
+        .step(synchro_server::capture::worker::Failpoint::None)
+        .await
+        .unwrap();
     let ready = s
         .http
         .get(format!("{}/ready", s.base))

@@ -1,5 +1,7 @@
-//! Commit-ordered capture (issue 5, in progress): the pgoutput decoder first; the worker
-//! that applies decoded transactions to projections, membership and scope effects follows.
+//! Commit-ordered capture (issue 5, in progress): the pgoutput decoder, source values to
+//! wire values, and the worker that applies transactions to the synced projections.
+//! Membership evaluation and per-scope effects are the next steps.
 
 pub mod pgoutput;
 pub mod values;
+pub mod worker;

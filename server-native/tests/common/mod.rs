@@ -26,7 +26,7 @@ impl Env {
         admin
             .batch_execute(
                 "CREATE ROLE nobody LOGIN;
-                 CREATE ROLE synchro_dev_worker LOGIN; GRANT synchro_worker TO synchro_dev_worker;
+                 CREATE ROLE synchro_dev_worker LOGIN REPLICATION NOINHERIT; GRANT synchro_worker TO synchro_dev_worker;
                  CREATE ROLE app_owner NOLOGIN; GRANT app_owner TO synchro_owner;
                  CREATE SCHEMA app AUTHORIZATION app_owner;",
             )

@@ -1,0 +1,247 @@
+//! The capture worker against real PostgreSQL: concurrent writers, commit order, exactly
+//! once across a crash between commit and slot advance, leader election, and drift.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::Env;
+use synchro_protocol::json::Json;
+use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
+use synchro_server::registry::{register, RegisterRequest};
+
+async fn setup() -> (Env, String) {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.items (id bigint PRIMARY KEY, label text, qty integer NOT NULL DEFAULT 0, big text);
+         ALTER TABLE app.items ALTER COLUMN big SET STORAGE EXTERNAL;",
+    )
+    .await;
+    let op = env.login("synchro_dev_operator").await;
+    let reg = register(
+        &op,
+        &RegisterRequest::synced("app", "items", "single_scope"),
+    )
+    .await
+    .unwrap();
+    (env, reg["relation_id"].as_str().unwrap().to_owned())
+}
+
+/// Source rows as (id, label, qty, big length).
+async fn source(env: &Env) -> BTreeMap<i64, (Option<String>, i32, Option<usize>)> {
+    env.admin
+        .query("SELECT id, label, qty, length(big) FROM app.items", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r.get(0),
+                (
+                    r.get(1),
+                    r.get(2),
+                    r.get::<_, Option<i32>>(3).map(|n| n as usize),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Projection rows decoded to the same shape.
+async fn projection(env: &Env) -> BTreeMap<i64, (Option<String>, i32, Option<usize>)> {
+    let fields: BTreeMap<String, String> = env
+        .admin
+        .query(
+            "SELECT column_name::text, field_id FROM synchro.fields",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    env.admin
+        .query("SELECT row_json FROM synchro.projection_rows", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let row = Json::parse(r.get::<_, &str>(0)).unwrap();
+            let get = |c: &str| row.get(&fields[c]).cloned().unwrap();
+            let id: i64 = get("id").as_str().unwrap().parse().unwrap();
+            let label = get("label").as_str().map(str::to_owned);
+            let qty: i32 = match get("qty") {
+                Json::Number(t) => t.parse().unwrap(),
+                _ => panic!(),
+            };
+            let big = get("big").as_str().map(str::len);
+            (id, (label, qty, big))
+        })
+        .collect()
+}
+
+async fn drain(worker: &mut Worker) -> usize {
+    let mut total = 0;
+    loop {
+        match worker.step(Failpoint::None).await.unwrap() {
+            StepOutcome::Applied(0) => return total,
+            StepOutcome::Applied(n) => total += n,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+async fn applied_count(env: &Env) -> i64 {
+    env.admin
+        .query_one(
+            "SELECT applied_transactions FROM synchro.capture_state",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn concurrent_writers_are_captured_exactly_once_across_a_crash() {
+    let (env, _) = setup().await;
+    let worker_url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&worker_url).await.unwrap();
+    assert_eq!(drain(&mut worker).await, 0);
+
+    // Four writers, 30 transactions each, interleaved.
+    let mut tasks = Vec::new();
+    for w in 0..4i64 {
+        let url = env.cluster.url("postgres", "app");
+        tasks.push(tokio::spawn(async move {
+            let db = synchro_server::connect_db(&url).await.unwrap();
+            // Transactions that change nothing are not decoded at all; count the others.
+            let mut nonempty = 0i64;
+            for i in 0..30i64 {
+                nonempty += 1;
+                let id = w * 1000 + i;
+                db.batch_execute(&format!(
+                    "BEGIN; INSERT INTO app.items VALUES ({id}, 'w{w}-{i}', {i}, CASE WHEN {i} % 7 = 0 THEN repeat('x', 50000) END);
+                     UPDATE app.items SET qty = qty + 1 WHERE id = {w} * 1000 + {i} / 2; COMMIT;"
+                ))
+                .await
+                .unwrap();
+                if i % 5 == 4 {
+                    nonempty += db.execute(&format!("DELETE FROM app.items WHERE id = {}", id - 1), &[]).await.unwrap() as i64;
+                }
+                if i % 6 == 5 {
+                    nonempty += db
+                        .execute(&format!("UPDATE app.items SET label = 'moved' WHERE id = {}", id - 2), &[])
+                        .await
+                        .unwrap() as i64;
+                }
+            }
+            nonempty
+        }));
+    }
+    // Capture while they write.
+    for _ in 0..5 {
+        worker.step(Failpoint::None).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut committed = 0;
+    for t in tasks {
+        committed += t.await.unwrap();
+    }
+    drain(&mut worker).await;
+    assert_eq!(projection(&env).await, source(&env).await);
+    assert_eq!(
+        applied_count(&env).await,
+        committed,
+        "every transaction applied exactly once"
+    );
+
+    // A crash after a commit but before the slot advances: the replay is skipped.
+    env.admin
+        .batch_execute("UPDATE app.items SET label = 'after-crash' WHERE id < 3; INSERT INTO app.items VALUES (9999, 'n', 1, NULL);")
+        .await
+        .unwrap();
+    env.admin
+        .batch_execute("DELETE FROM app.items WHERE id = 9999")
+        .await
+        .unwrap();
+    assert_eq!(
+        worker
+            .step(Failpoint::AfterCommitBeforeAdvance)
+            .await
+            .unwrap(),
+        StepOutcome::Applied(1)
+    );
+    drop(worker);
+    let mut restarted = Worker::connect(&worker_url).await.unwrap();
+    assert_eq!(
+        drain(&mut restarted).await,
+        1,
+        "only the unapplied transaction is applied after restart"
+    );
+    assert_eq!(applied_count(&env).await, committed + 2);
+    assert_eq!(projection(&env).await, source(&env).await);
+
+    // One leader at a time.
+    let mut second = Worker::connect(&worker_url).await.unwrap();
+    assert_eq!(
+        second.step(Failpoint::None).await.unwrap(),
+        StepOutcome::NotLeader
+    );
+}
+
+#[tokio::test]
+async fn relation_drift_blocks_capture_without_acknowledging() {
+    let (env, _) = setup().await;
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    env.admin
+        .batch_execute("INSERT INTO app.items VALUES (1, 'a', 1, NULL)")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    let before: String = env
+        .admin
+        .query_one("SELECT confirmed_lsn::text FROM synchro.capture_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    env.as_app_owner("ALTER TABLE app.items RENAME TO renamed")
+        .await;
+    env.admin
+        .batch_execute("INSERT INTO app.renamed VALUES (2, 'b', 1, NULL)")
+        .await
+        .unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("registered_relation_drift".into())
+    );
+    let after: String = env
+        .admin
+        .query_one("SELECT confirmed_lsn::text FROM synchro.capture_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after, "nothing acknowledged");
+    assert_eq!(projection(&env).await.len(), 1);
+    // Blocked is durable: a restarted worker stays blocked, and readiness fails.
+    let mut again = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drop(worker);
+    assert_eq!(
+        again.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("registered_relation_drift".into())
+    );
+    let monitor = env.login("synchro_dev_monitor").await;
+    let detail: String = monitor
+        .query_one(
+            "SELECT synchro.synchro_health_detail()->>'capture_not_blocked'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(detail, "failed");
+}
