@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_capture.sql",
         sql: include_str!("../migrations/0003_capture.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_membership.sql",
+        sql: include_str!("../migrations/0004_membership.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

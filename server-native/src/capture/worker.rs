@@ -64,6 +64,9 @@ struct Registered {
     relation: String,
     replica_identity: u8,
     fields_by_column: HashMap<String, Field>,
+    /// `(function as regproc text, key type as regtype text, fanout bound)` when the
+    /// relation has a membership function.
+    membership: Option<(String, String, i64)>,
 }
 
 struct RelationShape {
@@ -151,6 +154,7 @@ impl Worker {
                 relation: r.get(2),
                 replica_identity: r.get::<_, String>(4).bytes().next().unwrap_or(b'?'),
                 fields_by_column: HashMap::new(),
+                membership: None,
             });
             let ty = PortableType::parse(&r.get::<_, String>(7))
                 .context("registry holds an unknown type")?;
@@ -174,6 +178,20 @@ impl Worker {
                     is_key: r.get(9),
                 },
             );
+        }
+        for r in self
+            .materialize
+            .query(
+                "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
+                        r.fanout_bound::bigint
+                   FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)",
+                &[],
+            )
+            .await?
+        {
+            if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
+                reg.membership = Some((r.get(1), r.get(2), r.get(3)));
+            }
         }
         Ok(out)
     }
@@ -300,6 +318,8 @@ impl Worker {
         let db = self.materialize.transaction().await?;
         let commit = u64::from(tx.commit_lsn);
         let mut ordinal = 0u64;
+        // (relation OID, pk, version of this change), in change order.
+        let mut touched: Vec<(u32, String, String)> = Vec::new();
         for m in &tx.messages {
             let (relation, key, new) = match m {
                 Message::Insert { relation, new } => (*relation, None, Some(new)),
@@ -346,6 +366,7 @@ impl Worker {
                         &[&reg.relation_id, &pk],
                     )
                     .await?;
+                    touched.push((relation, pk, version.clone()));
                 }
                 Some(values) => {
                     let new_pk = key_text(reg, shape, values)?;
@@ -363,7 +384,9 @@ impl Worker {
                             &[&reg.relation_id, old],
                         )
                         .await?;
+                        touched.push((relation, old.clone(), version.clone()));
                     }
+                    touched.push((relation, new_pk.clone(), version.clone()));
                     db.execute(
                         "INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
                          VALUES ($1, $2, $3, $4)
@@ -375,6 +398,21 @@ impl Worker {
                 }
             }
         }
+        // Membership against the transaction's final projected state: each touched row once,
+        // with the version of its last change.
+        let mut last: Vec<(u32, String, String)> = Vec::new();
+        for (rel, pk, version) in touched.into_iter().rev() {
+            if !last.iter().any(|(r, p, _)| *r == rel && *p == pk) {
+                last.push((rel, pk, version));
+            }
+        }
+        last.reverse();
+        for (rel, pk, version) in &last {
+            let reg = &registry[rel];
+            if let Some(m) = &reg.membership {
+                membership_effects(&db, reg, m, pk, version).await?;
+            }
+        }
         db.execute(
             "UPDATE synchro.capture_state SET confirmed_lsn = $1, applied_transactions = applied_transactions + 1,
                     heartbeat_at = now()",
@@ -384,6 +422,89 @@ impl Worker {
         db.commit().await?;
         Ok(())
     }
+}
+
+/// The SQL literal argument for a key given as its canonical wire text.
+fn key_argument(pk_wire: &str) -> Result<String> {
+    Ok(match Json::parse(pk_wire)? {
+        Json::String(s) => s,
+        Json::Number(t) => t,
+        _ => bail!(Blocked("unrepresentable_value")),
+    })
+}
+
+/// Re-evaluates one row's membership, diffs its edges and records scope effects: an upsert
+/// for every scope it is in, a delete for every scope it left.
+async fn membership_effects(
+    db: &tokio_postgres::Transaction<'_>,
+    reg: &Registered,
+    (function, key_type, fanout): &(String, String, i64),
+    pk: &str,
+    version: &str,
+) -> Result<()> {
+    let exists = db
+        .query_opt(
+            "SELECT 1 FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2",
+            &[&reg.relation_id, &pk],
+        )
+        .await?
+        .is_some();
+    let mut new_scopes: Vec<String> = Vec::new();
+    if exists {
+        let sql = format!("SELECT DISTINCT s FROM {function}($1::text::{key_type}) AS s");
+        let rows = db
+            .query(&sql, &[&key_argument(pk)?])
+            .await
+            .map_err(|_| Blocked("membership_evaluation_failed"))?;
+        for r in rows {
+            match r.get::<_, Option<String>>(0) {
+                Some(s) if !s.is_empty() => new_scopes.push(s),
+                _ => bail!(Blocked("membership_evaluation_failed")),
+            }
+        }
+        if new_scopes.len() as i64 > *fanout {
+            bail!(Blocked("membership_bound_exceeded"));
+        }
+    }
+    new_scopes.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    let old_scopes: Vec<String> = db
+        .query(
+            "SELECT scope_id FROM synchro.membership_edges WHERE relation_id = $1 AND pk = $2",
+            &[&reg.relation_id, &pk],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for s in old_scopes.iter().filter(|s| !new_scopes.contains(s)) {
+        db.execute(
+            "DELETE FROM synchro.membership_edges WHERE scope_id = $1 AND relation_id = $2 AND pk = $3",
+            &[s, &reg.relation_id, &pk],
+        )
+        .await?;
+        db.execute(
+            "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
+             VALUES ($1, $2, $3, 'delete', $4)",
+            &[s, &reg.relation_id, &pk, &version],
+        )
+        .await?;
+    }
+    for s in &new_scopes {
+        if !old_scopes.contains(s) {
+            db.execute(
+                "INSERT INTO synchro.membership_edges (scope_id, relation_id, pk) VALUES ($1, $2, $3)",
+                &[s, &reg.relation_id, &pk],
+            )
+            .await?;
+        }
+        db.execute(
+            "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
+             VALUES ($1, $2, $3, 'upsert', $4)",
+            &[s, &reg.relation_id, &pk, &version],
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// One complete source transaction.

@@ -1,0 +1,162 @@
+//! Membership evaluated by the capture worker against the transaction's final projected
+//! state: rows enter and leave scopes, and every change becomes a per-scope effect in
+//! commit order.
+
+mod common;
+
+use common::{sqlstate, Env};
+use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
+use synchro_server::registry::{register, RegisterRequest};
+
+async fn setup() -> (Env, Worker) {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text)",
+    )
+    .await;
+    let op = env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
+        .await
+        .unwrap();
+    env.admin
+        .batch_execute(
+            "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
+             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+        )
+        .await
+        .unwrap();
+    op.batch_execute(
+        "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
+           UNION SELECT 'team:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id AND team IS NOT NULL;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');",
+    )
+    .await
+    .unwrap();
+    let worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    (env, worker)
+}
+
+async fn drain(worker: &mut Worker) {
+    while worker.step(Failpoint::None).await.unwrap() != StepOutcome::Applied(0) {}
+}
+
+/// `(scope, kind, pk)` effects in position order.
+async fn effects(env: &Env) -> Vec<(String, String, String)> {
+    env.admin
+        .query(
+            "SELECT scope_id, kind, pk FROM synchro.scope_effects ORDER BY position",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+fn e(scope: &str, kind: &str, pk: &str) -> (String, String, String) {
+    (scope.into(), kind.into(), pk.into())
+}
+
+#[tokio::test]
+async fn rows_enter_move_between_and_leave_scopes() {
+    let (env, mut worker) = setup().await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red')")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(
+        effects(&env).await,
+        [
+            e("team:red", "upsert", "\"1\""),
+            e("user:alice", "upsert", "\"1\"")
+        ]
+    );
+
+    // Moving teams leaves red and enters blue in one transaction's effects.
+    env.admin
+        .batch_execute("UPDATE app.docs SET team = 'blue' WHERE id = 1")
+        .await
+        .unwrap();
+    // Two changes of one row in one transaction: membership follows the final state only.
+    env.admin
+        .batch_execute("BEGIN; UPDATE app.docs SET owner = 'bob' WHERE id = 1; UPDATE app.docs SET owner = 'carol' WHERE id = 1; COMMIT;")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(
+        effects(&env).await[2..],
+        [
+            e("team:red", "delete", "\"1\""),
+            e("team:blue", "upsert", "\"1\""),
+            e("user:alice", "upsert", "\"1\""),
+            e("user:alice", "delete", "\"1\""),
+            e("team:blue", "upsert", "\"1\""),
+            e("user:carol", "upsert", "\"1\""),
+        ]
+    );
+    // Deleting leaves every scope; no edge remains.
+    env.admin
+        .batch_execute("DELETE FROM app.docs WHERE id = 1")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    let all = effects(&env).await;
+    assert_eq!(
+        all[8..],
+        [
+            e("team:blue", "delete", "\"1\""),
+            e("user:carol", "delete", "\"1\"")
+        ]
+    );
+    let edges: i64 = env
+        .admin
+        .query_one("SELECT count(*) FROM synchro.membership_edges", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(edges, 0);
+}
+
+#[tokio::test]
+async fn membership_functions_are_validated_and_cannot_read_live_tables() {
+    let (env, _) = setup().await;
+    let op = env.login("synchro_dev_operator").await;
+    env.admin.batch_execute("GRANT USAGE ON SCHEMA app TO synchro_dev_operator; GRANT SELECT ON app.docs TO synchro_dev_operator").await.unwrap();
+    for (name, body, want) in [
+        ("live", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT owner FROM app.docs WHERE id = p_id; END", "undeclared_dependency"),
+        ("wrong_key", "(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT 'x'; END", "invalid_scope_function"),
+        ("volatile", "(p_id bigint) RETURNS SETOF text LANGUAGE sql VOLATILE BEGIN ATOMIC SELECT 'x'; END", "invalid_scope_function"),
+    ] {
+        op.batch_execute(&format!(
+            "CREATE FUNCTION rules.{name}{body}; REVOKE EXECUTE ON FUNCTION rules.{name} FROM PUBLIC;
+             GRANT EXECUTE ON FUNCTION rules.{name} TO synchro_worker;"
+        ))
+        .await
+        .unwrap();
+        let err = op
+            .execute("SELECT synchro.synchro_register_membership_function('app', 'docs', $1)", &[&format!("rules.{name}({})", if name == "wrong_key" { "integer" } else { "bigint" })])
+            .await
+            .unwrap_err();
+        let detail = err.as_db_error().and_then(|d| d.detail()).unwrap_or("").to_owned();
+        assert!(detail.contains(want), "{name}: {detail}");
+    }
+    // Projection views are readable by the operator and the worker only.
+    let adapter = env.login("synchro_dev_adapter").await;
+    assert_eq!(
+        sqlstate(&adapter, "SELECT * FROM synchro_projection.\"app.docs\"").await,
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(&op, "SELECT * FROM synchro_projection.\"app.docs\"").await,
+        "ok"
+    );
+}
