@@ -57,3 +57,13 @@ pub fn mint(secret: &[u8], user_id: &str, ttl_secs: u64) -> String {
     )
     .expect("HS256 encoding of a small claim set cannot fail")
 }
+
+/// Derives a purpose-specific 32-byte key from a root secret:
+/// `HMAC-SHA-256(secret, "synchro:v3:key:" || purpose)`.
+pub fn derive_key(secret: &[u8], purpose: &str) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut m = Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    m.update(b"synchro:v3:key:");
+    m.update(purpose.as_bytes());
+    m.finalize().into_bytes().into()
+}

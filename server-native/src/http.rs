@@ -23,6 +23,8 @@ use synchro_protocol::manifest::MAX_JSON_COUNTER;
 use tokio_postgres::Client;
 
 use crate::auth::Authenticator;
+use synchro_protocol::manifest::SchemaRef;
+use synchro_protocol::token::Keyring;
 
 /// Server settings.
 #[derive(Clone)]
@@ -50,8 +52,13 @@ pub struct AppState {
     /// with its owner's privileges and never synchro_owner's (spec 003). Without one, a
     /// registered function makes connect fail closed.
     pub assignment_db: Option<Client>,
+    /// A second adapter connection for pull's read-only REPEATABLE READ snapshots
+    /// (transactions need exclusive use of a connection).
+    pub snapshot_db: tokio::sync::Mutex<Client>,
     /// Bearer verification.
     pub auth: Authenticator,
+    /// Keys for scope cursors.
+    pub cursor_keys: Keyring,
     /// Settings.
     pub config: Config,
 }
@@ -60,6 +67,7 @@ pub struct AppState {
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/sync/connect", post(connect))
+        .route("/sync/pull", post(pull))
         .route("/ready", get(ready))
         .with_state(state)
 }
@@ -85,11 +93,11 @@ impl ApiError {
         }
     }
 
-    fn invalid_request(message: &'static str) -> ApiError {
+    pub(crate) fn invalid_request(message: &'static str) -> ApiError {
         ApiError::new(400, "invalid_request", message, false)
     }
 
-    fn unavailable() -> ApiError {
+    pub(crate) fn unavailable() -> ApiError {
         ApiError::new(
             503,
             "temporary_unavailable",
@@ -98,7 +106,7 @@ impl ApiError {
         )
     }
 
-    fn integrity() -> ApiError {
+    pub(crate) fn integrity() -> ApiError {
         ApiError::new(
             500,
             "sync_integrity_failure",
@@ -106,6 +114,61 @@ impl ApiError {
             false,
         )
     }
+}
+
+impl ApiError {
+    /// 422 `schema_mismatch` with the current and received references.
+    pub(crate) fn schema_mismatch(current: SchemaRef, received: &Json) -> ApiError {
+        let mut e = ApiError::new(
+            422,
+            "schema_mismatch",
+            "the request schema is not current",
+            false,
+        );
+        e.extra = vec![
+            (
+                "current_schema".into(),
+                Json::Object(vec![
+                    ("version".into(), Json::Number(current.version.to_string())),
+                    ("hash".into(), Json::String(hex::encode(current.hash))),
+                ]),
+            ),
+            ("received_schema".into(), received.clone()),
+        ];
+        e
+    }
+
+    /// 409 `client_generation_expired` with the current generation (null when none).
+    pub(crate) fn generation_expired(current: Option<u64>) -> ApiError {
+        let mut e = ApiError::new(
+            409,
+            "client_generation_expired",
+            "the client generation is not current; reconnect",
+            false,
+        );
+        e.extra = vec![(
+            "current_client_generation".into(),
+            current.map_or(Json::Null, |g| Json::Number(g.to_string())),
+        )];
+        e
+    }
+}
+
+/// The authoritative assigned set: defaults, grants, shared scopes and the assignment
+/// function's scopes.
+pub(crate) async fn assigned_scopes(
+    state: &AppState,
+    user_id: &str,
+) -> Result<BTreeSet<String>, ApiError> {
+    let assigned: Vec<String> = state
+        .db
+        .query_one("SELECT synchro.synchro_assigned_scopes($1)", &[&user_id])
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .get(0);
+    let mut assigned: BTreeSet<String> = assigned.into_iter().collect();
+    assigned.extend(assigned_by_function(state, user_id).await?);
+    Ok(assigned)
 }
 
 /// The scopes the registered assignment function returns for `user_id`, validated: each
@@ -230,7 +293,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Json
     Json::parse(text).map_err(|_| ApiError::invalid_request("the body is not a valid JSON object"))
 }
 
-fn positive_integer(v: &Json) -> Option<u64> {
+pub(crate) fn positive_integer(v: &Json) -> Option<u64> {
     match v {
         Json::Number(t)
             if !t.starts_with('0') && t.len() <= 16 && t.bytes().all(|b| b.is_ascii_digit()) =>
@@ -248,11 +311,27 @@ async fn connect(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
     }
 }
 
-async fn connect_inner(
+async fn pull(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let (req, user_id) = match preamble(&state, &headers, body).await? {
+            Ok(v) => v,
+            Err(response) => return Ok(response),
+        };
+        let parsed = crate::pull::parse(&req)?;
+        let body = crate::pull::pull(&state, &user_id, parsed).await?;
+        Ok::<_, ApiError>(json_response(StatusCode::OK, &body))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Body size, JSON object, protocol version (426 first) and bearer token. `Ok(Err(_))`
+/// is a finished 426 response.
+async fn preamble(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Response, ApiError> {
+) -> Result<Result<(Json, String), Response>, ApiError> {
     let req = read_body(headers, body, state.config.max_body_bytes).await?;
     if !matches!(req, Json::Object(_)) {
         return Err(ApiError::invalid_request(
@@ -269,11 +348,11 @@ async fn connect_inner(
             received_protocol_version: protocol_version,
             client_runtime: false,
         };
-        tracing::info!(status = 426, "connect: protocol incompatible");
-        return Ok(json_response(
+        tracing::info!(status = 426, "protocol incompatible");
+        return Ok(Err(json_response(
             StatusCode::UPGRADE_REQUIRED,
             &outcome.to_json(&Json::Null),
-        ));
+        )));
     }
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let Some(user_id) = state.auth.user_id(authorization) else {
@@ -284,6 +363,19 @@ async fn connect_inner(
             false,
         ));
     };
+    Ok(Ok((req, user_id)))
+}
+
+async fn connect_inner(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, user_id) = match preamble(state, headers, body).await? {
+        Ok(v) => v,
+        Err(response) => return Ok(response),
+    };
+    let protocol_version = Some(3);
     let client_id = match req.get("client_id") {
         Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
         _ => {
@@ -334,13 +426,7 @@ async fn connect_inner(
         )
         .await
         .map_err(|_| ApiError::unavailable())?;
-    let assigned: Vec<String> = db
-        .query_one("SELECT synchro.synchro_assigned_scopes($1)", &[&user_id])
-        .await
-        .map_err(|_| ApiError::unavailable())?
-        .get(0);
-    let mut assigned: BTreeSet<String> = assigned.into_iter().collect();
-    assigned.extend(assigned_by_function(state, &user_id).await?);
+    let assigned = assigned_scopes(state, &user_id).await?;
     let lineage = crate::publish::load_lineage(db)
         .await
         .map_err(|_| ApiError::unavailable())?;

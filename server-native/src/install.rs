@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_membership.sql",
         sql: include_str!("../migrations/0004_membership.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_pull.sql",
+        sql: include_str!("../migrations/0005_pull.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

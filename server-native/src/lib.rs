@@ -13,7 +13,8 @@
 //! | [`publish`] | manifest publication and history |
 //! | [`auth`] | bearer JWT (HS256) |
 //! | [`capture`] | logical-decoding capture (pgoutput decoder so far) |
-//! | [`http`] | `POST /sync/connect`, `GET /ready` |
+//! | [`http`] | `POST /sync/connect`, `POST /sync/pull`, `GET /ready` |
+//! | [`pull`] | pull pages, cursors and terminal checksums |
 //! | [`dev`] | the `dev` command's provisioning |
 //! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
@@ -26,6 +27,7 @@ pub mod install;
 pub mod logging;
 pub mod pg_harness;
 pub mod publish;
+pub mod pull;
 pub mod registry;
 
 /// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front

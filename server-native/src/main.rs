@@ -54,6 +54,10 @@ enum Command {
         /// HS256 secret for bearer JWTs.
         #[arg(long, env = "SYNCHRO_JWT_SECRET", hide_env_values = true)]
         jwt_secret: String,
+        /// Root secret for scope cursor keys (default: derived from the JWT secret with a
+        /// purpose label). Rotating it invalidates every cursor (scopes rebuild).
+        #[arg(long, env = "SYNCHRO_CURSOR_SECRET", hide_env_values = true)]
+        cursor_secret: Option<String>,
         /// Largest accepted request body in bytes.
         #[arg(long, default_value_t = 1_048_576)]
         max_body_bytes: usize,
@@ -204,11 +208,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             min_client_version,
             assignment_url,
             worker_url,
+            cursor_secret,
         } => {
             if let Some(url) = worker_url {
                 tokio::spawn(capture_loop(url));
             }
             let db = connect_db(&database_url).await?;
+            let snapshot_db = connect_db(&database_url).await?;
             let assignment_db = match assignment_url {
                 Some(url) => Some(connect_db(&url).await?),
                 None => None,
@@ -217,10 +223,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 max_body_bytes,
                 min_client_version,
             };
+            let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
             serve(
-                db,
-                assignment_db,
+                (db, snapshot_db, assignment_db),
                 jwt_secret.as_bytes(),
+                cursor_root.as_bytes(),
                 config,
                 bind(listen).await?,
             )
@@ -256,15 +263,27 @@ async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
         .with_context(|| format!("binding {listen}"))
 }
 
+type Connections = (
+    tokio_postgres::Client,
+    tokio_postgres::Client,
+    Option<tokio_postgres::Client>,
+);
+
 async fn serve(
-    db: tokio_postgres::Client,
-    assignment_db: Option<tokio_postgres::Client>,
+    (db, snapshot_db, assignment_db): Connections,
     secret: &[u8],
+    cursor_root: &[u8],
     config: Config,
     listener: tokio::net::TcpListener,
 ) -> Result<()> {
+    let cursor_keys = synchro_protocol::token::Keyring::new(
+        "k1",
+        &synchro_server::auth::derive_key(cursor_root, "scope-cursor"),
+    )?;
     let state = Arc::new(AppState {
         db,
+        snapshot_db: tokio::sync::Mutex::new(snapshot_db),
+        cursor_keys,
         assignment_db,
         auth: Authenticator::hs256(secret)?,
         config,
@@ -323,9 +342,10 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
         "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
     );
     println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
+    let snapshot = connect_db(&url_for("synchro_dev_adapter")).await?;
     serve(
-        adapter,
-        Some(assignment),
+        (adapter, snapshot, Some(assignment)),
+        secret.as_bytes(),
         secret.as_bytes(),
         Config::default(),
         listener,
