@@ -68,6 +68,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/sync/connect", post(connect))
         .route("/sync/pull", post(pull))
+        .route("/sync/rebuild", post(rebuild))
         .route("/ready", get(ready))
         .with_state(state)
 }
@@ -135,6 +136,18 @@ impl ApiError {
             ),
             ("received_schema".into(), received.clone()),
         ];
+        e
+    }
+
+    /// 409 `rebuild_restart_required` for a scope.
+    pub(crate) fn rebuild_restart(scope_id: &str) -> ApiError {
+        let mut e = ApiError::new(
+            409,
+            "rebuild_restart_required",
+            "the rebuild session is no longer valid; start again",
+            false,
+        );
+        e.extra = vec![("scope_id".into(), Json::String(scope_id.to_owned()))];
         e
     }
 
@@ -319,6 +332,19 @@ async fn pull(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body
         };
         let parsed = crate::pull::parse(&req)?;
         let body = crate::pull::pull(&state, &user_id, parsed).await?;
+        Ok::<_, ApiError>(json_response(StatusCode::OK, &body))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn rebuild(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let (req, user_id) = match preamble(&state, &headers, body).await? {
+            Ok(v) => v,
+            Err(response) => return Ok(response),
+        };
+        let body = crate::rebuild::rebuild(&state, &user_id, &req).await?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &body))
     }
     .await;

@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_pull.sql",
         sql: include_str!("../migrations/0005_pull.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_rebuild.sql",
+        sql: include_str!("../migrations/0006_rebuild.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

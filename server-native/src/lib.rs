@@ -15,6 +15,7 @@
 //! | [`capture`] | logical-decoding capture (pgoutput decoder so far) |
 //! | [`http`] | `POST /sync/connect`, `POST /sync/pull`, `GET /ready` |
 //! | [`pull`] | pull pages, cursors and terminal checksums |
+//! | [`rebuild`] | snapshot-bound rebuild sessions |
 //! | [`dev`] | the `dev` command's provisioning |
 //! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
@@ -28,6 +29,7 @@ pub mod logging;
 pub mod pg_harness;
 pub mod publish;
 pub mod pull;
+pub mod rebuild;
 pub mod registry;
 
 /// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front

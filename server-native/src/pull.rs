@@ -70,7 +70,7 @@ pub(crate) fn parse(req: &Json) -> Result<PullRequest, ApiError> {
     })
 }
 
-fn now_datetime() -> String {
+pub(crate) fn now_datetime() -> String {
     // Issue time for cursors, UTC with microseconds.
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -96,55 +96,92 @@ fn now_datetime() -> String {
     )
 }
 
+/// What every pull and rebuild request is checked against, in the spec's order.
+pub(crate) struct Gates {
+    /// The manifest history (its current manifest is the request's schema).
+    pub lineage: synchro_protocol::lineage::Lineage,
+    /// The client's stored assigned scopes.
+    pub stored_assigned: BTreeSet<String>,
+    /// The stream state cursors and sessions bind (floor 0: nothing is compacted yet).
+    pub stream: ScopeStreamState,
+}
+
+/// Exact current schema (422) and current client generation (409).
+pub(crate) async fn gates(
+    state: &AppState,
+    user_id: &str,
+    client_id: &str,
+    client_generation: u64,
+    schema: &Json,
+) -> Result<Gates, ApiError> {
+    let db = &state.db;
+    let lineage = crate::publish::load_lineage(db)
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let current = lineage.current().ok_or_else(ApiError::unavailable)?;
+    let exact = synchro_protocol::lineage::PresentedSchema::from_json(schema).ok()
+        == Some(synchro_protocol::lineage::PresentedSchema::Exact(
+            current.schema_ref(),
+        ));
+    if !exact {
+        return Err(ApiError::schema_mismatch(current.schema_ref(), schema));
+    }
+    let stored = db
+        .query_opt(
+            "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
+            &[&user_id, &client_id],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .ok_or(ApiError::generation_expired(None))?;
+    let stored_generation = stored.get::<_, i64>(0) as u64;
+    if stored_generation != client_generation || stored.get::<_, bool>(2) {
+        return Err(ApiError::generation_expired(Some(stored_generation)));
+    }
+    let stream = db
+        .query_one("SELECT * FROM synchro.synchro_stream_state()", &[])
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let stream = ScopeStreamState {
+        stream_generation: stream.get::<_, i64>(0) as u64,
+        membership_generation: stream.get::<_, i64>(1) as u64,
+        retention_generation: 1,
+        resume_floor: 0,
+        schema_hash: current.schema_hash(),
+    };
+    Ok(Gates {
+        stored_assigned: stored.get::<_, Vec<String>>(1).into_iter().collect(),
+        lineage,
+        stream,
+    })
+}
+
 /// Runs a pull for an authenticated user. Returns the 200 body or the wire error.
 pub(crate) async fn pull(
     state: &AppState,
     user_id: &str,
     req: PullRequest,
 ) -> Result<Json, ApiError> {
-    let unavailable = |_| ApiError::unavailable();
     let db = &state.db;
-    let lineage = crate::publish::load_lineage(db)
-        .await
-        .map_err(unavailable)?;
-    let current = lineage.current().ok_or_else(ApiError::unavailable)?;
-    // Exact current schema before any work.
-    let exact = synchro_protocol::lineage::PresentedSchema::from_json(&req.schema).ok()
-        == Some(synchro_protocol::lineage::PresentedSchema::Exact(
-            current.schema_ref(),
-        ));
-    if !exact {
-        return Err(ApiError::schema_mismatch(current.schema_ref(), &req.schema));
-    }
-    let stored = db
-        .query_opt(
-            "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
-            &[&user_id, &req.client_id],
-        )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
-    let Some(stored) = stored else {
-        return Err(ApiError::generation_expired(None));
-    };
-    let stored_generation = stored.get::<_, i64>(0) as u64;
-    if stored_generation != req.client_generation || stored.get::<_, bool>(2) {
-        return Err(ApiError::generation_expired(Some(stored_generation)));
-    }
+    let Gates {
+        lineage,
+        stored_assigned,
+        stream: scope_state,
+    } = gates(
+        state,
+        user_id,
+        &req.client_id,
+        req.client_generation,
+        &req.schema,
+    )
+    .await?;
+    let current = lineage
+        .current()
+        .expect("gates checked the current manifest");
     let who = Principal {
         user_id: user_id.to_owned(),
         client_id: req.client_id.clone(),
         client_generation: req.client_generation,
-    };
-    let stream = db
-        .query_one("SELECT * FROM synchro.synchro_stream_state()", &[])
-        .await
-        .map_err(|_| ApiError::unavailable())?;
-    let scope_state = ScopeStreamState {
-        stream_generation: stream.get::<_, i64>(0) as u64,
-        membership_generation: stream.get::<_, i64>(1) as u64,
-        retention_generation: 1,
-        resume_floor: 0,
-        schema_hash: current.schema_hash(),
     };
     // Every presented cursor first: a bad one fails the request before anything is written.
     let mut positions: BTreeMap<String, u64> = BTreeMap::new();
@@ -177,7 +214,7 @@ pub(crate) async fn pull(
     }
     // Reconcile the assignment (writes happen only after validation passed).
     let assigned = crate::http::assigned_scopes(state, user_id).await?;
-    let previous: BTreeSet<String> = stored.get::<_, Vec<String>>(1).into_iter().collect();
+    let previous = stored_assigned;
     let row = db
         .query_one(
             "SELECT client_generation, scope_set_version FROM synchro.synchro_client_connect($1, $2, false, $3, $4, $5)",

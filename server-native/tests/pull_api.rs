@@ -338,3 +338,139 @@ async fn pull_refuses_with_the_spec_errors() {
         "{v}"
     );
 }
+
+#[tokio::test]
+async fn rebuild_pages_one_snapshot_and_hands_over_to_pull() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs SELECT g, 'alice', 'v1' FROM generate_series(1, 5) g")
+        .await
+        .unwrap();
+    s.capture().await;
+    let schema = s.schema().await;
+    let req = |continuation: Option<&Value>| {
+        let mut b = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation, "schema": schema,
+                           "scope_id": "user:alice", "limit": 2});
+        if let Some(c) = continuation {
+            b["continuation"] = c.clone();
+        }
+        b
+    };
+    let (st, first) = s.post("/sync/rebuild", &token, req(None)).await;
+    assert_eq!(st, 200, "{first}");
+    assert_eq!(first["has_more"], true);
+    assert!(first.get("checksum").is_none() && first.get("final_scope_cursor").is_none());
+    // A write after the snapshot does not leak into later pages of this rebuild.
+    s.env
+        .admin
+        .batch_execute("UPDATE app.docs SET title = 'v2' WHERE id = 5")
+        .await
+        .unwrap();
+    s.capture().await;
+    let mut records: Vec<Value> = first["records"].as_array().unwrap().clone();
+    let mut cont = first["continuation"].clone();
+    let last = loop {
+        let (st, page) = s.post("/sync/rebuild", &token, req(Some(&cont))).await;
+        assert_eq!(st, 200, "{page}");
+        records.extend(page["records"].as_array().unwrap().iter().cloned());
+        if page["has_more"] == false {
+            break page;
+        }
+        cont = page["continuation"].clone();
+    };
+    let pks: Vec<Value> = records.iter().map(|r| r["pk"].clone()).collect();
+    assert_eq!(
+        pks,
+        [json!("1"), json!("2"), json!("3"), json!("4"), json!("5")],
+        "identity order"
+    );
+    let titles: Vec<&str> = records
+        .iter()
+        .map(|r| {
+            r["row"]
+                .as_object()
+                .unwrap()
+                .values()
+                .find(|v| v.as_str().is_some_and(|t| t.starts_with('v')))
+                .unwrap()
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(titles, ["v1"; 5], "one snapshot");
+    // The final checksum is the digest of exactly the records received.
+    let db = s.env.login("synchro_dev_operator").await;
+    let manifest = load_lineage(&db).await.unwrap().current().unwrap().clone();
+    let table = &manifest.tables[0];
+    let mut entries = Vec::new();
+    for r in &records {
+        let pk = Json::parse(&r["pk"].to_string()).unwrap();
+        let row = Json::parse(&r["row"].to_string()).unwrap();
+        let d = row_digest(
+            &manifest,
+            &table.table_id,
+            &pk,
+            &row,
+            r["server_version"].as_str().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            r["row_checksum"]["digest"].as_str().unwrap(),
+            hex::encode(d.digest)
+        );
+        let key = TypedValue::from_wire(&table.primary_key().spec, &pk).unwrap();
+        entries.push((RowIdentity::new(table, &key).unwrap(), d.digest));
+    }
+    let want = hex::encode(
+        scope_digest(&manifest.schema_hash(), "user:alice", &mut entries, false)
+            .unwrap()
+            .digest,
+    );
+    assert_eq!(last["checksum"]["digest"].as_str().unwrap(), want);
+    // Pull from the final cursor delivers exactly what changed after the snapshot.
+    let (st, v) = s
+        .post(
+            "/sync/pull",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation, "schema": schema,
+                   "scope_cursors": {"user:alice": last["final_scope_cursor"]}, "limit": 100}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let changes = v["changes"].as_array().unwrap();
+    assert_eq!((changes.len(), changes[0]["pk"].clone()), (1, json!("5")));
+    assert_eq!(
+        v["checksums"]["user:alice"]["digest"].as_str().unwrap(),
+        digest_from_source(&s, "alice").await
+    );
+
+    // An invalidated session restarts; an unassigned scope is refused.
+    let (_, again) = s.post("/sync/rebuild", &token, req(None)).await;
+    let op = s.env.login("synchro_dev_operator").await;
+    op.batch_execute("SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)')")
+        .await
+        .unwrap();
+    let (st, v) = s
+        .post("/sync/rebuild", &token, req(Some(&again["continuation"])))
+        .await;
+    assert_eq!(
+        (
+            st,
+            v["error"]["code"].clone(),
+            v["error"]["scope_id"].clone()
+        ),
+        (409, json!("rebuild_restart_required"), json!("user:alice")),
+        "{v}"
+    );
+    let mut other = req(None);
+    other["scope_id"] = json!("user:bob");
+    let (st, v) = s.post("/sync/rebuild", &token, other).await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("invalid_request")),
+        "{v}"
+    );
+}

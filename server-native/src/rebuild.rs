@@ -1,0 +1,329 @@
+//! `POST /sync/rebuild` (spec 001 terminal rules 5 and 6, spec 003 "Error and Action
+//! Dispatch"): a snapshot-bound session that pages one scope's rows in canonical row-identity
+//! order, then ends with `final_scope_cursor` and the scope `checksum` of exactly that
+//! snapshot.
+//!
+//! The first request stores the scope's rows as of one REPEATABLE READ snapshot (with the
+//! stream watermark of that snapshot) in a session; continuation tokens (HMAC, purpose
+//! `rebuild`) name the session and the next ordinal. A session invalidated by a schema,
+//! stream, membership or client-generation change, or by the scope's removal, answers
+//! 409 `rebuild_restart_required`. Rebuild does not reconcile the assignment: it checks the
+//! stored set (a new request for an unassigned scope is 400).
+
+use synchro_protocol::checksum::Checksum;
+use synchro_protocol::digest::{row_digest, scope_digest, sort_by_identity, RowIdentity};
+use synchro_protocol::json::Json;
+use synchro_protocol::token::{self, Principal, Purpose, ScopeCursor};
+use synchro_protocol::value::TypedValue;
+
+use crate::http::{ApiError, AppState};
+use crate::pull::{gates, Gates, MAX_LIMIT};
+
+struct RebuildRequest {
+    client_id: String,
+    client_generation: u64,
+    schema: Json,
+    scope_id: String,
+    limit: u64,
+    continuation: Option<String>,
+}
+
+fn parse(req: &Json) -> Result<RebuildRequest, ApiError> {
+    let bad = ApiError::invalid_request;
+    let string = |name: &str| match req.get(name) {
+        Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
+        _ => None,
+    };
+    Ok(RebuildRequest {
+        client_id: string("client_id").ok_or_else(|| bad("client_id must be a nonempty string"))?,
+        client_generation: req
+            .get("client_generation")
+            .and_then(crate::http::positive_integer)
+            .ok_or_else(|| bad("client_generation must be a positive integer"))?,
+        schema: req.get("schema").cloned().unwrap_or(Json::Null),
+        scope_id: string("scope_id").ok_or_else(|| bad("scope_id must be a nonempty string"))?,
+        limit: req
+            .get("limit")
+            .and_then(crate::http::positive_integer)
+            .filter(|l| *l <= MAX_LIMIT)
+            .ok_or_else(|| bad("limit must be an integer from 1 to 1000"))?,
+        continuation: match req.get("continuation") {
+            None | Some(Json::Null) => None,
+            Some(Json::String(s)) => Some(s.clone()),
+            Some(_) => return Err(bad("continuation must be a string")),
+        },
+    })
+}
+
+fn restart(scope: &str) -> ApiError {
+    ApiError::rebuild_restart(scope)
+}
+
+/// Handles one rebuild request for an authenticated user; returns the 200 body.
+pub(crate) async fn rebuild(
+    state: &AppState,
+    user_id: &str,
+    body: &Json,
+) -> Result<Json, ApiError> {
+    let req = parse(body)?;
+    let Gates {
+        lineage,
+        stored_assigned,
+        stream,
+    } = gates(
+        state,
+        user_id,
+        &req.client_id,
+        req.client_generation,
+        &req.schema,
+    )
+    .await?;
+    let current = lineage
+        .current()
+        .expect("gates checked the current manifest");
+    let schema_hash = current.schema_hash_hex();
+    let db = &state.db;
+    let (session_id, from) = match &req.continuation {
+        None => {
+            if !stored_assigned.contains(&req.scope_id) {
+                return Err(ApiError::invalid_request(
+                    "the scope is not assigned to this client",
+                ));
+            }
+            (
+                start_session(state, user_id, &req, &stream, current).await?,
+                0,
+            )
+        }
+        Some(t) => {
+            let payload = token::open(Purpose::RebuildContinuation, &state.cursor_keys, t)
+                .map_err(|_| ApiError::invalid_request("the continuation token is invalid"))?;
+            let field = |n: &str| payload.get(n).and_then(Json::as_str).map(str::to_owned);
+            let (Some(session), Some(scope), Some(user), Some(client), Some(next)) = (
+                field("session_id"),
+                field("scope_id"),
+                field("user_id"),
+                field("client_id"),
+                field("next_ordinal").and_then(|n| n.parse::<i32>().ok()),
+            ) else {
+                return Err(ApiError::invalid_request(
+                    "the continuation token is invalid",
+                ));
+            };
+            if scope != req.scope_id || user != user_id || client != req.client_id {
+                return Err(ApiError::invalid_request(
+                    "the continuation token is invalid",
+                ));
+            }
+            if !stored_assigned.contains(&req.scope_id) {
+                return Err(restart(&req.scope_id));
+            }
+            (session, next)
+        }
+    };
+    let s = db
+        .query_opt(
+            "SELECT * FROM synchro.synchro_rebuild_session($1)",
+            &[&session_id],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .ok_or_else(|| restart(&req.scope_id))?;
+    let bound_generation = s.get::<_, i64>(2) as u64;
+    if s.get::<_, String>(0) != user_id
+        || s.get::<_, String>(1) != req.client_id
+        || s.get::<_, String>(3) != req.scope_id
+    {
+        return Err(ApiError::invalid_request(
+            "the continuation token is invalid",
+        ));
+    }
+    if bound_generation != req.client_generation
+        || s.get::<_, String>(4) != schema_hash
+        || s.get::<_, i64>(5) as u64 != stream.stream_generation
+        || s.get::<_, i64>(6) as u64 != stream.membership_generation
+    {
+        return Err(restart(&req.scope_id));
+    }
+    let watermark = s.get::<_, i64>(7) as u64;
+    let rows = db
+        .query(
+            "SELECT * FROM synchro.synchro_rebuild_page($1, $2, $3)",
+            &[&session_id, &from, &((req.limit + 1) as i32)],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let has_more = rows.len() as u64 > req.limit;
+    let mut records = Vec::new();
+    for r in rows.iter().take(req.limit as usize) {
+        let (table_id, pk, row_json, version): (String, String, String, String) =
+            (r.get(1), r.get(2), r.get(3), r.get(4));
+        let pk = Json::parse(&pk).map_err(|_| ApiError::integrity())?;
+        let row = Json::parse(&row_json).map_err(|_| ApiError::integrity())?;
+        let d = row_digest(current, &table_id, &pk, &row, &version)
+            .map_err(|_| ApiError::integrity())?;
+        records.push(Json::Object(vec![
+            ("table_id".into(), Json::String(table_id)),
+            ("pk".into(), pk),
+            ("row".into(), row),
+            ("server_version".into(), Json::String(version)),
+            (
+                "row_checksum".into(),
+                Json::parse(&Checksum(d.digest).to_json_string()).expect("checksum JSON"),
+            ),
+        ]));
+    }
+    let mut out = vec![
+        ("protocol_version".to_owned(), Json::Number("3".into())),
+        ("scope_id".to_owned(), Json::String(req.scope_id.clone())),
+        ("records".to_owned(), Json::Array(records)),
+        ("has_more".to_owned(), Json::Bool(has_more)),
+    ];
+    let who = Principal {
+        user_id: user_id.to_owned(),
+        client_id: req.client_id.clone(),
+        client_generation: req.client_generation,
+    };
+    if has_more {
+        let next = from + req.limit as i32;
+        let t = token::sign(
+            Purpose::RebuildContinuation,
+            &state.cursor_keys,
+            vec![
+                ("kind".into(), Json::String("rebuild_continuation".into())),
+                ("session_id".into(), Json::String(session_id)),
+                ("scope_id".into(), Json::String(req.scope_id.clone())),
+                ("user_id".into(), Json::String(user_id.to_owned())),
+                ("client_id".into(), Json::String(req.client_id.clone())),
+                ("next_ordinal".into(), Json::String(next.to_string())),
+            ],
+        );
+        out.push(("continuation".into(), Json::String(t)));
+    } else {
+        // The checksum of exactly this snapshot: every session row.
+        let all = db
+            .query(
+                "SELECT * FROM synchro.synchro_rebuild_page($1, 0, 2147483647)",
+                &[&session_id],
+            )
+            .await
+            .map_err(|_| ApiError::unavailable())?;
+        let mut entries = Vec::with_capacity(all.len());
+        for r in all {
+            let (table_id, pk, row_json, version): (String, String, String, String) =
+                (r.get(1), r.get(2), r.get(3), r.get(4));
+            let table = current.table(&table_id).ok_or_else(ApiError::integrity)?;
+            let key = TypedValue::from_wire_text(&table.primary_key().spec, &pk)
+                .map_err(|_| ApiError::integrity())?;
+            let row = Json::parse(&row_json).map_err(|_| ApiError::integrity())?;
+            let d = row_digest(current, &table_id, &key.to_wire(), &row, &version)
+                .map_err(|_| ApiError::integrity())?;
+            entries.push((
+                RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?,
+                d.digest,
+            ));
+        }
+        let digest = scope_digest(&current.schema_hash(), &req.scope_id, &mut entries, false)
+            .map_err(|_| ApiError::integrity())?;
+        let cursor = ScopeCursor {
+            scope_id: req.scope_id.clone(),
+            stream_generation: stream.stream_generation,
+            membership_generation: stream.membership_generation,
+            retention_generation: stream.retention_generation,
+            position: watermark,
+            schema_hash: current.schema_hash(),
+            principal: who,
+            issued_at: crate::pull::now_datetime(),
+        };
+        out.push((
+            "final_scope_cursor".into(),
+            Json::String(cursor.sign(&state.cursor_keys)),
+        ));
+        out.push((
+            "checksum".into(),
+            Json::parse(&Checksum(digest.digest).to_json_string()).expect("checksum JSON"),
+        ));
+    }
+    tracing::info!(status = 200, has_more, "rebuild");
+    Ok(Json::Object(out))
+}
+
+/// Stores the scope's rows as of one snapshot, in row-identity order, as a new session.
+async fn start_session(
+    state: &AppState,
+    user_id: &str,
+    req: &RebuildRequest,
+    stream: &synchro_protocol::token::ScopeStreamState,
+    manifest: &synchro_protocol::manifest::Manifest,
+) -> Result<String, ApiError> {
+    let mut snapshot_db = state.snapshot_db.lock().await;
+    let snap = snapshot_db
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let watermark: i64 = snap
+        .query_one(
+            "SELECT effect_position FROM synchro.synchro_pull_watermark()",
+            &[],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .get(0);
+    let rows = snap
+        .query(
+            "SELECT table_id, pk, row_json, server_version FROM synchro.synchro_scope_rows($1)",
+            &[&req.scope_id],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    snap.commit().await.map_err(|_| ApiError::unavailable())?;
+    drop(snapshot_db);
+    // Order by canonical row identity.
+    let mut keyed = Vec::with_capacity(rows.len());
+    for (i, r) in rows.iter().enumerate() {
+        let table_id: String = r.get(0);
+        let pk: String = r.get(1);
+        let table = manifest.table(&table_id).ok_or_else(ApiError::integrity)?;
+        let key = TypedValue::from_wire_text(&table.primary_key().spec, &pk)
+            .map_err(|_| ApiError::integrity())?;
+        let mut ordinal = [0u8; 32];
+        ordinal[..8].copy_from_slice(&(i as u64).to_be_bytes());
+        keyed.push((
+            RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?,
+            ordinal,
+        ));
+    }
+    sort_by_identity(&mut keyed);
+    let order: Vec<usize> = keyed
+        .iter()
+        .map(|(_, o)| u64::from_be_bytes(o[..8].try_into().expect("8 bytes")) as usize)
+        .collect();
+    let column =
+        |c: usize| -> Vec<String> { order.iter().map(|&i| rows[i].get::<_, String>(c)).collect() };
+    let id: String = state
+        .db
+        .query_one(
+            "SELECT synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            &[
+                &user_id,
+                &req.client_id,
+                &(req.client_generation as i64),
+                &req.scope_id,
+                &manifest.schema_hash_hex(),
+                &(stream.stream_generation as i64),
+                &(stream.membership_generation as i64),
+                &watermark,
+                &column(0),
+                &column(1),
+                &column(2),
+                &column(3),
+            ],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .get(0);
+    Ok(id)
+}
