@@ -401,10 +401,25 @@ pub(crate) async fn scope_checksum(
         )
         .await
         .map_err(|_| ApiError::unavailable())?;
+    digest_columns(manifest, scope, &rows, 0)
+}
+
+/// The scope digest over rows whose columns `first..first + 4` are `(table_id, pk,
+/// row_json, server_version)`.
+pub(crate) fn digest_columns(
+    manifest: &synchro_protocol::manifest::Manifest,
+    scope: &str,
+    rows: &[tokio_postgres::Row],
+    first: usize,
+) -> Result<Checksum, ApiError> {
     let mut entries = Vec::with_capacity(rows.len());
     for r in rows {
-        let (table_id, pk, row_json, version): (String, String, String, String) =
-            (r.get(0), r.get(1), r.get(2), r.get(3));
+        let (table_id, pk, row_json, version): (String, String, String, String) = (
+            r.get(first),
+            r.get(first + 1),
+            r.get(first + 2),
+            r.get(first + 3),
+        );
         let table = manifest.table(&table_id).ok_or_else(ApiError::integrity)?;
         let pk = TypedValue::from_wire_text(&table.primary_key().spec, &pk)
             .map_err(|_| ApiError::integrity())?;

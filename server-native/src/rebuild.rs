@@ -11,7 +11,7 @@
 //! stored set (a new request for an unassigned scope is 400).
 
 use synchro_protocol::checksum::Checksum;
-use synchro_protocol::digest::{row_digest, scope_digest, sort_by_identity, RowIdentity};
+use synchro_protocol::digest::{row_digest, sort_by_identity, RowIdentity};
 use synchro_protocol::json::Json;
 use synchro_protocol::token::{self, Principal, Purpose, ScopeCursor};
 use synchro_protocol::value::TypedValue;
@@ -208,23 +208,8 @@ pub(crate) async fn rebuild(
             )
             .await
             .map_err(|_| ApiError::unavailable())?;
-        let mut entries = Vec::with_capacity(all.len());
-        for r in all {
-            let (table_id, pk, row_json, version): (String, String, String, String) =
-                (r.get(1), r.get(2), r.get(3), r.get(4));
-            let table = current.table(&table_id).ok_or_else(ApiError::integrity)?;
-            let key = TypedValue::from_wire_text(&table.primary_key().spec, &pk)
-                .map_err(|_| ApiError::integrity())?;
-            let row = Json::parse(&row_json).map_err(|_| ApiError::integrity())?;
-            let d = row_digest(current, &table_id, &key.to_wire(), &row, &version)
-                .map_err(|_| ApiError::integrity())?;
-            entries.push((
-                RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?,
-                d.digest,
-            ));
-        }
-        let digest = scope_digest(&current.schema_hash(), &req.scope_id, &mut entries, false)
-            .map_err(|_| ApiError::integrity())?;
+        // Session rows: (ordinal, table_id, pk, row_json, server_version).
+        let digest = crate::pull::digest_columns(current, &req.scope_id, &all, 1)?;
         let cursor = ScopeCursor {
             scope_id: req.scope_id.clone(),
             stream_generation: stream.stream_generation,
@@ -241,7 +226,7 @@ pub(crate) async fn rebuild(
         ));
         out.push((
             "checksum".into(),
-            Json::parse(&Checksum(digest.digest).to_json_string()).expect("checksum JSON"),
+            Json::parse(&digest.to_json_string()).expect("checksum JSON"),
         ));
     }
     tracing::info!(status = 200, has_more, "rebuild");
