@@ -16,8 +16,13 @@ pub const DEV_LOGINS: [(&str, &str); 4] = [
     ("synchro_dev_seed", "synchro_seed"),
 ];
 
-/// Creates (or keeps) a LOGIN role that is a member of exactly `group`.
-pub async fn ensure_login(admin: &Client, login: &str, group: &str) -> Result<()> {
+/// Creates (or keeps) a LOGIN role with `attributes` that is a member of `group`.
+async fn ensure_member_login(
+    admin: &Client,
+    login: &str,
+    attributes: &str,
+    group: &str,
+) -> Result<()> {
     let exists = admin
         .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&login])
         .await?
@@ -25,7 +30,7 @@ pub async fn ensure_login(admin: &Client, login: &str, group: &str) -> Result<()
     if !exists {
         admin
             .batch_execute(&format!(
-                "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS NOREPLICATION",
+                "CREATE ROLE {} LOGIN {attributes} NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS",
                 quote_ident(login)
             ))
             .await?;
@@ -40,25 +45,15 @@ pub async fn ensure_login(admin: &Client, login: &str, group: &str) -> Result<()
     Ok(())
 }
 
+/// Creates (or keeps) a LOGIN role that is a member of exactly `group`.
+pub async fn ensure_login(admin: &Client, login: &str, group: &str) -> Result<()> {
+    ensure_member_login(admin, login, "NOREPLICATION", group).await
+}
+
 /// Creates (or keeps) the capture worker login: REPLICATION, NOINHERIT, member of exactly
 /// synchro_worker (spec 001).
 pub async fn ensure_worker_login(admin: &Client, login: &str) -> Result<()> {
-    let exists = admin
-        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&login])
-        .await?
-        .is_some();
-    if !exists {
-        admin
-            .batch_execute(&format!(
-                "CREATE ROLE {} LOGIN REPLICATION NOINHERIT NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS",
-                quote_ident(login)
-            ))
-            .await?;
-    }
-    admin
-        .batch_execute(&format!("GRANT synchro_worker TO {}", quote_ident(login)))
-        .await?;
-    Ok(())
+    ensure_member_login(admin, login, "REPLICATION NOINHERIT", "synchro_worker").await
 }
 
 /// Creates the demo application schema `app` owned by `app_owner`, and lets synchro_owner

@@ -27,7 +27,9 @@ pub(crate) struct PullRequest {
     pub limit: u64,
 }
 
-pub(crate) fn parse(req: &Json) -> Result<PullRequest, ApiError> {
+/// The members pull and rebuild share: `client_id`, `client_generation` and `limit`
+/// (1..=1000), each a 400 `invalid_request` when missing or malformed.
+pub(crate) fn common_members(req: &Json) -> Result<(String, u64, u64), ApiError> {
     let bad = ApiError::invalid_request;
     let client_id = match req.get("client_id") {
         Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
@@ -46,6 +48,12 @@ pub(crate) fn parse(req: &Json) -> Result<PullRequest, ApiError> {
         .and_then(crate::http::positive_integer)
         .filter(|l| *l <= MAX_LIMIT)
         .ok_or_else(|| bad("limit must be an integer from 1 to 1000"))?;
+    Ok((client_id, client_generation, limit))
+}
+
+pub(crate) fn parse(req: &Json) -> Result<PullRequest, ApiError> {
+    let bad = ApiError::invalid_request;
+    let (client_id, client_generation, limit) = common_members(req)?;
     let mut cursors = BTreeMap::new();
     match req.get("scope_cursors") {
         None | Some(Json::Null) => {}

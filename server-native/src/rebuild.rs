@@ -17,7 +17,7 @@ use synchro_protocol::token::{self, Principal, Purpose, ScopeCursor};
 use synchro_protocol::value::TypedValue;
 
 use crate::http::{ApiError, AppState};
-use crate::pull::{gates, Gates, MAX_LIMIT};
+use crate::pull::{gates, Gates};
 
 struct RebuildRequest {
     client_id: String,
@@ -30,23 +30,16 @@ struct RebuildRequest {
 
 fn parse(req: &Json) -> Result<RebuildRequest, ApiError> {
     let bad = ApiError::invalid_request;
-    let string = |name: &str| match req.get(name) {
-        Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
-        _ => None,
-    };
+    let (client_id, client_generation, limit) = crate::pull::common_members(req)?;
     Ok(RebuildRequest {
-        client_id: string("client_id").ok_or_else(|| bad("client_id must be a nonempty string"))?,
-        client_generation: req
-            .get("client_generation")
-            .and_then(crate::http::positive_integer)
-            .ok_or_else(|| bad("client_generation must be a positive integer"))?,
+        client_id,
+        client_generation,
         schema: req.get("schema").cloned().unwrap_or(Json::Null),
-        scope_id: string("scope_id").ok_or_else(|| bad("scope_id must be a nonempty string"))?,
-        limit: req
-            .get("limit")
-            .and_then(crate::http::positive_integer)
-            .filter(|l| *l <= MAX_LIMIT)
-            .ok_or_else(|| bad("limit must be an integer from 1 to 1000"))?,
+        scope_id: match req.get("scope_id") {
+            Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
+            _ => return Err(bad("scope_id must be a nonempty string")),
+        },
+        limit,
         continuation: match req.get("continuation") {
             None | Some(Json::Null) => None,
             Some(Json::String(s)) => Some(s.clone()),
