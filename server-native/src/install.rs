@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_rebuild.sql",
         sql: include_str!("../migrations/0006_rebuild.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_bootstrap.sql",
+        sql: include_str!("../migrations/0007_bootstrap.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -51,9 +51,11 @@ async fn stack() -> Stack {
     .await
     .unwrap();
     publish(&mut op).await.unwrap();
-    let worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
         .await
         .unwrap();
+    // Bootstrap the (empty) relation so every later write is captured as its own change.
+    while worker.step(Failpoint::None).await.unwrap() != StepOutcome::Applied(0) {}
     let state = Arc::new(AppState {
         db: env.login("synchro_dev_adapter").await,
         snapshot_db: tokio::sync::Mutex::new(env.login("synchro_dev_adapter").await),

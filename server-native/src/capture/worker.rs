@@ -29,8 +29,11 @@ use super::values::{text_to_wire, SESSION_SETTINGS};
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
 pub const LEADER_LOCK: i64 = 0x73796e6368726f;
 
-/// Changes read per peek.
+/// Changes read per peek (whole transactions are always returned).
 const PEEK_CHANGES: i32 = 10_000;
+
+/// How long one step keeps applying once it has applied something.
+const STEP_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What one step did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +70,9 @@ struct Registered {
     /// `(function as regproc text, key type as regtype text, fanout bound)` when the
     /// relation has a membership function.
     membership: Option<(String, String, i64)>,
+    /// Bootstrap status (`pending`, `copied`, `active`); only `active` relations apply
+    /// changes, the others are covered by their bootstrap copy.
+    status: String,
 }
 
 struct RelationShape {
@@ -101,6 +107,8 @@ impl Worker {
         let materialize = crate::connect_db(url).await?;
         materialize.batch_execute("SET ROLE synchro_worker").await?;
         replication.batch_execute(SESSION_SETTINGS).await?;
+        // The bootstrap copy reads output-function text through this session.
+        materialize.batch_execute(SESSION_SETTINGS).await?;
         let slot: String = materialize
             .query_one("SELECT slot_name::text FROM synchro.capture_state", &[])
             .await?
@@ -139,8 +147,9 @@ impl Worker {
             .query(
                 "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
                         r.replica_identity::text, f.field_id, f.column_name::text, f.portable_type, f.nullable,
-                        f.is_key, f.decimal_precision, f.decimal_scale
+                        f.is_key, f.decimal_precision, f.decimal_scale, c.status
                    FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
+                   JOIN synchro.relation_capture c USING (relation_id)
                   WHERE r.kind = 'synced'",
                 &[],
             )
@@ -155,6 +164,7 @@ impl Worker {
                 replica_identity: r.get::<_, String>(4).bytes().next().unwrap_or(b'?'),
                 fields_by_column: HashMap::new(),
                 membership: None,
+                status: r.get(12),
             });
             let ty = PortableType::parse(&r.get::<_, String>(7))
                 .context("registry holds an unknown type")?;
@@ -196,7 +206,10 @@ impl Worker {
         Ok(out)
     }
 
-    /// Runs until caught up (or blocked), applying every complete transaction available.
+    /// Applies the complete transactions available, in commit order, until caught up (then
+    /// `Applied(0)` when nothing was applied), blocked, or — once something was applied — a
+    /// time budget of about a second is spent, so bootstraps and heartbeats are never
+    /// starved by a sustained write load.
     pub async fn step(&mut self, failpoint: Failpoint) -> Result<StepOutcome> {
         let leader: bool = self
             .replication
@@ -217,9 +230,27 @@ impl Worker {
         if let Some(reason) = state.get::<_, Option<String>>(1) {
             return Ok(StepOutcome::Blocked(reason));
         }
-        let registry = self.registry().await?;
+        let mut registry = self.registry().await?;
+        let pending: Vec<String> = registry
+            .values()
+            .filter(|r| r.status == "pending")
+            .map(|r| r.relation_id.clone())
+            .collect();
+        for relation_id in pending {
+            match self.bootstrap(&registry, &relation_id).await {
+                Ok(()) => {}
+                Err(e) => match block_reason(&e) {
+                    Some(reason) => return self.block(reason).await,
+                    None => return Err(e),
+                },
+            }
+        }
+        if !registry.values().all(|r| r.status != "pending") {
+            registry = self.registry().await?;
+        }
         let mut applied = 0;
-        loop {
+        let started = std::time::Instant::now();
+        while applied == 0 || started.elapsed() < STEP_BUDGET {
             let rows = self
                 .replication
                 .query(
@@ -270,7 +301,7 @@ impl Worker {
                     last_end = Some(tx.end_lsn);
                     continue; // applied before a crash; the slot was not advanced yet
                 }
-                match self.apply(tx, &registry, &shapes).await {
+                match self.apply(tx, &mut registry, &shapes).await {
                     Ok(()) => {}
                     Err(e) => match block_reason(&e) {
                         Some(reason) => return self.block(reason).await,
@@ -312,7 +343,7 @@ impl Worker {
     async fn apply(
         &mut self,
         tx: &Transaction,
-        registry: &HashMap<u32, Registered>,
+        registry: &mut HashMap<u32, Registered>,
         shapes: &HashMap<u32, RelationShape>,
     ) -> Result<()> {
         let db = self.materialize.transaction().await?;
@@ -320,8 +351,20 @@ impl Worker {
         let mut ordinal = 0u64;
         // (relation OID, pk, version of this change), in change order.
         let mut touched: Vec<(u32, String, String)> = Vec::new();
+        let mut bootstrapped: Vec<String> = Vec::new();
         for m in &tx.messages {
             let (relation, key, new) = match m {
+                Message::LogicalMessage {
+                    transactional: true,
+                    prefix,
+                    content,
+                    ..
+                } if prefix == "synchro" => {
+                    if let Some(id) = content.strip_prefix(b"bootstrap:") {
+                        bootstrapped.push(String::from_utf8_lossy(id).into_owned());
+                    }
+                    continue;
+                }
                 Message::Insert { relation, new } => (*relation, None, Some(new)),
                 Message::Update {
                     relation,
@@ -343,6 +386,9 @@ impl Worker {
             let Some(reg) = registry.get(&relation) else {
                 continue;
             };
+            if reg.status != "active" {
+                continue; // its bootstrap copy (pending, or committed later in the stream) has it
+            }
             let shape = shapes
                 .get(&relation)
                 .context("a change arrived before its relation message")?;
@@ -407,11 +453,21 @@ impl Worker {
             }
         }
         last.reverse();
-        for (rel, pk, version) in &last {
+        let mut by_relation: Vec<(u32, Vec<(String, String)>)> = Vec::new();
+        for (rel, pk, version) in last {
+            match by_relation.iter_mut().find(|(r, _)| *r == rel) {
+                Some((_, rows)) => rows.push((pk, version)),
+                None => by_relation.push((rel, vec![(pk, version)])),
+            }
+        }
+        for (rel, rows) in &by_relation {
             let reg = &registry[rel];
             if let Some(m) = &reg.membership {
-                membership_effects(&db, reg, m, pk, version).await?;
+                membership_effects(&db, reg, m, rows).await?;
             }
+        }
+        for relation_id in &bootstrapped {
+            finish_bootstrap(&db, registry, relation_id, commit).await?;
         }
         db.execute(
             "UPDATE synchro.capture_state SET confirmed_lsn = $1, applied_transactions = applied_transactions + 1,
@@ -420,8 +476,152 @@ impl Worker {
         )
         .await?;
         db.commit().await?;
+        for reg in registry.values_mut() {
+            if bootstrapped.contains(&reg.relation_id) {
+                reg.status = "active".into();
+            }
+        }
         Ok(())
     }
+
+    /// Copies one pending relation into its projection in a transaction that holds a SHARE
+    /// lock on the source (see migration 0007), and emits the bootstrap message. A lock
+    /// that cannot be taken within the timeout leaves the relation pending for the next step.
+    async fn bootstrap(
+        &mut self,
+        registry: &HashMap<u32, Registered>,
+        relation_id: &str,
+    ) -> Result<()> {
+        let reg = registry
+            .values()
+            .find(|r| r.relation_id == relation_id)
+            .context("bootstrap of an unknown relation")?;
+        let columns: Vec<(String, u32)> = self
+            .materialize
+            .query(
+                "SELECT column_name, type_oid FROM synchro.synchro_bootstrap_columns($1)",
+                &[&relation_id],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let shape = RelationShape {
+            namespace: reg.schema.clone(),
+            name: reg.relation.clone(),
+            replica_identity: reg.replica_identity,
+            columns,
+        };
+        let db = self.materialize.transaction().await?;
+        db.batch_execute("SET LOCAL lock_timeout = '10s'").await?;
+        if let Err(e) = db
+            .execute("SELECT synchro.synchro_bootstrap_lock($1)", &[&relation_id])
+            .await
+        {
+            return match e.code().map(|c| c.code()) {
+                Some("55P03") => {
+                    tracing::warn!("bootstrap lock not available; retrying later");
+                    Ok(())
+                }
+                Some("55000") => Err(Blocked("registered_relation_drift").into()),
+                _ => Err(e.into()),
+            };
+        }
+        let lsn: String = db
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await?
+            .get(0);
+        db.execute(
+            "DELETE FROM synchro.projection_rows WHERE relation_id = $1",
+            &[&relation_id],
+        )
+        .await?;
+        let literal = relation_id.replace('\'', "''");
+        db.batch_execute(&format!(
+            "DECLARE synchro_bootstrap NO SCROLL CURSOR FOR SELECT * FROM synchro.synchro_bootstrap_rows('{literal}')"
+        ))
+        .await?;
+        let mut copied: i64 = 0;
+        loop {
+            let rows = db.query("FETCH 1000 FROM synchro_bootstrap", &[]).await?;
+            if rows.is_empty() {
+                break;
+            }
+            let (mut pks, mut jsons, mut versions) = (Vec::new(), Vec::new(), Vec::new());
+            for r in &rows {
+                let values: Vec<Value> = r
+                    .get::<_, Vec<Option<String>>>(0)
+                    .into_iter()
+                    .map(|v| v.map_or(Value::Null, |t| Value::Text(t.into_bytes())))
+                    .collect();
+                copied += 1;
+                pks.push(key_text(reg, &shape, &values)?);
+                jsons.push(row_json(reg, &shape, &values, None)?);
+                versions.push(format!("{lsn}:b{copied}"));
+            }
+            db.execute(
+                "INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
+                 SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[])",
+                &[&relation_id, &pks, &jsons, &versions],
+            )
+            .await?;
+        }
+        db.batch_execute("CLOSE synchro_bootstrap").await?;
+        db.execute(
+            "UPDATE synchro.relation_capture SET status = 'copied', rows_copied = $2, updated_at = now()
+              WHERE relation_id = $1",
+            &[&relation_id, &copied],
+        )
+        .await?;
+        db.execute("SELECT synchro.synchro_emit_bootstrap($1)", &[&relation_id])
+            .await?;
+        db.commit().await?;
+        tracing::info!(rows = copied, "relation bootstrapped");
+        Ok(())
+    }
+}
+
+/// Completes a bootstrap when the stream reaches its message: evaluates membership of every
+/// copied row (and of every row that still has edges) and marks the relation active.
+async fn finish_bootstrap(
+    db: &tokio_postgres::Transaction<'_>,
+    registry: &HashMap<u32, Registered>,
+    relation_id: &str,
+    commit: u64,
+) -> Result<()> {
+    if let Some(reg) = registry.values().find(|r| r.relation_id == relation_id) {
+        if let Some(m) = &reg.membership {
+            let rows: Vec<(String, Option<String>)> = db
+                .query(
+                    "SELECT pk, max(server_version) FROM (
+                        SELECT pk, server_version FROM synchro.projection_rows WHERE relation_id = $1
+                        UNION ALL
+                        SELECT pk, NULL FROM synchro.membership_edges WHERE relation_id = $1) k
+                     GROUP BY pk ORDER BY pk",
+                    &[&relation_id],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let lsn = format!("{:X}/{:X}", commit >> 32, commit & 0xffff_ffff);
+            let rows: Vec<(String, String)> = rows
+                .into_iter()
+                .enumerate()
+                .map(|(i, (pk, v))| (pk, v.unwrap_or_else(|| format!("{lsn}:d{}", i + 1))))
+                .collect();
+            for chunk in rows.chunks(1000) {
+                membership_effects(db, reg, m, chunk).await?;
+            }
+        }
+    }
+    db.execute(
+        "UPDATE synchro.relation_capture SET status = 'active', bootstrap_lsn = $2, updated_at = now()
+          WHERE relation_id = $1",
+        &[&relation_id, &PgLsn::from(commit)],
+    )
+    .await?;
+    Ok(())
 }
 
 /// The SQL literal argument for a key given as its canonical wire text.
@@ -433,77 +633,115 @@ fn key_argument(pk_wire: &str) -> Result<String> {
     })
 }
 
-/// Re-evaluates one row's membership, diffs its edges and records scope effects: an upsert
-/// for every scope it is in, a delete for every scope it left.
+/// Re-evaluates the membership of rows of one relation (each with the version of its last
+/// change), diffs their edges and records scope effects: per row, in the given order, a
+/// delete for every scope it left, then an upsert for every scope it is in.
 async fn membership_effects(
     db: &tokio_postgres::Transaction<'_>,
     reg: &Registered,
     (function, key_type, fanout): &(String, String, i64),
-    pk: &str,
-    version: &str,
+    rows: &[(String, String)],
 ) -> Result<()> {
-    let exists = db
-        .query_opt(
-            "SELECT 1 FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2",
-            &[&reg.relation_id, &pk],
-        )
-        .await?
-        .is_some();
-    let mut new_scopes: Vec<String> = Vec::new();
-    if exists {
-        let sql = format!("SELECT DISTINCT s FROM {function}($1::text::{key_type}) AS s");
-        let rows = db
-            .query(&sql, &[&key_argument(pk)?])
-            .await
-            .map_err(|_| Blocked("membership_evaluation_failed"))?;
-        for r in rows {
-            match r.get::<_, Option<String>>(0) {
-                Some(s) if !s.is_empty() => new_scopes.push(s),
-                _ => bail!(Blocked("membership_evaluation_failed")),
-            }
-        }
-        if new_scopes.len() as i64 > *fanout {
-            bail!(Blocked("membership_bound_exceeded"));
-        }
-    }
-    new_scopes.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-    let old_scopes: Vec<String> = db
+    let pks: Vec<&str> = rows.iter().map(|(pk, _)| pk.as_str()).collect();
+    let existing: Vec<String> = db
         .query(
-            "SELECT scope_id FROM synchro.membership_edges WHERE relation_id = $1 AND pk = $2",
-            &[&reg.relation_id, &pk],
+            "SELECT pk FROM synchro.projection_rows WHERE relation_id = $1 AND pk = ANY($2)",
+            &[&reg.relation_id, &pks],
         )
         .await?
         .iter()
         .map(|r| r.get(0))
         .collect();
-    for s in old_scopes.iter().filter(|s| !new_scopes.contains(s)) {
-        db.execute(
-            "DELETE FROM synchro.membership_edges WHERE scope_id = $1 AND relation_id = $2 AND pk = $3",
-            &[s, &reg.relation_id, &pk],
-        )
-        .await?;
-        db.execute(
-            "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
-             VALUES ($1, $2, $3, 'delete', $4)",
-            &[s, &reg.relation_id, &pk, &version],
-        )
-        .await?;
+    let args = existing
+        .iter()
+        .map(|pk| key_argument(pk))
+        .collect::<Result<Vec<_>>>()?;
+    let mut new_scopes: HashMap<String, Vec<String>> = HashMap::new();
+    let sql = format!(
+        "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
+         LATERAL {function}(a.arg::{key_type}) AS s"
+    );
+    let evaluated = db
+        .query(&sql, &[&existing, &args])
+        .await
+        .map_err(|_| Blocked("membership_evaluation_failed"))?;
+    for pk in &existing {
+        new_scopes.insert(pk.clone(), Vec::new());
     }
-    for s in &new_scopes {
-        if !old_scopes.contains(s) {
-            db.execute(
-                "INSERT INTO synchro.membership_edges (scope_id, relation_id, pk) VALUES ($1, $2, $3)",
-                &[s, &reg.relation_id, &pk],
-            )
-            .await?;
+    for r in evaluated {
+        let pk: String = r.get(0);
+        match r.get::<_, Option<String>>(1) {
+            Some(s) if !s.trim().is_empty() => {
+                let set = new_scopes.entry(pk).or_default();
+                if !set.contains(&s) {
+                    set.push(s);
+                }
+            }
+            _ => bail!(Blocked("membership_evaluation_failed")),
         }
-        db.execute(
-            "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
-             VALUES ($1, $2, $3, 'upsert', $4)",
-            &[s, &reg.relation_id, &pk, &version],
-        )
-        .await?;
     }
+    if new_scopes.values().any(|s| s.len() as i64 > *fanout) {
+        bail!(Blocked("membership_bound_exceeded"));
+    }
+    let mut old_scopes: HashMap<String, Vec<String>> = HashMap::new();
+    for r in db
+        .query(
+            "SELECT pk, scope_id FROM synchro.membership_edges WHERE relation_id = $1 AND pk = ANY($2)",
+            &[&reg.relation_id, &pks],
+        )
+        .await?
+    {
+        old_scopes.entry(r.get(0)).or_default().push(r.get(1));
+    }
+    let none = Vec::new();
+    let (mut removed_scopes, mut removed_pks) = (Vec::new(), Vec::new());
+    let (mut added_scopes, mut added_pks) = (Vec::new(), Vec::new());
+    let (mut e_scopes, mut e_pks, mut e_kinds, mut e_versions) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (pk, version) in rows {
+        let mut new = new_scopes.get(pk).cloned().unwrap_or_default();
+        new.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let mut old = old_scopes.get(pk).unwrap_or(&none).clone();
+        old.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        for s in old.iter().filter(|s| !new.contains(s)) {
+            removed_scopes.push(s.clone());
+            removed_pks.push(pk.clone());
+            e_scopes.push(s.clone());
+            e_pks.push(pk.clone());
+            e_kinds.push("delete");
+            e_versions.push(version.clone());
+        }
+        for s in &new {
+            if !old.contains(s) {
+                added_scopes.push(s.clone());
+                added_pks.push(pk.clone());
+            }
+            e_scopes.push(s.clone());
+            e_pks.push(pk.clone());
+            e_kinds.push("upsert");
+            e_versions.push(version.clone());
+        }
+    }
+    db.execute(
+        "DELETE FROM synchro.membership_edges e USING unnest($2::text[], $3::text[]) AS d(scope_id, pk)
+          WHERE e.relation_id = $1 AND e.scope_id = d.scope_id AND e.pk = d.pk",
+        &[&reg.relation_id, &removed_scopes, &removed_pks],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO synchro.membership_edges (scope_id, relation_id, pk)
+         SELECT s, $1, k FROM unnest($2::text[], $3::text[]) AS a(s, k)",
+        &[&reg.relation_id, &added_scopes, &added_pks],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
+         SELECT s, $1, k, kind, v FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                WITH ORDINALITY AS a(s, k, kind, v, n)
+          ORDER BY n",
+        &[&reg.relation_id, &e_scopes, &e_pks, &e_kinds, &e_versions],
+    )
+    .await?;
     Ok(())
 }
 
@@ -604,7 +842,8 @@ pub async fn run_forever(url: String, interval: std::time::Duration) {
         match Worker::connect(&url).await {
             Ok(mut worker) => loop {
                 match worker.step(Failpoint::None).await {
-                    Ok(StepOutcome::Applied(_)) => tokio::time::sleep(interval).await,
+                    Ok(StepOutcome::Applied(0)) => tokio::time::sleep(interval).await,
+                    Ok(StepOutcome::Applied(_)) => {}
                     Ok(StepOutcome::NotLeader | StepOutcome::Blocked(_)) => {
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await
                     }
