@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_bootstrap.sql",
         sql: include_str!("../migrations/0007_bootstrap.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_retention.sql",
+        sql: include_str!("../migrations/0008_retention.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

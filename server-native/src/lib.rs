@@ -12,10 +12,11 @@
 //! | [`registry`] | relation registration |
 //! | [`publish`] | manifest publication and history |
 //! | [`auth`] | bearer JWT (HS256) |
-//! | [`capture`] | logical-decoding capture (pgoutput decoder so far) |
+//! | [`capture`] | logical-decoding capture, bootstrap and membership |
 //! | [`http`] | `POST /sync/connect`, `POST /sync/pull`, `GET /ready` |
 //! | [`pull`] | pull pages, cursors and terminal checksums |
 //! | [`rebuild`] | snapshot-bound rebuild sessions |
+//! | [`retention`] | client expiry and scope-local compaction |
 //! | [`dev`] | the `dev` command's provisioning |
 //! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
@@ -31,6 +32,7 @@ pub mod publish;
 pub mod pull;
 pub mod rebuild;
 pub mod registry;
+pub mod retention;
 
 /// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front
 /// for anything else) and drives the connection on the runtime.

@@ -79,6 +79,17 @@ enum Command {
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
     },
+    /// Run one retention compaction pass now (the capture leader also runs one every
+    /// minute): expires stale client generations, deletes acknowledged scope effects and
+    /// raises resume floors. Prints counts only.
+    Compact {
+        /// Operator or worker login connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// Effects deleted per transaction (compaction.batch_size), a positive integer.
+        #[arg(long, default_value_t = synchro_server::retention::DEFAULT_BATCH_SIZE)]
+        batch_size: i32,
+    },
     /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
     /// with a demo schema registered, serving on 127.0.0.1:8787.
     Dev {
@@ -234,6 +245,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             .await?;
         }
         Command::Capture { database_url } => capture_loop(database_url).await,
+        Command::Compact {
+            database_url,
+            batch_size,
+        } => {
+            let db = connect_db(&database_url).await?;
+            let c = synchro_server::retention::compact(&db, batch_size).await?;
+            println!(
+                "compaction: {} client generations expired, {} scopes compacted, {} effects deleted",
+                c.clients_expired, c.scopes_compacted, c.effects_deleted
+            );
+        }
         Command::Dev {
             database_url,
             listen,

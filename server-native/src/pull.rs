@@ -192,28 +192,29 @@ pub(crate) async fn pull(
         client_generation: req.client_generation,
     };
     // Every presented cursor first: a bad one fails the request before anything is written.
-    let mut positions: BTreeMap<String, u64> = BTreeMap::new();
+    // Retention (floor and retention generation) is checked again inside the snapshot below,
+    // so a compaction that commits meanwhile can only turn a cursor stale, never skip effects.
+    let mut opened: BTreeMap<String, ScopeCursor> = BTreeMap::new();
     let mut rebuild: BTreeSet<String> = BTreeSet::new();
+    let mut null_cursors: BTreeSet<String> = BTreeSet::new();
     for (scope, token) in &req.cursors {
         let Some(token) = token else {
-            // Until compaction exists the resume floor is 0 and every effect since the
-            // stream began is retained, so replaying from 0 yields the complete current
-            // state of the scope; with a floor above 0 the scope must rebuild instead.
-            if scope_state.resume_floor == 0 {
-                positions.insert(scope.clone(), 0);
-            } else {
-                rebuild.insert(scope.clone());
-            }
+            null_cursors.insert(scope.clone());
             continue;
         };
         let cursor = ScopeCursor::open(&state.cursor_keys, token)
             .map_err(|_| ApiError::invalid_request("a scope cursor is invalid"))?;
+        let unbounded = ScopeStreamState {
+            retention_generation: cursor.retention_generation,
+            resume_floor: 0,
+            ..scope_state.clone()
+        };
         match cursor
-            .check(scope, &who, &scope_state)
+            .check(scope, &who, &unbounded)
             .map_err(|_| ApiError::invalid_request("a scope cursor is invalid"))?
         {
-            CursorStatus::Resumable(p) => {
-                positions.insert(scope.clone(), p);
+            CursorStatus::Resumable(_) => {
+                opened.insert(scope.clone(), cursor);
             }
             CursorStatus::Stale(_) => {
                 rebuild.insert(scope.clone());
@@ -237,13 +238,11 @@ pub(crate) async fn pull(
         .await
         .map_err(|_| ApiError::unavailable())?;
     let scope_set_version: i64 = row.get(1);
-    positions.retain(|s, _| assigned.contains(s));
-    for s in assigned.iter().filter(|s| !positions.contains_key(*s)) {
-        rebuild.insert(s.clone());
-    }
+    opened.retain(|s, _| assigned.contains(s));
+    null_cursors.retain(|s| assigned.contains(s));
     rebuild.retain(|s| assigned.contains(s));
 
-    // One read-only REPEATABLE READ snapshot for effects, rows and digests.
+    // One read-only REPEATABLE READ snapshot for retention, effects, rows and digests.
     let mut snapshot_db = state.snapshot_db.lock().await;
     let snap = snapshot_db
         .build_transaction()
@@ -252,6 +251,42 @@ pub(crate) async fn pull(
         .start()
         .await
         .map_err(|_| ApiError::unavailable())?;
+    let retention = snap
+        .query(
+            "SELECT scope_id, retention_generation, resume_floor FROM synchro.synchro_scope_retention($1)",
+            &[&assigned.iter().cloned().collect::<Vec<_>>()],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let mut positions: BTreeMap<String, u64> = BTreeMap::new();
+    let mut acknowledged: BTreeMap<String, u64> = BTreeMap::new();
+    let mut retention_generations: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &retention {
+        let scope: String = r.get(0);
+        let scope_state = ScopeStreamState {
+            retention_generation: r.get::<_, i64>(1) as u64,
+            resume_floor: r.get::<_, i64>(2) as u64,
+            ..scope_state.clone()
+        };
+        retention_generations.insert(scope.clone(), scope_state.retention_generation);
+        if let Some(cursor) = opened.get(&scope) {
+            match cursor.check(&scope, &who, &scope_state) {
+                Ok(CursorStatus::Resumable(p)) => {
+                    positions.insert(scope.clone(), p);
+                    acknowledged.insert(scope, p);
+                }
+                _ => {
+                    rebuild.insert(scope);
+                }
+            }
+        } else if null_cursors.contains(&scope) && scope_state.resume_floor == 0 {
+            // Nothing of this scope was ever compacted: replaying its whole effect log
+            // yields its complete current state, like a rebuild.
+            positions.insert(scope, 0);
+        } else if !rebuild.contains(&scope) {
+            rebuild.insert(scope);
+        }
+    }
     let rows = snap
         .query(
             "SELECT * FROM synchro.synchro_pull_page($1, $2, $3)",
@@ -333,7 +368,7 @@ pub(crate) async fn pull(
                 scope_id: scope.clone(),
                 stream_generation: scope_state.stream_generation,
                 membership_generation: scope_state.membership_generation,
-                retention_generation: scope_state.retention_generation,
+                retention_generation: retention_generations[scope],
                 position: *position,
                 schema_hash: scope_state.schema_hash,
                 principal: who.clone(),
@@ -387,6 +422,22 @@ pub(crate) async fn pull(
         body.push(("checksums".to_owned(), Json::Object(checksums)));
     }
     snap.commit().await.map_err(|_| ApiError::unavailable())?;
+    drop(snapshot_db);
+    // The presented positions are acknowledged: they pin this scope's history.
+    if !acknowledged.is_empty() {
+        db.execute(
+            "SELECT synchro.synchro_record_acks($1, $2, $3, $4, $5)",
+            &[
+                &user_id,
+                &req.client_id,
+                &(req.client_generation as i64),
+                &acknowledged.keys().cloned().collect::<Vec<_>>(),
+                &acknowledged.values().map(|p| *p as i64).collect::<Vec<_>>(),
+            ],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    }
     tracing::info!(
         status = 200,
         changes = rows.len().min(req.limit as usize),

@@ -203,11 +203,19 @@ pub(crate) async fn rebuild(
             .map_err(|_| ApiError::unavailable())?;
         // Session rows: (ordinal, table_id, pk, row_json, server_version).
         let digest = crate::pull::digest_columns(current, &req.scope_id, &all, 1)?;
+        let retention_generation: i64 = db
+            .query_one(
+                "SELECT retention_generation FROM synchro.synchro_scope_retention(ARRAY[$1])",
+                &[&req.scope_id],
+            )
+            .await
+            .map_err(|_| ApiError::unavailable())?
+            .get(0);
         let cursor = ScopeCursor {
             scope_id: req.scope_id.clone(),
             stream_generation: stream.stream_generation,
             membership_generation: stream.membership_generation,
-            retention_generation: stream.retention_generation,
+            retention_generation: retention_generation as u64,
             position: watermark,
             schema_hash: current.schema_hash(),
             principal: who,

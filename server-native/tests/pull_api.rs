@@ -476,3 +476,197 @@ async fn rebuild_pages_one_snapshot_and_hands_over_to_pull() {
         "{v}"
     );
 }
+
+/// Follows a scope to its terminal page from `cursor`; returns (final cursor, rebuild
+/// listed, terminal digest).
+async fn follow(
+    s: &Stack,
+    token: &str,
+    client: &str,
+    generation: u64,
+    mut cursor: Value,
+) -> (Value, bool, String) {
+    let schema = s.schema().await;
+    loop {
+        let (st, v) = s
+            .post(
+                "/sync/pull",
+                token,
+                json!({"protocol_version": 3, "client_id": client, "client_generation": generation,
+                       "schema": schema, "scope_cursors": {"user:alice": cursor}, "limit": 1000}),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+        let rebuild = v["rebuild_scopes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("user:alice"));
+        if rebuild {
+            return (Value::Null, true, String::new());
+        }
+        cursor = v["scope_cursor_updates"]["user:alice"].clone();
+        if v["has_more"] == false {
+            let digest = v["checksums"]["user:alice"]["digest"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            return (cursor, false, digest);
+        }
+    }
+}
+
+async fn floor(s: &Stack) -> i64 {
+    s.env
+        .admin
+        .query_one(
+            "SELECT coalesce((SELECT resume_floor FROM synchro.scope_retention WHERE scope_id = 'user:alice'), 0)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn compaction_keeps_acknowledged_history_and_stales_cursors_below_the_floor() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let g1 = s.connect(&token, "c1").await;
+    let g2 = s.connect(&token, "c2").await;
+    let worker_db = s.env.login("synchro_dev_worker").await;
+    worker_db
+        .batch_execute("SET ROLE synchro_worker")
+        .await
+        .unwrap();
+    s.env
+        .admin
+        .batch_execute(
+            "INSERT INTO app.docs VALUES (1, 'alice', 'a'), (2, 'alice', 'b'), (3, 'bob', 'c')",
+        )
+        .await
+        .unwrap();
+    s.capture().await;
+    // Both clients replay from the start (floor 0) and acknowledge their cursors.
+    let (q1, _, _) = follow(&s, &token, "c1", g1, Value::Null).await;
+    let (q2, _, _) = follow(&s, &token, "c2", g2, Value::Null).await;
+    let (q1, _, _) = follow(&s, &token, "c1", g1, q1).await;
+    let (q2, _, _) = follow(&s, &token, "c2", g2, q2).await;
+    let old_c1 = q1.clone();
+
+    s.env
+        .admin
+        .batch_execute("UPDATE app.docs SET title = 'a2' WHERE id = 1; INSERT INTO app.docs VALUES (4, 'alice', 'd')")
+        .await
+        .unwrap();
+    s.capture().await;
+    // c1 moves on and acknowledges the newer position; c2 stays behind.
+    let (q1, _, _) = follow(&s, &token, "c1", g1, q1).await;
+    let (q1, _, _) = follow(&s, &token, "c1", g1, q1).await;
+
+    // Bad batch sizes are refused before any work.
+    assert_eq!(
+        common::sqlstate(
+            &worker_db,
+            "SELECT synchro.synchro_compact_scope('user:alice', 0)"
+        )
+        .await,
+        "22023"
+    );
+    let before: i64 = s
+        .env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.scope_effects WHERE scope_id = 'user:alice'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let c = synchro_server::retention::compact(&worker_db, 1)
+        .await
+        .unwrap();
+    assert!(c.effects_deleted > 0, "{c:?}");
+    let f1 = floor(&s).await;
+    assert!(f1 > 0);
+    let after: i64 = s
+        .env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.scope_effects WHERE scope_id = 'user:alice'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Only history both clients acknowledged went; c2's pending changes are retained.
+    assert!(after > 0 && after < before, "{before} -> {after}");
+    let below: i64 = s
+        .env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.scope_effects WHERE scope_id = 'user:alice' AND position <= $1",
+            &[&f1],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(below, 0);
+
+    // c2 resumes from its acknowledged cursor and ends at the source's digest.
+    let (_, rebuild, digest) = follow(&s, &token, "c2", g2, q2).await;
+    assert!(!rebuild);
+    assert_eq!(digest, digest_from_source(&s, "alice").await);
+    // A new client cannot replay a compacted log: it must rebuild.
+    let g3 = s.connect(&token, "c3").await;
+    assert!(follow(&s, &token, "c3", g3, Value::Null).await.1);
+
+    // c2 expires (no acknowledgement for 40 days): compaction makes that durable and no
+    // longer keeps its history; everything c1 acknowledged goes, even the whole log.
+    s.env
+        .admin
+        .batch_execute(
+            "UPDATE synchro.clients SET generation_started_at = now() - interval '40 days',
+                    last_acknowledged_at = now() - interval '40 days' WHERE client_id IN ('c2', 'c3')",
+        )
+        .await
+        .unwrap();
+    let c = synchro_server::retention::compact(&worker_db, 1000)
+        .await
+        .unwrap();
+    assert_eq!(c.clients_expired, 2);
+    let f2 = floor(&s).await;
+    assert!(f2 > f1, "the floor only moves forward: {f1} -> {f2}");
+    let expired: bool = s
+        .env
+        .admin
+        .query_one(
+            "SELECT expired_at IS NOT NULL FROM synchro.clients WHERE client_id = 'c2'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(expired);
+    // Raising the TTL does not revive the expired generation.
+    s.env
+        .admin
+        .batch_execute("UPDATE synchro.settings SET value = '3650' WHERE key = 'client_ttl_days'")
+        .await
+        .unwrap();
+    let schema = s.schema().await;
+    let (st, v) = s
+        .post(
+            "/sync/pull",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c2", "client_generation": g2,
+                   "schema": schema, "scope_cursors": {}, "limit": 10}),
+        )
+        .await;
+    assert_eq!(st, 409, "{v}");
+    // The empty log is no proof for an old cursor: c1's first cursor is below the floor.
+    assert!(follow(&s, &token, "c1", g1, old_c1).await.1);
+    // c1's current cursor still resumes, with the source digest.
+    let (_, rebuild, digest) = follow(&s, &token, "c1", g1, q1).await;
+    assert!(!rebuild);
+    assert_eq!(digest, digest_from_source(&s, "alice").await);
+}

@@ -82,11 +82,15 @@ struct RelationShape {
     columns: Vec<(String, u32)>,
 }
 
+/// How often the leader compacts retention.
+pub const COMPACTION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The capture worker of one database.
 pub struct Worker {
     replication: Client,
     materialize: Client,
     slot: String,
+    last_compaction: std::time::Instant,
 }
 
 fn block_reason(e: &anyhow::Error) -> Option<&'static str> {
@@ -138,6 +142,7 @@ impl Worker {
             replication,
             materialize,
             slot,
+            last_compaction: std::time::Instant::now(),
         })
     }
 
@@ -837,12 +842,32 @@ fn row_json(
 
 /// Runs the worker forever: reconnects after errors, idles while blocked or not leader.
 /// Logs carry no row data (a failed step logs only that it failed).
+/// The leader also compacts retention every [`COMPACTION_INTERVAL`].
 pub async fn run_forever(url: String, interval: std::time::Duration) {
     loop {
         match Worker::connect(&url).await {
             Ok(mut worker) => loop {
                 match worker.step(Failpoint::None).await {
-                    Ok(StepOutcome::Applied(0)) => tokio::time::sleep(interval).await,
+                    Ok(StepOutcome::Applied(0)) => {
+                        if worker.last_compaction.elapsed() >= COMPACTION_INTERVAL {
+                            worker.last_compaction = std::time::Instant::now();
+                            match crate::retention::compact(
+                                &worker.materialize,
+                                crate::retention::DEFAULT_BATCH_SIZE,
+                            )
+                            .await
+                            {
+                                Ok(c) => tracing::info!(
+                                    clients_expired = c.clients_expired,
+                                    scopes = c.scopes_compacted,
+                                    effects = c.effects_deleted,
+                                    "compaction"
+                                ),
+                                Err(_) => tracing::warn!("compaction failed"),
+                            }
+                        }
+                        tokio::time::sleep(interval).await
+                    }
                     Ok(StepOutcome::Applied(_)) => {}
                     Ok(StepOutcome::NotLeader | StepOutcome::Blocked(_)) => {
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await
