@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0008_retention.sql",
         sql: include_str!("../migrations/0008_retention.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_readiness.sql",
+        sql: include_str!("../migrations/0009_readiness.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

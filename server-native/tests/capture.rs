@@ -246,3 +246,105 @@ async fn relation_drift_blocks_capture_without_acknowledging() {
         .get(0);
     assert_eq!(detail, "failed");
 }
+
+async fn health(env: &Env, check: &str) -> String {
+    env.login("synchro_dev_monitor")
+        .await
+        .query_one("SELECT synchro.synchro_health_detail()->>$1", &[&check])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
+    let (env, _) = setup().await;
+    // No worker yet: no leader, no slot, lag unknown.
+    assert_eq!(health(&env, "capture_worker").await, "failed");
+    assert_eq!(health(&env, "capture_slot").await, "failed");
+    assert_eq!(health(&env, "capture_wal_lag").await, "unknown");
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    for check in [
+        "capture_worker",
+        "capture_slot",
+        "capture_wal_lag",
+        "capture_publication",
+        "capture_heartbeat",
+        "capture_bootstrap",
+    ] {
+        assert_eq!(health(&env, check).await, "ok", "{check}");
+    }
+    // Everything but the manifest (this test publishes none) is ready.
+    let failing: Vec<String> = env
+        .admin
+        .query(
+            "SELECT key FROM jsonb_each_text(synchro.synchro_health_detail()) WHERE value <> 'ok'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(failing, ["current_manifest"]);
+
+    // WAL that publishes nothing (an unregistered table) is confirmed by an idle step, so
+    // the slot's lag stays bounded.
+    env.admin
+        .batch_execute(
+            "CREATE TABLE public.noise (x text); INSERT INTO public.noise SELECT repeat('n', 100) FROM generate_series(1, 20000)",
+        )
+        .await
+        .unwrap();
+    env.admin
+        .batch_execute(
+            "UPDATE synchro.settings SET value = '65536' WHERE key = 'capture_max_wal_lag_bytes'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(health(&env, "capture_wal_lag").await, "failed");
+    assert_eq!(drain(&mut worker).await, 0);
+    assert_eq!(health(&env, "capture_wal_lag").await, "ok");
+    // A limit that is not a positive integer fails closed.
+    env.admin
+        .batch_execute(
+            "UPDATE synchro.settings SET value = '0' WHERE key = 'capture_max_wal_lag_bytes'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(health(&env, "capture_wal_lag").await, "unknown");
+
+    // A registered table leaving the publication, or gaining a row filter, is not exact.
+    env.admin
+        .batch_execute(
+            "ALTER PUBLICATION synchro_publication SET TABLE ONLY app.items WHERE (qty > 0)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(health(&env, "capture_publication").await, "failed");
+    env.admin
+        .batch_execute("ALTER PUBLICATION synchro_publication SET TABLE ONLY app.items")
+        .await
+        .unwrap();
+    assert_eq!(health(&env, "capture_publication").await, "ok");
+    env.admin
+        .batch_execute("ALTER PUBLICATION synchro_publication ADD TABLE public.noise")
+        .await
+        .unwrap();
+    assert_eq!(health(&env, "capture_publication").await, "failed");
+    env.admin
+        .batch_execute("ALTER PUBLICATION synchro_publication DROP TABLE public.noise")
+        .await
+        .unwrap();
+
+    // The leader gone: its lock is released.
+    drop(worker);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while health(&env, "capture_worker").await != "failed" {
+        assert!(std::time::Instant::now() < deadline, "lock never released");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -82,6 +82,9 @@ struct RelationShape {
     columns: Vec<(String, u32)>,
 }
 
+/// How often an idle leader records its heartbeat.
+const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How often the leader compacts retention.
 pub const COMPACTION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -91,6 +94,7 @@ pub struct Worker {
     materialize: Client,
     slot: String,
     last_compaction: std::time::Instant,
+    last_heartbeat: std::time::Instant,
 }
 
 fn block_reason(e: &anyhow::Error) -> Option<&'static str> {
@@ -143,6 +147,9 @@ impl Worker {
             materialize,
             slot,
             last_compaction: std::time::Instant::now(),
+            last_heartbeat: std::time::Instant::now()
+                .checked_sub(HEARTBEAT_INTERVAL)
+                .unwrap_or_else(std::time::Instant::now),
         })
     }
 
@@ -256,6 +263,12 @@ impl Worker {
         let mut applied = 0;
         let started = std::time::Instant::now();
         while applied == 0 || started.elapsed() < STEP_BUDGET {
+            // Everything committed before this point is decoded by the peek below.
+            let horizon: PgLsn = self
+                .replication
+                .query_one("SELECT pg_current_wal_lsn()", &[])
+                .await?
+                .get(0);
             let rows = self
                 .replication
                 .query(
@@ -274,6 +287,17 @@ impl Worker {
             }
             let transactions = complete_transactions(messages);
             if transactions.is_empty() {
+                if rows.is_empty() {
+                    // Nothing published committed before the horizon: confirm up to it so
+                    // the slot does not retain unrelated WAL (which readiness bounds).
+                    self.replication
+                        .query(
+                            "SELECT pg_replication_slot_advance(slot_name, $2) FROM pg_replication_slots
+                              WHERE slot_name = $1 AND confirmed_flush_lsn < $2",
+                            &[&self.slot, &horizon],
+                        )
+                        .await?;
+                }
                 break;
             }
             let mut shapes: HashMap<u32, RelationShape> = HashMap::new();
@@ -328,9 +352,14 @@ impl Worker {
                     .await?;
             }
         }
-        self.materialize
-            .execute("UPDATE synchro.capture_state SET heartbeat_at = now()", &[])
-            .await?;
+        if applied > 0 {
+            self.last_heartbeat = std::time::Instant::now(); // each apply wrote it
+        } else if self.last_heartbeat.elapsed() >= HEARTBEAT_INTERVAL {
+            self.materialize
+                .execute("UPDATE synchro.capture_state SET heartbeat_at = now()", &[])
+                .await?;
+            self.last_heartbeat = std::time::Instant::now();
+        }
         Ok(StepOutcome::Applied(applied))
     }
 
