@@ -61,6 +61,8 @@ pub struct AppState {
     pub cursor_keys: Keyring,
     /// Settings.
     pub config: Config,
+    /// Wakes change-notification streams (`POST /sync/events`).
+    pub events: crate::events::Notifier,
 }
 
 /// The router.
@@ -69,6 +71,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sync/connect", post(connect))
         .route("/sync/pull", post(pull))
         .route("/sync/rebuild", post(rebuild))
+        .route("/sync/events", post(events))
         .route("/ready", get(ready))
         .with_state(state)
 }
@@ -346,6 +349,18 @@ async fn rebuild(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
         };
         let body = crate::rebuild::rebuild(&state, &user_id, &req).await?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &body))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn events(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let (req, user_id) = match preamble(&state, &headers, body).await? {
+            Ok(v) => v,
+            Err(response) => return Ok(response),
+        };
+        crate::events::events(state.clone(), user_id, &req).await
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)

@@ -80,6 +80,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0009_readiness.sql",
         sql: include_str!("../migrations/0009_readiness.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_events.sql",
+        sql: include_str!("../migrations/0010_events.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -13,7 +13,8 @@
 //! | [`publish`] | manifest publication and history |
 //! | [`auth`] | bearer JWT (HS256) |
 //! | [`capture`] | logical-decoding capture, bootstrap and membership |
-//! | [`http`] | `POST /sync/connect`, `POST /sync/pull`, `GET /ready` |
+//! | [`http`] | the router: connect, pull, rebuild, events, ready |
+//! | [`events`] | change notification (`POST /sync/events`, server-sent events) |
 //! | [`pull`] | pull pages, cursors and terminal checksums |
 //! | [`rebuild`] | snapshot-bound rebuild sessions |
 //! | [`retention`] | client expiry and scope-local compaction |
@@ -24,6 +25,7 @@
 pub mod auth;
 pub mod capture;
 pub mod dev;
+pub mod events;
 pub mod http;
 pub mod install;
 pub mod logging;

@@ -237,6 +237,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
             serve(
                 (db, snapshot_db, assignment_db),
+                synchro_server::events::Notifier::listen(database_url.clone()),
                 jwt_secret.as_bytes(),
                 cursor_root.as_bytes(),
                 config,
@@ -293,6 +294,7 @@ type Connections = (
 
 async fn serve(
     (db, snapshot_db, assignment_db): Connections,
+    events: synchro_server::events::Notifier,
     secret: &[u8],
     cursor_root: &[u8],
     config: Config,
@@ -309,6 +311,7 @@ async fn serve(
         assignment_db,
         auth: Authenticator::hs256(secret)?,
         config,
+        events,
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
     axum::serve(listener, router(state))
@@ -367,6 +370,7 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
     let snapshot = connect_db(&url_for("synchro_dev_adapter")).await?;
     serve(
         (adapter, snapshot, Some(assignment)),
+        synchro_server::events::Notifier::listen(url_for("synchro_dev_adapter")),
         secret.as_bytes(),
         secret.as_bytes(),
         Config::default(),

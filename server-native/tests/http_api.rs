@@ -69,6 +69,7 @@ async fn start(config: Config) -> Server {
         assignment_db: Some(env.login("synchro_dev_operator").await),
         auth: Authenticator::hs256(SECRET).unwrap(),
         config,
+        events: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -537,6 +538,7 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
         assignment_db: None,
         auth: Authenticator::hs256(SECRET).unwrap(),
         config: Config::default(),
+        events: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

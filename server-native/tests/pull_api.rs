@@ -63,6 +63,9 @@ async fn stack() -> Stack {
         auth: Authenticator::hs256(SECRET).unwrap(),
         cursor_keys: Keyring::new("k1", &[3; 32]).unwrap(),
         config: Config::default(),
+        events: synchro_server::events::Notifier::listen(
+            env.cluster.url("synchro_dev_adapter", "app"),
+        ),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -669,4 +672,104 @@ async fn compaction_keeps_acknowledged_history_and_stales_cursors_below_the_floo
     let (_, rebuild, digest) = follow(&s, &token, "c1", g1, q1).await;
     assert!(!rebuild);
     assert_eq!(digest, digest_from_source(&s, "alice").await);
+}
+
+/// Reads the next server-sent event (skipping comments) as (name, data).
+async fn next_event(resp: &mut reqwest::Response, buffer: &mut String) -> (String, Value) {
+    loop {
+        if let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            if block.starts_with(':') {
+                continue;
+            }
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_owned();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).unwrap();
+                }
+            }
+            return (name, data);
+        }
+        let chunk = resp.chunk().await.unwrap().expect("stream ended");
+        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn events_stream_names_changed_scopes_right_after_the_commit_without_data() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    let open = |generation: u64| {
+        s.http
+            .post(format!("{}/sync/events", s.base))
+            .header("authorization", format!("Bearer {token}"))
+            .body(
+                json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
+                    .to_string(),
+            )
+            .send()
+    };
+    // A stale generation is refused like pull refuses it.
+    let stale = open(generation + 1).await.unwrap();
+    assert_eq!(stale.status(), 409);
+    let mut resp = open(generation).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut buffer = String::new();
+    assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
+
+    // Bob's change wakes the stream but concerns none of alice's scopes: no event. Then
+    // alice's change is named (scope only) well before the 5 s fallback tick.
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (10, 'bob', 'secret-bob-title')")
+        .await
+        .unwrap();
+    s.capture().await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (11, 'alice', 'secret-alice-title')")
+        .await
+        .unwrap();
+    let committed = std::time::Instant::now();
+    s.capture().await;
+    let (name, data) = tokio::time::timeout(
+        std::time::Duration::from_secs(4),
+        next_event(&mut resp, &mut buffer),
+    )
+    .await
+    .expect("the notification arrives before the fallback tick");
+    let latency = committed.elapsed();
+    assert_eq!(name, "changed");
+    assert_eq!(data, json!({"scopes": ["user:alice"]}));
+    assert!(!buffer.contains("secret"));
+    eprintln!("commit to event: {latency:?}");
+
+    // A new generation (reconnect with an unknown one) ends the old stream.
+    s.env
+        .admin
+        .batch_execute("UPDATE synchro.clients SET client_generation = client_generation + 1 WHERE client_id = 'c1'")
+        .await
+        .unwrap();
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (12, 'alice', 'x')")
+        .await
+        .unwrap();
+    s.capture().await;
+    let (name, data) = tokio::time::timeout(
+        std::time::Duration::from_secs(8),
+        next_event(&mut resp, &mut buffer),
+    )
+    .await
+    .unwrap();
+    assert_eq!(name, "end");
+    assert_eq!(data, json!({"reason": "client_generation_expired"}));
 }

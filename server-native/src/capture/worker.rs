@@ -494,14 +494,19 @@ impl Worker {
                 None => by_relation.push((rel, vec![(pk, version)])),
             }
         }
+        let mut effects = 0;
         for (rel, rows) in &by_relation {
             let reg = &registry[rel];
             if let Some(m) = &reg.membership {
-                membership_effects(&db, reg, m, rows).await?;
+                effects += membership_effects(&db, reg, m, rows).await?;
             }
         }
         for relation_id in &bootstrapped {
-            finish_bootstrap(&db, registry, relation_id, commit).await?;
+            effects += finish_bootstrap(&db, registry, relation_id, commit).await?;
+        }
+        if effects > 0 {
+            // Wakes change-notification streams at commit; carries no data.
+            db.batch_execute("NOTIFY synchro_effects").await?;
         }
         db.execute(
             "UPDATE synchro.capture_state SET confirmed_lsn = $1, applied_transactions = applied_transactions + 1,
@@ -622,7 +627,8 @@ async fn finish_bootstrap(
     registry: &HashMap<u32, Registered>,
     relation_id: &str,
     commit: u64,
-) -> Result<()> {
+) -> Result<usize> {
+    let mut effects = 0;
     if let Some(reg) = registry.values().find(|r| r.relation_id == relation_id) {
         if let Some(m) = &reg.membership {
             let rows: Vec<(String, Option<String>)> = db
@@ -645,7 +651,7 @@ async fn finish_bootstrap(
                 .map(|(i, (pk, v))| (pk, v.unwrap_or_else(|| format!("{lsn}:d{}", i + 1))))
                 .collect();
             for chunk in rows.chunks(1000) {
-                membership_effects(db, reg, m, chunk).await?;
+                effects += membership_effects(db, reg, m, chunk).await?;
             }
         }
     }
@@ -655,7 +661,7 @@ async fn finish_bootstrap(
         &[&relation_id, &PgLsn::from(commit)],
     )
     .await?;
-    Ok(())
+    Ok(effects)
 }
 
 /// The SQL literal argument for a key given as its canonical wire text.
@@ -675,7 +681,7 @@ async fn membership_effects(
     reg: &Registered,
     (function, key_type, fanout): &(String, String, i64),
     rows: &[(String, String)],
-) -> Result<()> {
+) -> Result<usize> {
     let pks: Vec<&str> = rows.iter().map(|(pk, _)| pk.as_str()).collect();
     let existing: Vec<String> = db
         .query(
@@ -776,7 +782,7 @@ async fn membership_effects(
         &[&reg.relation_id, &e_scopes, &e_pks, &e_kinds, &e_versions],
     )
     .await?;
-    Ok(())
+    Ok(e_scopes.len())
 }
 
 /// One complete source transaction.

@@ -1,0 +1,244 @@
+//! Change notification: `POST /sync/events` answers with a server-sent-events stream that
+//! tells a connected client, without any row data, which of its assigned scopes have new
+//! effects, so it pulls right after a commit instead of polling on a timer. Pull itself is
+//! unchanged.
+//!
+//! The capture worker sends an empty `NOTIFY synchro_effects` in every materialization
+//! transaction that wrote effects; [`Notifier::listen`] keeps one `LISTEN` session and bumps
+//! a counter that wakes every stream. Each stream then asks the database which of its
+//! client's scopes have effects after the position it last reported
+//! (`synchro_changed_scopes`). A slow fallback tick covers notifications lost while the
+//! listener reconnects.
+//!
+//! Stream events (each `data` is a JSON object):
+//! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
+//! - `changed` `{"scopes": [...]}`: these assigned scopes have new effects; pull them.
+//! - `end` `{"reason": "client_generation_expired" | "lifetime"}`: the stream closes;
+//!   reconnect (after `connect` for an expired generation).
+//!
+//! Comment lines (`: keepalive`) are sent when the stream has been quiet for a while.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use synchro_protocol::json::Json;
+use tokio::sync::{mpsc, watch};
+
+use crate::http::{ApiError, AppState};
+
+/// How often a stream re-checks without a notification.
+const FALLBACK_TICK: Duration = Duration::from_secs(5);
+/// Quiet time after which a keepalive comment is sent.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// A stream's lifetime; the client reconnects (and re-authenticates) after it.
+const LIFETIME: Duration = Duration::from_secs(300);
+
+/// Wakes streams when the capture worker commits effects.
+#[derive(Clone)]
+pub struct Notifier {
+    tx: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Notifier {
+    /// A notifier nothing bumps: streams rely on their fallback tick.
+    fn default() -> Self {
+        Notifier {
+            tx: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+impl Notifier {
+    /// A notifier fed by a `LISTEN synchro_effects` session on `url` (any login; the
+    /// channel carries no data). Reconnects forever; every (re)connection also bumps.
+    pub fn listen(url: String) -> Notifier {
+        let notifier = Notifier::default();
+        let tx = notifier.tx.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = listen_once(&url, &tx).await {
+                    tracing::warn!(error = %e, "change listener ended; reconnecting");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        notifier
+    }
+
+    /// Wakes every stream now.
+    pub fn bump(&self) {
+        self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+}
+
+async fn listen_once(url: &str, tx: &watch::Sender<u64>) -> anyhow::Result<()> {
+    use futures_util::StreamExt;
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", crate::install::describe(&e)))?;
+    let (ended_tx, mut ended_rx) = tokio::sync::oneshot::channel::<()>();
+    let bump_tx = tx.clone();
+    let pump = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(m) = messages.next().await {
+            match m {
+                Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                    bump_tx.send_modify(|n| *n = n.wrapping_add(1))
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = ended_tx.send(());
+    });
+    client.batch_execute("LISTEN synchro_effects").await?;
+    tx.send_modify(|n| *n = n.wrapping_add(1));
+    let _ = (&mut ended_rx).await;
+    pump.abort();
+    anyhow::bail!("listener connection closed")
+}
+
+fn event(name: &str, data: &Json) -> Bytes {
+    Bytes::from(format!(
+        "event: {name}\ndata: {}\n\n",
+        synchro_protocol::jcs::to_output_string(data)
+    ))
+}
+
+/// The handler body after the shared preamble: checks the members and the client
+/// generation, then streams.
+pub(crate) async fn events(
+    state: Arc<AppState>,
+    user_id: String,
+    req: &Json,
+) -> Result<Response, ApiError> {
+    let client_id = match req.get("client_id") {
+        Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
+        _ => {
+            return Err(ApiError::invalid_request(
+                "client_id must be a nonempty string of at most 256 bytes",
+            ))
+        }
+    };
+    let generation = req
+        .get("client_generation")
+        .and_then(crate::http::positive_integer)
+        .ok_or_else(|| ApiError::invalid_request("client_generation must be a positive integer"))?
+        as i64;
+    let first = changed(&state, &user_id, &client_id, generation, i64::MAX).await?;
+    if !first.current {
+        let stored = state
+            .db
+            .query_opt(
+                "SELECT client_generation FROM synchro.synchro_client_state($1, $2)",
+                &[&user_id, &client_id],
+            )
+            .await
+            .map_err(|_| ApiError::unavailable())?
+            .map(|r| r.get::<_, i64>(0) as u64);
+        return Err(ApiError::generation_expired(stored));
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    let mut wake = state.events.subscribe();
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + LIFETIME;
+        let mut after = first.watermark;
+        let mut last_sent = tokio::time::Instant::now();
+        if tx
+            .send(event("ready", &Json::Object(vec![])))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        loop {
+            tokio::select! {
+                r = wake.changed() => if r.is_err() { break },
+                _ = tokio::time::sleep(FALLBACK_TICK) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    let _ = tx.send(end("lifetime")).await;
+                    break;
+                }
+            }
+            let Ok(c) = changed(&state, &user_id, &client_id, generation, after).await else {
+                continue; // the database is unavailable: try again on the next wake
+            };
+            if !c.current {
+                let _ = tx.send(end("client_generation_expired")).await;
+                break;
+            }
+            after = c.watermark;
+            let sent = if !c.scopes.is_empty() {
+                let scopes = Json::Array(c.scopes.into_iter().map(Json::String).collect());
+                tx.send(event(
+                    "changed",
+                    &Json::Object(vec![("scopes".into(), scopes)]),
+                ))
+                .await
+                .map(|_| true)
+            } else if last_sent.elapsed() >= KEEPALIVE {
+                tx.send(Bytes::from_static(b": keepalive\n\n"))
+                    .await
+                    .map(|_| true)
+            } else {
+                Ok(false)
+            };
+            match sent {
+                Ok(true) => last_sent = tokio::time::Instant::now(),
+                Ok(false) => {}
+                Err(_) => break, // the client went away
+            }
+        }
+    });
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    }));
+    tracing::info!(status = 200, "events stream opened");
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+    headers.insert(header::CACHE_CONTROL, "no-store".parse().unwrap());
+    Ok((StatusCode::OK, headers, body).into_response())
+}
+
+fn end(reason: &str) -> Bytes {
+    event(
+        "end",
+        &Json::Object(vec![("reason".into(), Json::String(reason.into()))]),
+    )
+}
+
+struct Changed {
+    watermark: i64,
+    scopes: Vec<String>,
+    current: bool,
+}
+
+async fn changed(
+    state: &AppState,
+    user_id: &str,
+    client_id: &str,
+    generation: i64,
+    after: i64,
+) -> Result<Changed, ApiError> {
+    let r = state
+        .db
+        .query_one(
+            "SELECT watermark, scopes, current_generation FROM synchro.synchro_changed_scopes($1, $2, $3, $4)",
+            &[&user_id, &client_id, &generation, &after],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    Ok(Changed {
+        watermark: r.get(0),
+        scopes: r.get(1),
+        current: r.get(2),
+    })
+}
