@@ -1,0 +1,315 @@
+//! Capture, pull and rebuild benchmark against a throwaway PostgreSQL, with the raw rate of
+//! reading the same changes through `pg_logical_slot_get_binary_changes` measured in the
+//! same run as the baseline (these machines are noisy: compare ratios, not absolutes).
+//!
+//! `cargo run --release -p synchro-server --example capture_bench -- [transactions]
+//! [rows_per_transaction] [latency_samples]` (or `scripts/bench-capture.sh`).
+//!
+//! Figures:
+//! - raw slot read: decoded pgoutput messages fetched by a client, as row changes per second
+//! - capture: the worker decoding, projecting, evaluating membership and writing effects
+//!   for the same changes, committed with its progress (exactly-once path)
+//! - pull: `POST /sync/pull` from a null cursor, pages of 1000, terminal checksum included
+//! - rebuild: `POST /sync/rebuild` of the same scope, pages of 1000, final checksum included
+//! - latency: commit of one row to the first pull that returns it, with the worker polling
+//!   the slot every 5 ms
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde_json::{json, Value};
+use synchro_protocol::token::Keyring;
+use synchro_server::auth::{mint, Authenticator};
+use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
+use synchro_server::http::{router, AppState, Config};
+use synchro_server::pg_harness::TempCluster;
+use synchro_server::registry::{register, RegisterRequest};
+use synchro_server::{connect_db, dev, install, publish};
+
+const SECRET: &[u8] = b"capture-bench-secret-0123456789ab";
+const OWNERS: i64 = 4;
+
+fn arg(i: usize, default: usize) -> usize {
+    std::env::args()
+        .nth(i)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Http {
+    base: String,
+    client: reqwest::Client,
+    token: String,
+}
+
+impl Http {
+    async fn post(&self, path: &str, body: Value) -> Value {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status();
+        let v: Value = resp.json().await.expect("JSON body");
+        assert_eq!(status, 200, "{path}: {v}");
+        v
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let transactions = arg(1, 4000);
+    let rows_per_tx = arg(2, 5);
+    let samples = arg(3, 200);
+    let changes = transactions * rows_per_tx;
+
+    let cluster = TempCluster::start()?;
+    connect_db(&cluster.admin_url())
+        .await?
+        .batch_execute("CREATE DATABASE bench")
+        .await?;
+    let url = |user: &str| cluster.url(user, "bench");
+    let mut admin = connect_db(&url("postgres")).await?;
+    install::install(&mut admin).await?;
+    for (login, group) in dev::DEV_LOGINS {
+        dev::ensure_login(&admin, login, group).await?;
+    }
+    dev::ensure_worker_login(&admin, "synchro_dev_worker").await?;
+    admin
+        .batch_execute(
+            "CREATE ROLE app_owner NOLOGIN; GRANT app_owner TO synchro_owner;
+             CREATE SCHEMA app AUTHORIZATION app_owner;
+             SET ROLE app_owner;
+             CREATE TABLE app.items (id bigint PRIMARY KEY, owner text NOT NULL, title text, qty integer NOT NULL);
+             RESET ROLE;
+             CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
+             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+        )
+        .await?;
+    let mut op = connect_db(&url("synchro_dev_operator")).await?;
+    register(&op, &RegisterRequest::synced("app", "items", "multi_scope"))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    op.batch_execute(
+        "CREATE FUNCTION rules.item_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.items\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.item_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.item_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'items', 'rules.item_scopes(bigint)');",
+    )
+    .await?;
+    publish::publish(&mut op).await?;
+    let mut worker = Worker::connect(&url("synchro_dev_worker")).await?;
+    while worker.step(Failpoint::None).await? != StepOutcome::Applied(0) {}
+    admin
+        .batch_execute("SELECT pg_create_logical_replication_slot('bench_raw', 'pgoutput')")
+        .await?;
+
+    // The write load, with capture idle: transactions of inserts spread over the owners.
+    let started = Instant::now();
+    let mut writers = Vec::new();
+    for w in 0..2usize {
+        let db = connect_db(&url("postgres")).await?;
+        writers.push(tokio::spawn(async move {
+            for t in (w..transactions).step_by(2) {
+                let first = (t * rows_per_tx) as i64;
+                db.batch_execute(&format!(
+                    "INSERT INTO app.items SELECT g, 'u' || (g % {OWNERS}), 'item ' || g, g % 100
+                       FROM generate_series({first}, {last}) g",
+                    last = first + rows_per_tx as i64 - 1
+                ))
+                .await
+                .expect("write");
+            }
+        }));
+    }
+    for w in writers {
+        w.await?;
+    }
+    let write_secs = started.elapsed().as_secs_f64();
+
+    // Baseline: the same changes read raw from a slot by a client.
+    let started = Instant::now();
+    let raw = admin
+        .query(
+            "SELECT data FROM pg_logical_slot_get_binary_changes('bench_raw', NULL, NULL,
+               'proto_version', '1', 'publication_names', 'synchro_publication', 'messages', 'true')",
+            &[],
+        )
+        .await?;
+    let raw_secs = started.elapsed().as_secs_f64();
+    let raw_rows = raw.iter().filter(|r| r.get::<_, &[u8]>(0)[0] == b'I').count();
+    assert_eq!(raw_rows, changes, "the raw slot saw every insert");
+    drop(raw);
+    admin
+        .batch_execute("SELECT pg_drop_replication_slot('bench_raw')")
+        .await?;
+
+    let started = Instant::now();
+    let mut applied = 0;
+    loop {
+        match worker.step(Failpoint::None).await? {
+            StepOutcome::Applied(0) => break,
+            StepOutcome::Applied(n) => applied += n,
+            other => anyhow::bail!("capture stopped: {other:?}"),
+        }
+    }
+    let capture_secs = started.elapsed().as_secs_f64();
+    assert_eq!(applied, transactions, "every transaction captured once");
+
+    // The HTTP API in this process.
+    let state = Arc::new(AppState {
+        db: connect_db(&url("synchro_dev_adapter")).await?,
+        snapshot_db: tokio::sync::Mutex::new(connect_db(&url("synchro_dev_adapter")).await?),
+        assignment_db: None,
+        auth: Authenticator::hs256(SECRET)?,
+        cursor_keys: Keyring::new("k1", &[7; 32])?,
+        config: Config::default(),
+        events: Default::default(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let http = Http {
+        base,
+        client: reqwest::Client::new(),
+        token: mint(SECRET, "u0", 3600),
+    };
+    let manifest = publish::load_lineage(&op).await?;
+    let schema_ref = manifest.current().expect("published").schema_ref();
+    let schema = json!({"version": schema_ref.version, "hash": hex::encode(schema_ref.hash)});
+    let connect = http
+        .post(
+            "/sync/connect",
+            json!({"protocol_version": 3, "client_id": "bench", "schema": {"version": 0, "hash": ""}}),
+        )
+        .await;
+    let generation = connect["client_generation"].clone();
+    let scope_rows = changes.div_ceil(OWNERS as usize);
+
+    // Pull the whole scope from a null cursor.
+    let started = Instant::now();
+    let mut cursor = Value::Null;
+    let mut pulled = 0;
+    loop {
+        let v = http
+            .post(
+                "/sync/pull",
+                json!({"protocol_version": 3, "client_id": "bench", "client_generation": generation,
+                       "schema": schema, "scope_cursors": {"user:u0": cursor}, "limit": 1000}),
+            )
+            .await;
+        pulled += v["changes"].as_array().map_or(0, Vec::len);
+        cursor = v["scope_cursor_updates"]["user:u0"].clone();
+        if v["has_more"] == false {
+            break;
+        }
+    }
+    let pull_secs = started.elapsed().as_secs_f64();
+    assert_eq!(pulled, scope_rows, "pull returned the scope's rows");
+
+    // Rebuild the same scope.
+    let started = Instant::now();
+    let mut continuation = Value::Null;
+    let mut rebuilt = 0;
+    loop {
+        let mut body = json!({"protocol_version": 3, "client_id": "bench", "client_generation": generation,
+                              "schema": schema, "scope_id": "user:u0", "limit": 1000});
+        if !continuation.is_null() {
+            body["continuation"] = continuation.clone();
+        }
+        let v = http.post("/sync/rebuild", body).await;
+        rebuilt += v["records"].as_array().map_or(0, Vec::len);
+        if v["has_more"] == false {
+            break;
+        }
+        continuation = v["continuation"].clone();
+    }
+    let rebuild_secs = started.elapsed().as_secs_f64();
+    assert_eq!(rebuilt, scope_rows, "rebuild returned the scope's rows");
+
+    // Latency: the worker polls every 5 ms; one row at a time, pulled until it appears.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let capture = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if worker.step(Failpoint::None).await.expect("capture") == StepOutcome::Applied(0) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        })
+    };
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let id = 1_000_000_000 + i as i64;
+        admin
+            .batch_execute(&format!(
+                "INSERT INTO app.items VALUES ({id}, 'u0', 'latency', 0)"
+            ))
+            .await?;
+        let committed = Instant::now();
+        loop {
+            let v = http
+                .post(
+                    "/sync/pull",
+                    json!({"protocol_version": 3, "client_id": "bench", "client_generation": generation,
+                           "schema": schema, "scope_cursors": {"user:u0": cursor}, "limit": 1000}),
+                )
+                .await;
+            cursor = v["scope_cursor_updates"]["user:u0"].clone();
+            if v["changes"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["pk"] == json!(id.to_string())))
+            {
+                latencies.push(committed.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    capture.await?;
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+
+    let raw_rate = changes as f64 / raw_secs;
+    let line = |name: &str, n: usize, secs: f64| {
+        let rate = n as f64 / secs;
+        println!(
+            "{name:<58} {rate:>12.0} /s   {:>6.3}x raw",
+            rate / raw_rate
+        );
+    };
+    println!(
+        "synchro capture benchmark: {transactions} transactions x {rows_per_tx} rows = {changes} changes, \
+         {OWNERS} scopes, {scope_rows} rows in the pulled scope (written in {write_secs:.2} s)"
+    );
+    line(
+        "raw slot read (pg_logical_slot_get_binary_changes), changes",
+        changes,
+        raw_secs,
+    );
+    line(
+        "capture: decode, project, membership, effects, changes",
+        changes,
+        capture_secs,
+    );
+    line("pull: pages of 1000 + terminal checksum, rows", pulled, pull_secs);
+    line(
+        "rebuild: pages of 1000 + final checksum, rows",
+        rebuilt,
+        rebuild_secs,
+    );
+    println!(
+        "latency, commit to pullable ({samples} samples, worker polls every 5 ms): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        pct(0.5).as_secs_f64() * 1e3,
+        pct(0.99).as_secs_f64() * 1e3,
+        latencies.last().expect("samples").as_secs_f64() * 1e3
+    );
+    Ok(())
+}
