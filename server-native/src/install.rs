@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_events.sql",
         sql: include_str!("../migrations/0010_events.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_projection_key_index.sql",
+        sql: include_str!("../migrations/0011_projection_key_index.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

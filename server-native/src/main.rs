@@ -314,6 +314,10 @@ async fn serve(
         events,
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
+    // Small responses must not wait for delayed ACKs.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await?;

@@ -17,11 +17,12 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
+use futures_util::FutureExt;
 use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
 use synchro_protocol::types::{DecimalSpec, FieldSpec, PortableType};
 use tokio_postgres::types::PgLsn;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 use super::pgoutput::{decode, Message, Value};
 use super::values::{text_to_wire, SESSION_SETTINGS};
@@ -92,6 +93,9 @@ pub const COMPACTION_INTERVAL: std::time::Duration = std::time::Duration::from_s
 pub struct Worker {
     replication: Client,
     materialize: Client,
+    statements: Statements,
+    /// Prepared membership evaluations by function.
+    eval: std::sync::Mutex<HashMap<String, Statement>>,
     slot: String,
     last_compaction: std::time::Instant,
     last_heartbeat: std::time::Instant,
@@ -117,6 +121,12 @@ impl Worker {
         replication.batch_execute(SESSION_SETTINGS).await?;
         // The bootstrap copy reads output-function text through this session.
         materialize.batch_execute(SESSION_SETTINGS).await?;
+        // Plan every execution with the tables' current sizes: a generic plan cached while
+        // the projections were small keeps scanning them as they grow (the capture
+        // benchmark measured per-transaction cost growing linearly with the table).
+        materialize
+            .batch_execute("SET plan_cache_mode = force_custom_plan")
+            .await?;
         let slot: String = materialize
             .query_one("SELECT slot_name::text FROM synchro.capture_state", &[])
             .await?
@@ -142,9 +152,12 @@ impl Worker {
                     )
                 })?;
         }
+        let statements = Statements::prepare(&materialize).await?;
         Ok(Worker {
             replication,
             materialize,
+            statements,
+            eval: std::sync::Mutex::new(HashMap::new()),
             slot,
             last_compaction: std::time::Instant::now(),
             last_heartbeat: std::time::Instant::now()
@@ -380,11 +393,11 @@ impl Worker {
         registry: &mut HashMap<u32, Registered>,
         shapes: &HashMap<u32, RelationShape>,
     ) -> Result<()> {
-        let db = self.materialize.transaction().await?;
         let commit = u64::from(tx.commit_lsn);
         let mut ordinal = 0u64;
-        // (relation OID, pk, version of this change), in change order.
-        let mut touched: Vec<(u32, String, String)> = Vec::new();
+        // The transaction's final state per row, in memory: (relation, pk) -> (sequence of
+        // its last change, version, row JSON or None when deleted).
+        let mut finals: HashMap<(u32, String), (usize, String, Option<String>)> = HashMap::new();
         let mut bootstrapped: Vec<String> = Vec::new();
         for m in &tx.messages {
             let (relation, key, new) = match m {
@@ -433,6 +446,7 @@ impl Worker {
                 bail!(Blocked("registered_relation_drift"));
             }
             ordinal += 1;
+            let seq = ordinal as usize;
             let version = format!("{:X}/{:X}:{ordinal}", commit >> 32, commit & 0xffff_ffff);
             let old_pk = match key {
                 Some(k) => Some(key_text(reg, shape, k)?),
@@ -441,86 +455,180 @@ impl Worker {
             match new {
                 None => {
                     let pk = old_pk.context("a delete without its key")?;
-                    db.execute(
-                        "DELETE FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2",
-                        &[&reg.relation_id, &pk],
-                    )
-                    .await?;
-                    touched.push((relation, pk, version.clone()));
+                    finals.insert((relation, pk), (seq, version, None));
                 }
                 Some(values) => {
                     let new_pk = key_text(reg, shape, values)?;
-                    let previous: Option<String> = db
-                        .query_opt(
-                            "SELECT row_json FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2",
-                            &[&reg.relation_id, old_pk.as_ref().unwrap_or(&new_pk)],
-                        )
-                        .await?
-                        .map(|r| r.get(0));
+                    let source_pk = old_pk.clone().unwrap_or_else(|| new_pk.clone());
+                    // Unchanged TOAST values come from the row's previous state: earlier in
+                    // this transaction, or the projection.
+                    let previous = if values.iter().any(|v| matches!(v, Value::Unchanged)) {
+                        match finals.get(&(relation, source_pk.clone())) {
+                            Some((_, _, row)) => row.clone(),
+                            None => self
+                                .materialize
+                                .query_opt(
+                                    &self.statements.previous,
+                                    &[&reg.relation_id, &source_pk],
+                                )
+                                .await?
+                                .map(|r| r.get(0)),
+                        }
+                    } else {
+                        None
+                    };
                     let row = row_json(reg, shape, values, previous.as_deref())?;
-                    if let Some(old) = old_pk.as_ref().filter(|o| **o != new_pk) {
-                        db.execute(
-                            "DELETE FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2",
-                            &[&reg.relation_id, old],
-                        )
-                        .await?;
-                        touched.push((relation, old.clone(), version.clone()));
+                    if source_pk != new_pk {
+                        finals.insert((relation, source_pk), (seq, version.clone(), None));
                     }
-                    touched.push((relation, new_pk.clone(), version.clone()));
-                    db.execute(
-                        "INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
-                         VALUES ($1, $2, $3, $4)
-                         ON CONFLICT (relation_id, pk) DO UPDATE SET row_json = EXCLUDED.row_json,
-                             server_version = EXCLUDED.server_version",
-                        &[&reg.relation_id, &new_pk, &row, &version],
-                    )
-                    .await?;
+                    finals.insert((relation, new_pk), (seq, version, Some(row)));
                 }
             }
         }
-        // Membership against the transaction's final projected state: each touched row once,
-        // with the version of its last change.
-        let mut last: Vec<(u32, String, String)> = Vec::new();
-        for (rel, pk, version) in touched.into_iter().rev() {
-            if !last.iter().any(|(r, p, _)| *r == rel && *p == pk) {
-                last.push((rel, pk, version));
+        let db = &self.materialize;
+        db.batch_execute("BEGIN").await?;
+        let result = async {
+            // Projections: one delete and one upsert per relation, pipelined.
+            let mut by_relation: HashMap<u32, Vec<FinalRow>> = HashMap::new();
+            for ((rel, pk), (seq, version, row)) in finals {
+                by_relation
+                    .entry(rel)
+                    .or_default()
+                    .push((seq, pk, version, row));
             }
-        }
-        last.reverse();
-        let mut by_relation: Vec<(u32, Vec<(String, String)>)> = Vec::new();
-        for (rel, pk, version) in last {
-            match by_relation.iter_mut().find(|(r, _)| *r == rel) {
-                Some((_, rows)) => rows.push((pk, version)),
-                None => by_relation.push((rel, vec![(pk, version)])),
+            let mut relations: Vec<u32> = by_relation.keys().copied().collect();
+            relations.sort_by_key(|r| by_relation[r].iter().map(|(seq, ..)| *seq).min());
+            type Batch<'a> = (
+                &'a String,
+                Vec<&'a str>,
+                Vec<&'a str>,
+                Vec<&'a str>,
+                Vec<&'a str>,
+            );
+            for rows in by_relation.values_mut() {
+                rows.sort_by_key(|(seq, ..)| *seq);
             }
-        }
-        let mut effects = 0;
-        for (rel, rows) in &by_relation {
-            let reg = &registry[rel];
-            if let Some(m) = &reg.membership {
-                effects += membership_effects(&db, reg, m, rows).await?;
+            let batches: Vec<Batch> = relations
+                .iter()
+                .map(|rel| {
+                    let rows = &by_relation[rel];
+                    let mut batch: Batch = (
+                        &registry[rel].relation_id,
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                    );
+                    for (_, pk, version, row) in rows {
+                        match row {
+                            None => batch.1.push(pk),
+                            Some(row) => {
+                                batch.2.push(pk);
+                                batch.3.push(row);
+                                batch.4.push(version);
+                            }
+                        }
+                    }
+                    batch
+                })
+                .collect();
+            let mut writes = Vec::new();
+            for (relation_id, deleted, pks, jsons, versions) in &batches {
+                let statements = &self.statements;
+                writes.push(
+                    async move {
+                        db.execute(&statements.delete, &[*relation_id, deleted])
+                            .await
+                    }
+                    .boxed(),
+                );
+                writes.push(
+                    async move {
+                        db.execute(&statements.upsert, &[*relation_id, pks, jsons, versions])
+                            .await
+                    }
+                    .boxed(),
+                );
             }
+            futures_util::future::try_join_all(writes).await?;
+            // Membership against the transaction's final projected state: each touched row
+            // once, with the version of its last change, in change order.
+            let mut effects = 0;
+            for rel in &relations {
+                let reg = &registry[rel];
+                if let Some(m) = &reg.membership {
+                    let rows: Vec<(String, String, bool)> = by_relation[rel]
+                        .iter()
+                        .map(|(_, pk, version, row)| (pk.clone(), version.clone(), row.is_some()))
+                        .collect();
+                    let eval = self.eval_statement(m).await?;
+                    effects +=
+                        membership_round(db, &self.statements, &eval, reg, m.2, &rows).await?;
+                }
+            }
+            for relation_id in &bootstrapped {
+                let eval = match registry.values().find(|r| &r.relation_id == relation_id) {
+                    Some(Registered {
+                        membership: Some(m),
+                        ..
+                    }) => Some(self.eval_statement(m).await?),
+                    _ => None,
+                };
+                effects += finish_bootstrap(
+                    db,
+                    &self.statements,
+                    eval.as_ref(),
+                    registry,
+                    relation_id,
+                    commit,
+                )
+                .await?;
+            }
+            let notify = async {
+                if effects > 0 {
+                    // Wakes change-notification streams at commit; carries no data.
+                    db.batch_execute("NOTIFY synchro_effects").await?;
+                }
+                Ok::<_, tokio_postgres::Error>(())
+            };
+            let progress = async { db.execute(&self.statements.progress, &[&tx.end_lsn]).await };
+            let commit = db.batch_execute("COMMIT");
+            futures_util::try_join!(notify, progress, commit)?;
+            Ok::<_, anyhow::Error>(())
         }
-        for relation_id in &bootstrapped {
-            effects += finish_bootstrap(&db, registry, relation_id, commit).await?;
+        .await;
+        if let Err(e) = result {
+            let _ = db.batch_execute("ROLLBACK").await;
+            return Err(e);
         }
-        if effects > 0 {
-            // Wakes change-notification streams at commit; carries no data.
-            db.batch_execute("NOTIFY synchro_effects").await?;
-        }
-        db.execute(
-            "UPDATE synchro.capture_state SET confirmed_lsn = $1, applied_transactions = applied_transactions + 1,
-                    heartbeat_at = now()",
-            &[&tx.end_lsn],
-        )
-        .await?;
-        db.commit().await?;
         for reg in registry.values_mut() {
             if bootstrapped.contains(&reg.relation_id) {
                 reg.status = "active".into();
             }
         }
         Ok(())
+    }
+
+    /// The prepared evaluation statement of a membership function (cached).
+    async fn eval_statement(
+        &self,
+        (function, key_type, _): &(String, String, i64),
+    ) -> Result<Statement> {
+        let key = format!("{function}\u{0}{key_type}");
+        if let Some(s) = self.eval.lock().expect("eval cache").get(&key) {
+            return Ok(s.clone());
+        }
+        let sql = format!(
+            "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
+             LATERAL {function}(a.arg::{key_type}) AS s"
+        );
+        let s = self
+            .materialize
+            .prepare(&sql)
+            .await
+            .map_err(|_| Blocked("membership_evaluation_failed"))?;
+        self.eval.lock().expect("eval cache").insert(key, s.clone());
+        Ok(s)
     }
 
     /// Copies one pending relation into its projection in a transaction that holds a SHARE
@@ -623,36 +731,43 @@ impl Worker {
 /// Completes a bootstrap when the stream reaches its message: evaluates membership of every
 /// copied row (and of every row that still has edges) and marks the relation active.
 async fn finish_bootstrap(
-    db: &tokio_postgres::Transaction<'_>,
+    db: &Client,
+    statements: &Statements,
+    eval: Option<&Statement>,
     registry: &HashMap<u32, Registered>,
     relation_id: &str,
     commit: u64,
 ) -> Result<usize> {
     let mut effects = 0;
-    if let Some(reg) = registry.values().find(|r| r.relation_id == relation_id) {
-        if let Some(m) = &reg.membership {
-            let rows: Vec<(String, Option<String>)> = db
-                .query(
-                    "SELECT pk, max(server_version) FROM (
-                        SELECT pk, server_version FROM synchro.projection_rows WHERE relation_id = $1
-                        UNION ALL
-                        SELECT pk, NULL FROM synchro.membership_edges WHERE relation_id = $1) k
-                     GROUP BY pk ORDER BY pk",
-                    &[&relation_id],
-                )
-                .await?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
-            let lsn = format!("{:X}/{:X}", commit >> 32, commit & 0xffff_ffff);
-            let rows: Vec<(String, String)> = rows
-                .into_iter()
-                .enumerate()
-                .map(|(i, (pk, v))| (pk, v.unwrap_or_else(|| format!("{lsn}:d{}", i + 1))))
-                .collect();
-            for chunk in rows.chunks(1000) {
-                effects += membership_effects(db, reg, m, chunk).await?;
-            }
+    if let (Some(reg), Some(eval)) = (
+        registry.values().find(|r| r.relation_id == relation_id),
+        eval,
+    ) {
+        let fanout = reg.membership.as_ref().map_or(0, |m| m.2);
+        let rows: Vec<(String, Option<String>)> = db
+            .query(
+                "SELECT pk, max(server_version) FROM (
+                    SELECT pk, server_version FROM synchro.projection_rows WHERE relation_id = $1
+                    UNION ALL
+                    SELECT pk, NULL FROM synchro.membership_edges WHERE relation_id = $1) k
+                 GROUP BY pk ORDER BY pk",
+                &[&relation_id],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let lsn = format!("{:X}/{:X}", commit >> 32, commit & 0xffff_ffff);
+        let rows: Vec<(String, String, bool)> = rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, (pk, v))| {
+                let exists = v.is_some();
+                (pk, v.unwrap_or_else(|| format!("{lsn}:d{}", i + 1)), exists)
+            })
+            .collect();
+        for chunk in rows.chunks(1000) {
+            effects += membership_round(db, statements, eval, reg, fanout, chunk).await?;
         }
     }
     db.execute(
@@ -673,46 +788,45 @@ fn key_argument(pk_wire: &str) -> Result<String> {
     })
 }
 
-/// Re-evaluates the membership of rows of one relation (each with the version of its last
-/// change), diffs their edges and records scope effects: per row, in the given order, a
-/// delete for every scope it left, then an upsert for every scope it is in.
-async fn membership_effects(
-    db: &tokio_postgres::Transaction<'_>,
+/// Re-evaluates the membership of rows of one relation, each `(pk, version of its last
+/// change, whether it exists now)`, diffs their edges and records scope effects: per row, in
+/// the given order, a delete for every scope it left, then an upsert for every scope it is
+/// in. Two pipelined round trips: evaluation with the old edges, then the writes.
+async fn membership_round(
+    db: &Client,
+    statements: &Statements,
+    eval: &Statement,
     reg: &Registered,
-    (function, key_type, fanout): &(String, String, i64),
-    rows: &[(String, String)],
+    fanout: i64,
+    rows: &[(String, String, bool)],
 ) -> Result<usize> {
-    let pks: Vec<&str> = rows.iter().map(|(pk, _)| pk.as_str()).collect();
-    let existing: Vec<String> = db
-        .query(
-            "SELECT pk FROM synchro.projection_rows WHERE relation_id = $1 AND pk = ANY($2)",
-            &[&reg.relation_id, &pks],
-        )
-        .await?
+    let pks: Vec<&str> = rows.iter().map(|(pk, ..)| pk.as_str()).collect();
+    let existing: Vec<&str> = rows
         .iter()
-        .map(|r| r.get(0))
+        .filter(|(_, _, exists)| *exists)
+        .map(|(pk, ..)| pk.as_str())
         .collect();
     let args = existing
         .iter()
         .map(|pk| key_argument(pk))
         .collect::<Result<Vec<_>>>()?;
-    let mut new_scopes: HashMap<String, Vec<String>> = HashMap::new();
-    let sql = format!(
-        "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
-         LATERAL {function}(a.arg::{key_type}) AS s"
-    );
-    let evaluated = db
-        .query(&sql, &[&existing, &args])
-        .await
-        .map_err(|_| Blocked("membership_evaluation_failed"))?;
-    for pk in &existing {
-        new_scopes.insert(pk.clone(), Vec::new());
-    }
-    for r in evaluated {
-        let pk: String = r.get(0);
-        match r.get::<_, Option<String>>(1) {
-            Some(s) if !s.trim().is_empty() => {
-                let set = new_scopes.entry(pk).or_default();
+    let evaluation = async {
+        db.query(eval, &[&existing, &args])
+            .await
+            .map_err(|_| anyhow::Error::from(Blocked("membership_evaluation_failed")))
+    };
+    let old_edges = async {
+        db.query(&statements.old_edges, &[&reg.relation_id, &pks])
+            .await
+            .map_err(anyhow::Error::from)
+    };
+    let (evaluated, old_edges) = futures_util::try_join!(evaluation, old_edges)?;
+    let mut new_scopes: HashMap<&str, Vec<String>> =
+        existing.iter().map(|pk| (*pk, Vec::new())).collect();
+    for r in &evaluated {
+        let pk: &str = r.get(0);
+        match (new_scopes.get_mut(pk), r.get::<_, Option<String>>(1)) {
+            (Some(set), Some(s)) if !s.trim().is_empty() => {
                 if !set.contains(&s) {
                     set.push(s);
                 }
@@ -720,70 +834,137 @@ async fn membership_effects(
             _ => bail!(Blocked("membership_evaluation_failed")),
         }
     }
-    if new_scopes.values().any(|s| s.len() as i64 > *fanout) {
+    if new_scopes.values().any(|s| s.len() as i64 > fanout) {
         bail!(Blocked("membership_bound_exceeded"));
     }
     let mut old_scopes: HashMap<String, Vec<String>> = HashMap::new();
-    for r in db
-        .query(
-            "SELECT pk, scope_id FROM synchro.membership_edges WHERE relation_id = $1 AND pk = ANY($2)",
-            &[&reg.relation_id, &pks],
-        )
-        .await?
-    {
+    for r in &old_edges {
         old_scopes.entry(r.get(0)).or_default().push(r.get(1));
     }
-    let none = Vec::new();
     let (mut removed_scopes, mut removed_pks) = (Vec::new(), Vec::new());
     let (mut added_scopes, mut added_pks) = (Vec::new(), Vec::new());
     let (mut e_scopes, mut e_pks, mut e_kinds, mut e_versions) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (pk, version) in rows {
-        let mut new = new_scopes.get(pk).cloned().unwrap_or_default();
+    for (pk, version, _) in rows {
+        let mut new = new_scopes.remove(pk.as_str()).unwrap_or_default();
         new.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        let mut old = old_scopes.get(pk).unwrap_or(&none).clone();
+        let mut old = old_scopes.remove(pk).unwrap_or_default();
         old.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         for s in old.iter().filter(|s| !new.contains(s)) {
             removed_scopes.push(s.clone());
-            removed_pks.push(pk.clone());
+            removed_pks.push(pk.as_str());
             e_scopes.push(s.clone());
-            e_pks.push(pk.clone());
+            e_pks.push(pk.as_str());
             e_kinds.push("delete");
-            e_versions.push(version.clone());
+            e_versions.push(version.as_str());
         }
-        for s in &new {
-            if !old.contains(s) {
+        for s in new {
+            if !old.contains(&s) {
                 added_scopes.push(s.clone());
-                added_pks.push(pk.clone());
+                added_pks.push(pk.as_str());
             }
-            e_scopes.push(s.clone());
-            e_pks.push(pk.clone());
+            e_scopes.push(s);
+            e_pks.push(pk.as_str());
             e_kinds.push("upsert");
-            e_versions.push(version.clone());
+            e_versions.push(version.as_str());
         }
     }
-    db.execute(
-        "DELETE FROM synchro.membership_edges e USING unnest($2::text[], $3::text[]) AS d(scope_id, pk)
-          WHERE e.relation_id = $1 AND e.scope_id = d.scope_id AND e.pk = d.pk",
-        &[&reg.relation_id, &removed_scopes, &removed_pks],
-    )
-    .await?;
-    db.execute(
-        "INSERT INTO synchro.membership_edges (scope_id, relation_id, pk)
-         SELECT s, $1, k FROM unnest($2::text[], $3::text[]) AS a(s, k)",
-        &[&reg.relation_id, &added_scopes, &added_pks],
-    )
-    .await?;
-    db.execute(
-        "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
-         SELECT s, $1, k, kind, v FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
-                WITH ORDINALITY AS a(s, k, kind, v, n)
-          ORDER BY n",
-        &[&reg.relation_id, &e_scopes, &e_pks, &e_kinds, &e_versions],
-    )
-    .await?;
+    let delete_edges = async {
+        db.execute(
+            &statements.delete_edges,
+            &[&reg.relation_id, &removed_scopes, &removed_pks],
+        )
+        .await
+    };
+    let insert_edges = async {
+        db.execute(
+            &statements.insert_edges,
+            &[&reg.relation_id, &added_scopes, &added_pks],
+        )
+        .await
+    };
+    let insert_effects = async {
+        db.execute(
+            &statements.insert_effects,
+            &[&reg.relation_id, &e_scopes, &e_pks, &e_kinds, &e_versions],
+        )
+        .await
+    };
+    futures_util::try_join!(delete_edges, insert_edges, insert_effects)?;
     Ok(e_scopes.len())
 }
+
+/// Statements the worker prepares once per session.
+struct Statements {
+    previous: Statement,
+    delete: Statement,
+    upsert: Statement,
+    old_edges: Statement,
+    delete_edges: Statement,
+    insert_edges: Statement,
+    insert_effects: Statement,
+    progress: Statement,
+}
+
+impl Statements {
+    async fn prepare(db: &Client) -> Result<Statements> {
+        Ok(Statements {
+            previous: db
+                .prepare("SELECT row_json FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2")
+                .await?,
+            delete: db
+                .prepare("DELETE FROM synchro.projection_rows WHERE relation_id = $1 AND pk = ANY($2::text[])")
+                .await?,
+            upsert: db
+                .prepare(
+                    "INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
+                     SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[])
+                     ON CONFLICT (relation_id, pk) DO UPDATE SET row_json = EXCLUDED.row_json,
+                         server_version = EXCLUDED.server_version",
+                )
+                .await?,
+            old_edges: db
+                .prepare(
+                    "SELECT pk, scope_id FROM synchro.membership_edges
+                      WHERE relation_id = $1 AND pk = ANY($2::text[])",
+                )
+                .await?,
+            delete_edges: db
+                .prepare(
+                    // `pk = ANY` keeps the plan an index probe (a join on the relation
+                    // alone scans all of its edges: measured linear growth).
+                    "DELETE FROM synchro.membership_edges e
+                      WHERE e.relation_id = $1 AND e.pk = ANY($3::text[])
+                        AND (e.scope_id, e.pk) IN (SELECT * FROM unnest($2::text[], $3::text[]))",
+                )
+                .await?,
+            insert_edges: db
+                .prepare(
+                    "INSERT INTO synchro.membership_edges (scope_id, relation_id, pk)
+                     SELECT s, $1, k FROM unnest($2::text[], $3::text[]) AS a(s, k)",
+                )
+                .await?,
+            insert_effects: db
+                .prepare(
+                    "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
+                     SELECT s, $1, k, kind, v FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                            WITH ORDINALITY AS a(s, k, kind, v, n)
+                      ORDER BY n",
+                )
+                .await?,
+            progress: db
+                .prepare(
+                    "UPDATE synchro.capture_state SET confirmed_lsn = $1,
+                            applied_transactions = applied_transactions + 1, heartbeat_at = now()",
+                )
+                .await?,
+        })
+    }
+}
+
+/// A row's final state in a source transaction: (sequence of its last change, pk, version,
+/// row JSON or `None` when deleted).
+type FinalRow = (usize, String, String, Option<String>);
 
 /// One complete source transaction.
 struct Transaction {
