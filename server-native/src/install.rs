@@ -90,6 +90,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0011_projection_key_index.sql",
         sql: include_str!("../migrations/0011_projection_key_index.sql"),
     },
+    Migration {
+        version: 12,
+        name: "0012_dependencies.sql",
+        sql: include_str!("../migrations/0012_dependencies.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -266,7 +266,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 async fn capture_loop(url: String) {
-    synchro_server::capture::worker::run_forever(url, std::time::Duration::from_millis(100)).await
+    // The slot is polled this often while idle: the floor of commit-to-pullable latency.
+    synchro_server::capture::worker::run_forever(url, std::time::Duration::from_millis(25)).await
 }
 
 /// SIGINT or SIGTERM (a container stop): finish in-flight requests, then return, which

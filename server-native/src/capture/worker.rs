@@ -74,6 +74,21 @@ struct Registered {
     /// Bootstrap status (`pending`, `copied`, `active`); only `active` relations apply
     /// changes, the others are covered by their bootstrap copy.
     status: String,
+    /// Client-visible table ID (synced relations).
+    table_id: Option<String>,
+    /// Targets whose membership a change of this relation can affect.
+    impacts: Vec<Impact>,
+}
+
+/// A registered dependency, seen from the dependency relation.
+#[derive(Clone)]
+struct Impact {
+    /// Physical OID of the synced target relation.
+    target: u32,
+    /// The impact function (regproc text).
+    function: String,
+    /// Most target rows one event may name.
+    max_rows: i64,
 }
 
 struct RelationShape {
@@ -172,10 +187,9 @@ impl Worker {
             .query(
                 "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
                         r.replica_identity::text, f.field_id, f.column_name::text, f.portable_type, f.nullable,
-                        f.is_key, f.decimal_precision, f.decimal_scale, c.status
+                        f.is_key, f.decimal_precision, f.decimal_scale, c.status, r.table_id
                    FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
-                   JOIN synchro.relation_capture c USING (relation_id)
-                  WHERE r.kind = 'synced'",
+                   JOIN synchro.relation_capture c USING (relation_id)",
                 &[],
             )
             .await?;
@@ -190,6 +204,8 @@ impl Worker {
                 fields_by_column: HashMap::new(),
                 membership: None,
                 status: r.get(12),
+                table_id: r.get(13),
+                impacts: Vec::new(),
             });
             let ty = PortableType::parse(&r.get::<_, String>(7))
                 .context("registry holds an unknown type")?;
@@ -226,6 +242,26 @@ impl Worker {
         {
             if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
                 reg.membership = Some((r.get(1), r.get(2), r.get(3)));
+            }
+        }
+        for r in self
+            .materialize
+            .query(
+                "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
+                        m.max_impact_rows::bigint
+                   FROM synchro.membership_dependencies m
+                   JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
+                   JOIN synchro.relations t ON t.relation_id = m.target_relation_id",
+                &[],
+            )
+            .await?
+        {
+            if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
+                reg.impacts.push(Impact {
+                    target: r.get(1),
+                    function: r.get(2),
+                    max_rows: r.get(3),
+                });
             }
         }
         Ok(out)
@@ -488,6 +524,33 @@ impl Worker {
         let db = &self.materialize;
         db.batch_execute("BEGIN").await?;
         let result = async {
+            // Dependency rows' state at the start of the transaction, for impact functions.
+            let mut old_images: HashMap<(u32, String), Option<String>> = HashMap::new();
+            for (rel, pk) in finals.keys() {
+                if !registry[rel].impacts.is_empty() {
+                    old_images.insert((*rel, pk.clone()), None);
+                }
+            }
+            for rel in old_images
+                .keys()
+                .map(|(r, _)| *r)
+                .collect::<std::collections::HashSet<_>>()
+            {
+                let pks: Vec<&str> = old_images
+                    .keys()
+                    .filter(|(r, _)| *r == rel)
+                    .map(|(_, pk)| pk.as_str())
+                    .collect();
+                let rows = db
+                    .query(
+                        &self.statements.current_rows,
+                        &[&registry[&rel].relation_id, &pks],
+                    )
+                    .await?;
+                for r in rows {
+                    old_images.insert((rel, r.get(0)), Some(r.get(1)));
+                }
+            }
             // Projections: one delete and one upsert per relation, pipelined.
             let mut by_relation: HashMap<u32, Vec<FinalRow>> = HashMap::new();
             for ((rel, pk), (seq, version, row)) in finals {
@@ -552,22 +615,59 @@ impl Worker {
             }
             futures_util::future::try_join_all(writes).await?;
             // Membership against the transaction's final projected state: each touched row
-            // once, with the version of its last change, in change order.
-            let mut effects = 0;
+            // once, with the version of its last change, in change order; then every target
+            // row an impact function named (old and new state), at its current version.
+            let mut targets: Vec<(u32, Vec<EvalRow>)> = Vec::new();
+            for rel in &relations {
+                let rows = by_relation[rel]
+                    .iter()
+                    .map(|(_, pk, version, row)| (pk.clone(), version.clone(), row.is_some()))
+                    .collect();
+                targets.push((*rel, rows));
+            }
             for rel in &relations {
                 let reg = &registry[rel];
-                if let Some(m) = &reg.membership {
-                    let rows: Vec<(String, String, bool)> = by_relation[rel]
+                for impact in &reg.impacts {
+                    let (mut olds, mut news) = (Vec::new(), Vec::new());
+                    for (_, pk, _, row) in &by_relation[rel] {
+                        let old = old_images.get(&(*rel, pk.clone())).cloned().flatten();
+                        olds.push(old.map(|o| column_image(reg, &o)).transpose()?);
+                        news.push(row.as_ref().map(|n| column_image(reg, n)).transpose()?);
+                    }
+                    let target = &registry[&impact.target];
+                    let named = self.impacted(impact, target, &olds, &news).await?;
+                    let entry = match targets.iter().position(|(t, _)| *t == impact.target) {
+                        Some(i) => i,
+                        None => {
+                            targets.push((impact.target, Vec::new()));
+                            targets.len() - 1
+                        }
+                    };
+                    let fresh: Vec<&str> = named
                         .iter()
-                        .map(|(_, pk, version, row)| (pk.clone(), version.clone(), row.is_some()))
+                        .filter(|pk| !targets[entry].1.iter().any(|(p, ..)| p == *pk))
+                        .map(String::as_str)
                         .collect();
+                    for r in db
+                        .query(&self.statements.versions, &[&target.relation_id, &fresh])
+                        .await?
+                    {
+                        targets[entry].1.push((r.get(0), r.get(1), true));
+                    }
+                }
+            }
+            let mut effects = 0;
+            for (rel, rows) in &targets {
+                let reg = &registry[rel];
+                if let Some(m) = &reg.membership {
                     let eval = self.eval_statement(m).await?;
                     effects +=
-                        membership_round(db, &self.statements, &eval, reg, m.2, &rows).await?;
+                        membership_round(db, &self.statements, &eval, reg, m.2, rows).await?;
                 }
             }
             for relation_id in &bootstrapped {
-                let eval = match registry.values().find(|r| &r.relation_id == relation_id) {
+                let copied = registry.values().find(|r| &r.relation_id == relation_id);
+                let eval = match copied {
                     Some(Registered {
                         membership: Some(m),
                         ..
@@ -583,6 +683,15 @@ impl Worker {
                     commit,
                 )
                 .await?;
+                // Its dependents were evaluated without its rows: re-evaluate all of them.
+                for impact in copied.map(|r| r.impacts.clone()).unwrap_or_default() {
+                    let target = &registry[&impact.target];
+                    if let Some(m) = &target.membership {
+                        let eval = self.eval_statement(m).await?;
+                        effects += reevaluate_relation(db, &self.statements, &eval, target, commit)
+                            .await?;
+                    }
+                }
             }
             let notify = async {
                 if effects > 0 {
@@ -609,6 +718,77 @@ impl Worker {
         Ok(())
     }
 
+    /// Calls an impact function once per dependency event (old and new column images) and
+    /// returns the target keys it names as canonical wire text. Any failure, a reference to
+    /// another table or key type, or more rows than the bound for one event blocks capture.
+    async fn impacted(
+        &self,
+        impact: &Impact,
+        target: &Registered,
+        olds: &[Option<String>],
+        news: &[Option<String>],
+    ) -> Result<Vec<String>> {
+        let key = format!("impact\u{0}{}", impact.function);
+        let cached = self.eval.lock().expect("eval cache").get(&key).cloned();
+        let statement = match cached {
+            Some(s) => s,
+            None => {
+                let sql = format!(
+                    "SELECT a.n, r.table_id, r.pk_type, r.pk_value
+                       FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(o, nw, n),
+                            LATERAL {}(a.o::jsonb, a.nw::jsonb) AS r",
+                    impact.function
+                );
+                let s = self
+                    .materialize
+                    .prepare(&sql)
+                    .await
+                    .map_err(|_| Blocked("scope_evaluation_failed"))?;
+                self.eval.lock().expect("eval cache").insert(key, s.clone());
+                s
+            }
+        };
+        let rows = self
+            .materialize
+            .query(&statement, &[&olds, &news])
+            .await
+            .map_err(|_| Blocked("scope_evaluation_failed"))?;
+        let key_spec = target
+            .fields_by_column
+            .values()
+            .find(|f| f.is_key)
+            .map(|f| f.spec)
+            .context("a target without its key field")?;
+        let mut per_event: HashMap<i64, i64> = HashMap::new();
+        let mut out: Vec<String> = Vec::new();
+        for r in rows {
+            let (n, table_id, pk_type, pk_value): (
+                i64,
+                Option<String>,
+                Option<String>,
+                Option<String>,
+            ) = (r.get(0), r.get(1), r.get(2), r.get(3));
+            let count = per_event.entry(n).or_default();
+            *count += 1;
+            if *count > impact.max_rows || table_id.is_none() || table_id != target.table_id {
+                bail!(Blocked("scope_evaluation_failed"));
+            }
+            let wire = match (pk_type.as_deref(), pk_value) {
+                (Some("string"), Some(v)) if key_spec.ty == PortableType::String => Json::String(v),
+                (Some("int"), Some(v)) if key_spec.ty == PortableType::Int => Json::Number(v),
+                (Some("int64"), Some(v)) if key_spec.ty == PortableType::Int64 => Json::String(v),
+                _ => bail!(Blocked("scope_evaluation_failed")),
+            };
+            let pk = synchro_protocol::value::TypedValue::from_wire(&key_spec, &wire)
+                .map_err(|_| Blocked("scope_evaluation_failed"))?
+                .to_wire_text();
+            if !out.contains(&pk) {
+                out.push(pk);
+            }
+        }
+        Ok(out)
+    }
+
     /// The prepared evaluation statement of a membership function (cached).
     async fn eval_statement(
         &self,
@@ -626,7 +806,7 @@ impl Worker {
             .materialize
             .prepare(&sql)
             .await
-            .map_err(|_| Blocked("membership_evaluation_failed"))?;
+            .map_err(|_| Blocked("scope_evaluation_failed"))?;
         self.eval.lock().expect("eval cache").insert(key, s.clone());
         Ok(s)
     }
@@ -743,32 +923,7 @@ async fn finish_bootstrap(
         registry.values().find(|r| r.relation_id == relation_id),
         eval,
     ) {
-        let fanout = reg.membership.as_ref().map_or(0, |m| m.2);
-        let rows: Vec<(String, Option<String>)> = db
-            .query(
-                "SELECT pk, max(server_version) FROM (
-                    SELECT pk, server_version FROM synchro.projection_rows WHERE relation_id = $1
-                    UNION ALL
-                    SELECT pk, NULL FROM synchro.membership_edges WHERE relation_id = $1) k
-                 GROUP BY pk ORDER BY pk",
-                &[&relation_id],
-            )
-            .await?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-        let lsn = format!("{:X}/{:X}", commit >> 32, commit & 0xffff_ffff);
-        let rows: Vec<(String, String, bool)> = rows
-            .into_iter()
-            .enumerate()
-            .map(|(i, (pk, v))| {
-                let exists = v.is_some();
-                (pk, v.unwrap_or_else(|| format!("{lsn}:d{}", i + 1)), exists)
-            })
-            .collect();
-        for chunk in rows.chunks(1000) {
-            effects += membership_round(db, statements, eval, reg, fanout, chunk).await?;
-        }
+        effects += reevaluate_relation(db, statements, eval, reg, commit).await?;
     }
     db.execute(
         "UPDATE synchro.relation_capture SET status = 'active', bootstrap_lsn = $2, updated_at = now()
@@ -777,6 +932,60 @@ async fn finish_bootstrap(
     )
     .await?;
     Ok(effects)
+}
+
+/// Re-evaluates the membership of every row of a synced relation (and of every row that
+/// still has edges), in batches.
+async fn reevaluate_relation(
+    db: &Client,
+    statements: &Statements,
+    eval: &Statement,
+    reg: &Registered,
+    commit: u64,
+) -> Result<usize> {
+    let fanout = reg.membership.as_ref().map_or(0, |m| m.2);
+    let rows: Vec<(String, Option<String>)> = db
+        .query(
+            "SELECT pk, max(server_version) FROM (
+                SELECT pk, server_version FROM synchro.projection_rows WHERE relation_id = $1
+                UNION ALL
+                SELECT pk, NULL FROM synchro.membership_edges WHERE relation_id = $1) k
+             GROUP BY pk ORDER BY pk",
+            &[&reg.relation_id],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let lsn = format!("{:X}/{:X}", commit >> 32, commit & 0xffff_ffff);
+    let rows: Vec<(String, String, bool)> = rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, (pk, v))| {
+            let exists = v.is_some();
+            (pk, v.unwrap_or_else(|| format!("{lsn}:d{}", i + 1)), exists)
+        })
+        .collect();
+    let mut effects = 0;
+    for chunk in rows.chunks(1000) {
+        effects += membership_round(db, statements, eval, reg, fanout, chunk).await?;
+    }
+    Ok(effects)
+}
+
+/// A projected row (canonical wire JSON keyed by field ID) as the image impact functions
+/// receive: an object keyed by column name, with the same wire values.
+fn column_image(reg: &Registered, row_json: &str) -> Result<String> {
+    let row = Json::parse(row_json).context("a projected row is not JSON")?;
+    let mut members = Vec::new();
+    for (column, field) in &reg.fields_by_column {
+        members.push((
+            column.clone(),
+            row.get(&field.field_id).cloned().unwrap_or(Json::Null),
+        ));
+    }
+    members.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(jcs::to_output_string(&Json::Object(members)))
 }
 
 /// The SQL literal argument for a key given as its canonical wire text.
@@ -813,7 +1022,7 @@ async fn membership_round(
     let evaluation = async {
         db.query(eval, &[&existing, &args])
             .await
-            .map_err(|_| anyhow::Error::from(Blocked("membership_evaluation_failed")))
+            .map_err(|_| anyhow::Error::from(Blocked("scope_evaluation_failed")))
     };
     let old_edges = async {
         db.query(&statements.old_edges, &[&reg.relation_id, &pks])
@@ -831,11 +1040,11 @@ async fn membership_round(
                     set.push(s);
                 }
             }
-            _ => bail!(Blocked("membership_evaluation_failed")),
+            _ => bail!(Blocked("scope_evaluation_failed")),
         }
     }
     if new_scopes.values().any(|s| s.len() as i64 > fanout) {
-        bail!(Blocked("membership_bound_exceeded"));
+        bail!(Blocked("scope_evaluation_failed"));
     }
     let mut old_scopes: HashMap<String, Vec<String>> = HashMap::new();
     for r in &old_edges {
@@ -897,6 +1106,8 @@ async fn membership_round(
 /// Statements the worker prepares once per session.
 struct Statements {
     previous: Statement,
+    current_rows: Statement,
+    versions: Statement,
     delete: Statement,
     upsert: Statement,
     old_edges: Statement,
@@ -911,6 +1122,18 @@ impl Statements {
         Ok(Statements {
             previous: db
                 .prepare("SELECT row_json FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2")
+                .await?,
+            current_rows: db
+                .prepare(
+                    "SELECT pk, row_json FROM synchro.projection_rows
+                      WHERE relation_id = $1 AND pk = ANY($2::text[])",
+                )
+                .await?,
+            versions: db
+                .prepare(
+                    "SELECT pk, server_version FROM synchro.projection_rows
+                      WHERE relation_id = $1 AND pk = ANY($2::text[]) ORDER BY pk",
+                )
                 .await?,
             delete: db
                 .prepare("DELETE FROM synchro.projection_rows WHERE relation_id = $1 AND pk = ANY($2::text[])")
@@ -961,6 +1184,9 @@ impl Statements {
         })
     }
 }
+
+/// A row to (re-)evaluate: (pk, version of its last change, whether it exists now).
+type EvalRow = (String, String, bool);
 
 /// A row's final state in a source transaction: (sequence of its last change, pk, version,
 /// row JSON or `None` when deleted).
