@@ -95,6 +95,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0012_dependencies.sql",
         sql: include_str!("../migrations/0012_dependencies.sql"),
     },
+    Migration {
+        version: 13,
+        name: "0013_membership_reevaluation.sql",
+        sql: include_str!("../migrations/0013_membership_reevaluation.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

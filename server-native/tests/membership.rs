@@ -160,3 +160,56 @@ async fn membership_functions_are_validated_and_cannot_read_live_tables() {
         "ok"
     );
 }
+
+#[tokio::test]
+async fn a_changed_rule_re_evaluates_every_existing_row() {
+    let (env, mut worker) = setup().await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red'), (2, 'bob', NULL)")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    let before = effects(&env).await.len();
+    // The new rule drops team scopes; no row changes.
+    let op = env.login("synchro_dev_operator").await;
+    op.batch_execute(
+        "CREATE FUNCTION rules.owner_only(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.owner_only(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.owner_only(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.owner_only(bigint)');",
+    )
+    .await
+    .unwrap();
+    drain(&mut worker).await;
+    let after = effects(&env).await;
+    assert_eq!(
+        after[before..],
+        [
+            e("team:red", "delete", "\"1\""),
+            e("user:alice", "upsert", "\"1\""),
+            e("user:bob", "upsert", "\"2\"")
+        ]
+    );
+    let edges: Vec<(String, String)> = env
+        .admin
+        .query(
+            "SELECT scope_id, pk FROM synchro.membership_edges ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        edges,
+        [
+            ("user:alice".to_owned(), "\"1\"".to_owned()),
+            ("user:bob".to_owned(), "\"2\"".to_owned())
+        ]
+    );
+    // Evaluated once: another step changes nothing.
+    drain(&mut worker).await;
+    assert_eq!(effects(&env).await.len(), after.len());
+}

@@ -78,6 +78,9 @@ struct Registered {
     table_id: Option<String>,
     /// Targets whose membership a change of this relation can affect.
     impacts: Vec<Impact>,
+    /// Generation of the membership contract (function and dependencies), and the one last
+    /// evaluated over every row.
+    contract: (i64, i64),
 }
 
 /// A registered dependency, seen from the dependency relation.
@@ -187,7 +190,8 @@ impl Worker {
             .query(
                 "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
                         r.replica_identity::text, f.field_id, f.column_name::text, f.portable_type, f.nullable,
-                        f.is_key, f.decimal_precision, f.decimal_scale, c.status, r.table_id
+                        f.is_key, f.decimal_precision, f.decimal_scale, c.status, r.table_id,
+                        c.membership_evaluated
                    FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
                    JOIN synchro.relation_capture c USING (relation_id)",
                 &[],
@@ -206,6 +210,7 @@ impl Worker {
                 status: r.get(12),
                 table_id: r.get(13),
                 impacts: Vec::new(),
+                contract: (0, r.get(14)),
             });
             let ty = PortableType::parse(&r.get::<_, String>(7))
                 .context("registry holds an unknown type")?;
@@ -234,7 +239,9 @@ impl Worker {
             .materialize
             .query(
                 "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
-                        r.fanout_bound::bigint
+                        r.fanout_bound::bigint,
+                        m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
+                                                             WHERE d.target_relation_id = m.relation_id), 0)::bigint
                    FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)",
                 &[],
             )
@@ -242,6 +249,7 @@ impl Worker {
         {
             if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
                 reg.membership = Some((r.get(1), r.get(2), r.get(3)));
+                reg.contract.0 = r.get(4);
             }
         }
         for r in self
@@ -308,6 +316,24 @@ impl Worker {
         }
         if !registry.values().all(|r| r.status != "pending") {
             registry = self.registry().await?;
+        }
+        // A changed membership contract: re-evaluate every row under the new rule.
+        let stale: Vec<u32> = registry
+            .iter()
+            .filter(|(_, r)| {
+                r.status == "active" && r.membership.is_some() && r.contract.0 != r.contract.1
+            })
+            .map(|(oid, _)| *oid)
+            .collect();
+        for oid in stale {
+            if let Err(e) = self.reevaluate(&registry[&oid]).await {
+                return match block_reason(&e) {
+                    Some(reason) => self.block(reason).await,
+                    None => Err(e),
+                };
+            }
+            let reg = registry.get_mut(&oid).expect("listed");
+            reg.contract.1 = reg.contract.0;
         }
         let mut applied = 0;
         let started = std::time::Instant::now();
@@ -718,6 +744,40 @@ impl Worker {
         Ok(())
     }
 
+    /// Re-evaluates every row of a relation whose membership contract changed, in one
+    /// transaction at the worker's current position, and records the generation evaluated.
+    async fn reevaluate(&self, reg: &Registered) -> Result<()> {
+        let m = reg.membership.as_ref().context("no membership function")?;
+        let eval = self.eval_statement(m).await?;
+        let db = &self.materialize;
+        db.batch_execute("BEGIN").await?;
+        let result = async {
+            let at: PgLsn = db
+                .query_one("SELECT confirmed_lsn FROM synchro.capture_state", &[])
+                .await?
+                .get(0);
+            let effects =
+                reevaluate_relation(db, &self.statements, &eval, reg, u64::from(at)).await?;
+            db.execute(
+                "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now()
+                  WHERE relation_id = $1",
+                &[&reg.relation_id, &reg.contract.0],
+            )
+            .await?;
+            if effects > 0 {
+                db.batch_execute("NOTIFY synchro_effects").await?;
+            }
+            db.batch_execute("COMMIT").await?;
+            tracing::info!(effects, "membership re-evaluated under a changed contract");
+            Ok::<_, anyhow::Error>(())
+        }
+        .await;
+        if result.is_err() {
+            let _ = db.batch_execute("ROLLBACK").await;
+        }
+        result
+    }
+
     /// Calls an impact function once per dependency event (old and new column images) and
     /// returns the target keys it names as canonical wire text. Any failure, a reference to
     /// another table or key type, or more rows than the bound for one event blocks capture.
@@ -925,10 +985,15 @@ async fn finish_bootstrap(
     ) {
         effects += reevaluate_relation(db, statements, eval, reg, commit).await?;
     }
+    let contract = registry
+        .values()
+        .find(|r| r.relation_id == relation_id)
+        .map_or(0, |r| r.contract.0);
     db.execute(
-        "UPDATE synchro.relation_capture SET status = 'active', bootstrap_lsn = $2, updated_at = now()
+        "UPDATE synchro.relation_capture SET status = 'active', bootstrap_lsn = $2,
+                membership_evaluated = $3, updated_at = now()
           WHERE relation_id = $1",
-        &[&relation_id, &PgLsn::from(commit)],
+        &[&relation_id, &PgLsn::from(commit), &contract],
     )
     .await?;
     Ok(effects)
