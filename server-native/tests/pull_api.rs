@@ -112,55 +112,8 @@ impl Stack {
     }
 }
 
-/// The scope digest recomputed from a direct query of the source table, with the versions
-/// the projection assigned.
 async fn digest_from_source(s: &Stack, owner: &str) -> String {
-    let db = s.env.login("synchro_dev_operator").await;
-    let manifest = load_lineage(&db).await.unwrap().current().unwrap().clone();
-    let table = &manifest.tables[0];
-    let field = |name: &str| {
-        table
-            .fields
-            .iter()
-            .find(|f| f.name == name)
-            .unwrap()
-            .field_id
-            .clone()
-    };
-    let rows = s
-        .env
-        .admin
-        .query(
-            "SELECT d.id, d.owner, d.title, p.server_version FROM app.docs d
-               JOIN synchro.projection_rows p ON p.pk = '\"' || d.id || '\"' WHERE d.owner = $1",
-            &[&owner],
-        )
-        .await
-        .unwrap();
-    let mut entries = Vec::new();
-    for r in rows {
-        let id: i64 = r.get(0);
-        let title: Option<String> = r.get(2);
-        let row = Json::Object(vec![
-            (field("id"), Json::String(id.to_string())),
-            (field("owner"), Json::String(r.get(1))),
-            (field("title"), title.map_or(Json::Null, Json::String)),
-        ]);
-        let pk = Json::String(id.to_string());
-        let d = row_digest(&manifest, &table.table_id, &pk, &row, r.get(3)).unwrap();
-        let key = TypedValue::from_wire(&table.primary_key().spec, &pk).unwrap();
-        entries.push((RowIdentity::new(table, &key).unwrap(), d.digest));
-    }
-    hex::encode(
-        scope_digest(
-            &manifest.schema_hash(),
-            &format!("user:{owner}"),
-            &mut entries,
-            false,
-        )
-        .unwrap()
-        .digest,
-    )
+    common::docs_digest_from_source(&s.env, owner).await
 }
 
 #[tokio::test]

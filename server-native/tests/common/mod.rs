@@ -1,8 +1,12 @@
 //! A fresh throwaway cluster per test, with synchro installed and one login per role.
 #![allow(dead_code)]
 
+use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
+use synchro_protocol::json::Json;
+use synchro_protocol::value::TypedValue;
 use synchro_server::dev::{ensure_login, DEV_LOGINS};
 use synchro_server::pg_harness::TempCluster;
+use synchro_server::publish::load_lineage;
 use synchro_server::{connect_db, install};
 use tokio_postgres::Client;
 
@@ -57,4 +61,55 @@ pub async fn sqlstate(db: &Client, sql: &str) -> String {
             .map(|d| d.code().code().to_owned())
             .unwrap_or_else(|| e.to_string()),
     }
+}
+
+/// The scope digest of `user:{owner}` for a table `app.docs (id bigint, owner text, title
+/// text)`, recomputed from a direct query of the source table, with the versions
+/// the projection assigned.
+pub async fn docs_digest_from_source(env: &Env, owner: &str) -> String {
+    let db = env.login("synchro_dev_operator").await;
+    let manifest = load_lineage(&db).await.unwrap().current().unwrap().clone();
+    let table = &manifest.tables[0];
+    let field = |name: &str| {
+        table
+            .fields
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .field_id
+            .clone()
+    };
+    let rows = env
+        .admin
+        .query(
+            "SELECT d.id, d.owner, d.title, p.server_version FROM app.docs d
+               JOIN synchro.projection_rows p ON p.pk = '\"' || d.id || '\"' WHERE d.owner = $1",
+            &[&owner],
+        )
+        .await
+        .unwrap();
+    let mut entries = Vec::new();
+    for r in rows {
+        let id: i64 = r.get(0);
+        let title: Option<String> = r.get(2);
+        let row = Json::Object(vec![
+            (field("id"), Json::String(id.to_string())),
+            (field("owner"), Json::String(r.get(1))),
+            (field("title"), title.map_or(Json::Null, Json::String)),
+        ]);
+        let pk = Json::String(id.to_string());
+        let d = row_digest(&manifest, &table.table_id, &pk, &row, r.get(3)).unwrap();
+        let key = TypedValue::from_wire(&table.primary_key().spec, &pk).unwrap();
+        entries.push((RowIdentity::new(table, &key).unwrap(), d.digest));
+    }
+    hex::encode(
+        scope_digest(
+            &manifest.schema_hash(),
+            &format!("user:{owner}"),
+            &mut entries,
+            false,
+        )
+        .unwrap()
+        .digest,
+    )
 }
