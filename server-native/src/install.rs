@@ -100,6 +100,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0013_membership_reevaluation.sql",
         sql: include_str!("../migrations/0013_membership_reevaluation.sql"),
     },
+    Migration {
+        version: 14,
+        name: "0014_scope_membership_generation.sql",
+        sql: include_str!("../migrations/0014_scope_membership_generation.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

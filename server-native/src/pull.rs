@@ -204,8 +204,10 @@ pub(crate) async fn pull(
         };
         let cursor = ScopeCursor::open(&state.cursor_keys, token)
             .map_err(|_| ApiError::invalid_request("a scope cursor is invalid"))?;
+        // Per-scope bindings (retention, floor, membership) are checked in the snapshot.
         let unbounded = ScopeStreamState {
             retention_generation: cursor.retention_generation,
+            membership_generation: cursor.membership_generation,
             resume_floor: 0,
             ..scope_state.clone()
         };
@@ -253,22 +255,30 @@ pub(crate) async fn pull(
         .map_err(|_| ApiError::unavailable())?;
     let retention = snap
         .query(
-            "SELECT scope_id, retention_generation, resume_floor FROM synchro.synchro_scope_retention($1)",
+            "SELECT scope_id, retention_generation, resume_floor, membership_generation
+               FROM synchro.synchro_scope_retention($1)",
             &[&assigned.iter().cloned().collect::<Vec<_>>()],
         )
         .await
         .map_err(|_| ApiError::unavailable())?;
     let mut positions: BTreeMap<String, u64> = BTreeMap::new();
     let mut acknowledged: BTreeMap<String, u64> = BTreeMap::new();
-    let mut retention_generations: BTreeMap<String, u64> = BTreeMap::new();
+    let mut generations: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for r in &retention {
         let scope: String = r.get(0);
         let scope_state = ScopeStreamState {
             retention_generation: r.get::<_, i64>(1) as u64,
             resume_floor: r.get::<_, i64>(2) as u64,
+            membership_generation: r.get::<_, i64>(3) as u64,
             ..scope_state.clone()
         };
-        retention_generations.insert(scope.clone(), scope_state.retention_generation);
+        generations.insert(
+            scope.clone(),
+            (
+                scope_state.membership_generation,
+                scope_state.retention_generation,
+            ),
+        );
         if let Some(cursor) = opened.get(&scope) {
             match cursor.check(&scope, &who, &scope_state) {
                 Ok(CursorStatus::Resumable(p)) => {
@@ -367,8 +377,8 @@ pub(crate) async fn pull(
             let c = ScopeCursor {
                 scope_id: scope.clone(),
                 stream_generation: scope_state.stream_generation,
-                membership_generation: scope_state.membership_generation,
-                retention_generation: retention_generations[scope],
+                membership_generation: generations[scope].0,
+                retention_generation: generations[scope].1,
                 position: *position,
                 schema_hash: scope_state.schema_hash,
                 principal: who.clone(),

@@ -76,6 +76,19 @@ pub(crate) async fn rebuild(
         .expect("gates checked the current manifest");
     let schema_hash = current.schema_hash_hex();
     let db = &state.db;
+    // The scope's own membership and retention generations bind the session and its cursor.
+    let scope_generations = db
+        .query_one(
+            "SELECT membership_generation, retention_generation FROM synchro.synchro_scope_retention(ARRAY[$1])",
+            &[&req.scope_id],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let stream = synchro_protocol::token::ScopeStreamState {
+        membership_generation: scope_generations.get::<_, i64>(0) as u64,
+        retention_generation: scope_generations.get::<_, i64>(1) as u64,
+        ..stream
+    };
     let (session_id, from) = match &req.continuation {
         None => {
             if !stored_assigned.contains(&req.scope_id) {
@@ -203,19 +216,11 @@ pub(crate) async fn rebuild(
             .map_err(|_| ApiError::unavailable())?;
         // Session rows: (ordinal, table_id, pk, row_json, server_version).
         let digest = crate::pull::digest_columns(current, &req.scope_id, &all, 1)?;
-        let retention_generation: i64 = db
-            .query_one(
-                "SELECT retention_generation FROM synchro.synchro_scope_retention(ARRAY[$1])",
-                &[&req.scope_id],
-            )
-            .await
-            .map_err(|_| ApiError::unavailable())?
-            .get(0);
         let cursor = ScopeCursor {
             scope_id: req.scope_id.clone(),
             stream_generation: stream.stream_generation,
             membership_generation: stream.membership_generation,
-            retention_generation: retention_generation as u64,
+            retention_generation: stream.retention_generation,
             position: watermark,
             schema_hash: current.schema_hash(),
             principal: who,

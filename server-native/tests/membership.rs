@@ -209,6 +209,20 @@ async fn a_changed_rule_re_evaluates_every_existing_row() {
             ("user:bob".to_owned(), "\"2\"".to_owned())
         ]
     );
+    // Only the scope whose edge set changed gets a new membership generation; user:alice
+    // and user:bob keep theirs (their cursors stay resumable).
+    let generations: Vec<(String, i64)> = env
+        .admin
+        .query(
+            "SELECT scope_id, membership_generation FROM synchro.scope_retention ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(generations, [("team:red".to_owned(), 2)]);
     // Evaluated once: another step changes nothing.
     drain(&mut worker).await;
     assert_eq!(effects(&env).await.len(), after.len());

@@ -405,12 +405,29 @@ async fn rebuild_pages_one_snapshot_and_hands_over_to_pull() {
         digest_from_source(&s, "alice").await
     );
 
-    // An invalidated session restarts; an unassigned scope is refused.
+    // Re-registering the same rule changes no edge of the scope: its session stays valid.
     let (_, again) = s.post("/sync/rebuild", &token, req(None)).await;
     let op = s.env.login("synchro_dev_operator").await;
     op.batch_execute("SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)')")
         .await
         .unwrap();
+    s.capture().await;
+    let (st, v) = s
+        .post("/sync/rebuild", &token, req(Some(&again["continuation"])))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    // A rule that takes a row out of the scope advances its membership generation: the
+    // session restarts. An unassigned scope is refused.
+    op.batch_execute(
+        "CREATE FUNCTION rules.doc_scopes_v2(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id AND id <> 1; END;
+         REVOKE EXECUTE ON FUNCTION rules.doc_scopes_v2(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.doc_scopes_v2(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes_v2(bigint)');",
+    )
+    .await
+    .unwrap();
+    s.capture().await;
     let (st, v) = s
         .post("/sync/rebuild", &token, req(Some(&again["continuation"])))
         .await;

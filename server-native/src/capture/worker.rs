@@ -715,7 +715,8 @@ impl Worker {
                     if let Some(m) = &target.membership {
                         let eval = self.eval_statement(m).await?;
                         effects += reevaluate_relation(db, &self.statements, &eval, target, commit)
-                            .await?;
+                            .await?
+                            .0;
                     }
                 }
             }
@@ -756,8 +757,17 @@ impl Worker {
                 .query_one("SELECT confirmed_lsn FROM synchro.capture_state", &[])
                 .await?
                 .get(0);
-            let effects =
+            let (effects, changed) =
                 reevaluate_relation(db, &self.statements, &eval, reg, u64::from(at)).await?;
+            // Only scopes whose edge set changed get a new membership generation: their
+            // cursors and rebuild sessions are stale, every other scope stays resumable.
+            db.execute(
+                "INSERT INTO synchro.scope_retention AS r (scope_id, membership_generation)
+                 SELECT s, 2 FROM unnest($1::text[]) AS s
+                 ON CONFLICT (scope_id) DO UPDATE SET membership_generation = r.membership_generation + 1",
+                &[&changed.iter().collect::<Vec<_>>()],
+            )
+            .await?;
             db.execute(
                 "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now()
                   WHERE relation_id = $1",
@@ -983,7 +993,9 @@ async fn finish_bootstrap(
         registry.values().find(|r| r.relation_id == relation_id),
         eval,
     ) {
-        effects += reevaluate_relation(db, statements, eval, reg, commit).await?;
+        effects += reevaluate_relation(db, statements, eval, reg, commit)
+            .await?
+            .0;
     }
     let contract = registry
         .values()
@@ -1007,7 +1019,7 @@ async fn reevaluate_relation(
     eval: &Statement,
     reg: &Registered,
     commit: u64,
-) -> Result<usize> {
+) -> Result<(usize, std::collections::BTreeSet<String>)> {
     let fanout = reg.membership.as_ref().map_or(0, |m| m.2);
     let rows: Vec<(String, Option<String>)> = db
         .query(
@@ -1032,10 +1044,13 @@ async fn reevaluate_relation(
         })
         .collect();
     let mut effects = 0;
+    let mut changed = std::collections::BTreeSet::new();
     for chunk in rows.chunks(1000) {
-        effects += membership_round(db, statements, eval, reg, fanout, chunk).await?;
+        let (n, scopes) = membership_diff(db, statements, eval, reg, fanout, chunk).await?;
+        effects += n;
+        changed.extend(scopes);
     }
-    Ok(effects)
+    Ok((effects, changed))
 }
 
 /// A projected row (canonical wire JSON keyed by field ID) as the image impact functions
@@ -1074,6 +1089,20 @@ async fn membership_round(
     fanout: i64,
     rows: &[(String, String, bool)],
 ) -> Result<usize> {
+    Ok(membership_diff(db, statements, eval, reg, fanout, rows)
+        .await?
+        .0)
+}
+
+/// [`membership_round`], also returning the scopes whose edge set changed.
+async fn membership_diff(
+    db: &Client,
+    statements: &Statements,
+    eval: &Statement,
+    reg: &Registered,
+    fanout: i64,
+    rows: &[(String, String, bool)],
+) -> Result<(usize, std::collections::BTreeSet<String>)> {
     let pks: Vec<&str> = rows.iter().map(|(pk, ..)| pk.as_str()).collect();
     let existing: Vec<&str> = rows
         .iter()
@@ -1165,7 +1194,12 @@ async fn membership_round(
         .await
     };
     futures_util::try_join!(delete_edges, insert_edges, insert_effects)?;
-    Ok(e_scopes.len())
+    let changed = removed_scopes
+        .iter()
+        .chain(added_scopes.iter())
+        .cloned()
+        .collect();
+    Ok((e_scopes.len(), changed))
 }
 
 /// Statements the worker prepares once per session.
