@@ -366,6 +366,87 @@ async fn events(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bo
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// Per-scope bindings a resumable position: (position, membership generation, retention
+/// generation).
+type Bound = (u64, u64, u64);
+
+/// Checks presented connect cursors: misbound (other user, client or scope) is 400;
+/// returns the scopes whose cursor is stale, and the bindings of the others.
+async fn cursor_bindings(
+    state: &AppState,
+    user_id: &str,
+    client_id: &str,
+    client_generation: u64,
+    opened: &BTreeMap<String, synchro_protocol::token::ScopeCursor>,
+    schema: &Json,
+    keeps_generation: bool,
+) -> Result<(BTreeSet<String>, BTreeMap<String, Bound>), ApiError> {
+    use synchro_protocol::lineage::PresentedSchema;
+    use synchro_protocol::token::{CursorStatus, Principal, ScopeStreamState};
+    let mut stale = BTreeSet::new();
+    let mut positions = BTreeMap::new();
+    if opened.is_empty() {
+        return Ok((stale, positions));
+    }
+    let presented_hash = match PresentedSchema::from_json(schema) {
+        Ok(PresentedSchema::Exact(r)) => Some(r.hash),
+        _ => None,
+    };
+    let db = &state.db;
+    let stream_generation: i64 = db
+        .query_one(
+            "SELECT stream_generation FROM synchro.synchro_stream_state()",
+            &[],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .get(0);
+    let scopes: Vec<String> = opened.keys().cloned().collect();
+    let who = Principal {
+        user_id: user_id.to_owned(),
+        client_id: client_id.to_owned(),
+        client_generation,
+    };
+    for r in db
+        .query(
+            "SELECT scope_id, retention_generation, resume_floor, membership_generation
+               FROM synchro.synchro_scope_retention($1)",
+            &[&scopes],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?
+    {
+        let scope: String = r.get(0);
+        let cursor = &opened[&scope];
+        let bindings = ScopeStreamState {
+            stream_generation: stream_generation as u64,
+            membership_generation: r.get::<_, i64>(3) as u64,
+            retention_generation: r.get::<_, i64>(1) as u64,
+            resume_floor: r.get::<_, i64>(2) as u64,
+            schema_hash: presented_hash.unwrap_or(cursor.schema_hash),
+        };
+        match cursor
+            .check(&scope, &who, &bindings)
+            .map_err(|_| ApiError::invalid_request("a scope cursor is invalid"))?
+        {
+            CursorStatus::Resumable(p) if keeps_generation && presented_hash.is_some() => {
+                positions.insert(
+                    scope,
+                    (
+                        p,
+                        bindings.membership_generation,
+                        bindings.retention_generation,
+                    ),
+                );
+            }
+            _ => {
+                stale.insert(scope);
+            }
+        }
+    }
+    Ok((stale, positions))
+}
+
 /// Body size, JSON object, protocol version (426 first) and bearer token. `Ok(Err(_))`
 /// is a finished 426 response.
 async fn preamble(
@@ -448,15 +529,32 @@ async fn connect_inner(
             return Err(ApiError::invalid_request("client_version must be a string"))
         }
     };
-    let presented: BTreeSet<String> = match req.get("scope_cursors") {
-        None | Some(Json::Null) => BTreeSet::new(),
-        Some(Json::Object(m)) => m
-            .iter()
-            .filter(|(_, v)| !matches!(v, Json::Null))
-            .map(|(k, _)| k.clone())
-            .collect(),
+    // Presented cursors: a malformed or forged one is 400 before anything is written.
+    let mut opened: BTreeMap<String, synchro_protocol::token::ScopeCursor> = BTreeMap::new();
+    match req.get("scope_cursors") {
+        None | Some(Json::Null) => {}
+        Some(Json::Object(m)) => {
+            for (scope, v) in m {
+                match v {
+                    Json::Null => {}
+                    Json::String(t) => {
+                        let c = synchro_protocol::token::ScopeCursor::open(&state.cursor_keys, t)
+                            .map_err(|_| {
+                            ApiError::invalid_request("a scope cursor is invalid")
+                        })?;
+                        opened.insert(scope.clone(), c);
+                    }
+                    _ => {
+                        return Err(ApiError::invalid_request(
+                            "scope_cursors values must be strings or null",
+                        ))
+                    }
+                }
+            }
+        }
         Some(_) => return Err(ApiError::invalid_request("scope_cursors must be an object")),
     };
+    let presented: BTreeSet<String> = opened.keys().cloned().collect();
     let schema = req.get("schema").cloned().unwrap_or(Json::Null);
 
     let db = &state.db;
@@ -472,9 +570,25 @@ async fn connect_inner(
         .await
         .map_err(|_| ApiError::unavailable())?;
     let transition_scopes = BTreeMap::new();
-    // Cursor tokens are verified once capture and pull land; until then no presented cursor
-    // can be proven current, so each is treated as stale and nulled (the scope rebuilds).
-    let stale = presented.clone();
+    let (previous_generation, expired) = match &stored {
+        Some(row) => (Some(row.get::<_, i64>(0) as u64), row.get::<_, bool>(2)),
+        None => (None, false),
+    };
+    // A cursor can be bridged only when every binding but the schema is current: same user,
+    // client and (kept) generation, current stream, membership and retention generations,
+    // at or above the floor, issued under the schema the client presents.
+    let keeps_generation =
+        previous_generation.is_some() && !expired && client_generation == previous_generation;
+    let (stale, positions) = cursor_bindings(
+        state,
+        &user_id,
+        &client_id,
+        client_generation.unwrap_or(0),
+        &opened,
+        &schema,
+        keeps_generation,
+    )
+    .await?;
     let view = ServerView {
         identity_known: stored.is_some(),
         client_runtime_supported: runtime_ok,
@@ -502,14 +616,10 @@ async fn connect_inner(
         ));
     };
 
-    let (previous_generation, previous_scopes, expired) = match &stored {
-        Some(row) => (
-            Some(row.get::<_, i64>(0) as u64),
-            row.get::<_, Vec<String>>(1),
-            row.get::<_, bool>(2),
-        ),
-        None => (None, Vec::new(), false),
-    };
+    let previous_scopes: Vec<String> = stored
+        .as_ref()
+        .map(|row| row.get::<_, Vec<String>>(1))
+        .unwrap_or_default();
     let new_generation =
         previous_generation.is_none() || expired || client_generation != previous_generation;
     let installed = match action {
@@ -540,6 +650,33 @@ async fn connect_inner(
     let Json::Object(mut body) = outcome.to_json(&schema) else {
         unreachable!("a schema outcome is an object")
     };
+    // Bridged cursors: the same position re-signed under the current schema hash.
+    if let (Some(current), Some((_, Json::Object(updates)))) = (
+        lineage.current(),
+        body.iter_mut().find(|(k, _)| k == "scope_cursor_updates"),
+    ) {
+        for (scope, value) in updates.iter_mut() {
+            if *value != Json::String("reissue".into()) {
+                continue;
+            }
+            let (position, membership_generation, retention_generation) = positions[scope];
+            let cursor = synchro_protocol::token::ScopeCursor {
+                scope_id: scope.clone(),
+                stream_generation: opened[scope].stream_generation,
+                membership_generation,
+                retention_generation,
+                position,
+                schema_hash: current.schema_hash(),
+                principal: synchro_protocol::token::Principal {
+                    user_id: user_id.clone(),
+                    client_id: client_id.clone(),
+                    client_generation: generation as u64,
+                },
+                issued_at: crate::pull::now_datetime(),
+            };
+            *value = Json::String(cursor.sign(&state.cursor_keys));
+        }
+    }
     body.splice(
         0..0,
         [

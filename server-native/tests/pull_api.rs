@@ -743,3 +743,115 @@ async fn events_stream_names_changed_scopes_right_after_the_commit_without_data(
     assert_eq!(name, "end");
     assert_eq!(data, json!({"reason": "client_generation_expired"}));
 }
+
+#[tokio::test]
+async fn connect_bridges_valid_cursors_across_a_compatible_schema_change() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'a'), (2, 'alice', 'b')")
+        .await
+        .unwrap();
+    s.capture().await;
+    let (cursor, _, _) = follow(&s, &token, "c1", generation, Value::Null).await;
+    let old_schema = s.schema().await;
+    let connect = |schema: Value, cursors: Value| {
+        json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+               "schema": schema, "scope_cursors": cursors})
+    };
+
+    // Exact schema: nothing to bridge, the cursor stays as it is.
+    let (st, v) = s
+        .post(
+            "/sync/connect",
+            &token,
+            connect(old_schema.clone(), json!({"user:alice": cursor})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["schema"]["action"], "none");
+    assert_eq!(v["scope_cursor_updates"], json!({}));
+    // A forged cursor is refused.
+    let mut forged = cursor.as_str().unwrap().to_owned();
+    let tail = if forged.ends_with("AA") { "BB" } else { "AA" };
+    forged.replace_range(forged.len() - 2.., tail);
+    let (st, v) = s
+        .post(
+            "/sync/connect",
+            &token,
+            connect(old_schema.clone(), json!({"user:alice": forged})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("invalid_request"))
+    );
+
+    // A Class 2 change (a new, empty table) and a write after the cursor.
+    s.env
+        .as_app_owner("CREATE TABLE app.tags (id text PRIMARY KEY, label text)")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "tags", "multi_scope"))
+        .await
+        .unwrap();
+    publish(&mut op).await.unwrap();
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (3, 'alice', 'c')")
+        .await
+        .unwrap();
+    s.capture().await;
+    let (st, v) = s
+        .post(
+            "/sync/connect",
+            &token,
+            connect(old_schema.clone(), json!({"user:alice": cursor})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["schema"]["action"], "replace", "{v}");
+    let bridged = v["scope_cursor_updates"]["user:alice"].clone();
+    assert!(
+        bridged.is_string() && bridged != json!("reissue") && bridged != cursor,
+        "{v}"
+    );
+    // The bridged cursor resumes under the new schema at the same position: only the
+    // later write arrives, and the terminal digest matches the source.
+    let new_schema = s.schema().await;
+    assert_ne!(new_schema, old_schema);
+    let (st, v) = s
+        .post(
+            "/sync/pull",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                   "schema": new_schema, "scope_cursors": {"user:alice": bridged}, "limit": 100}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["rebuild_scopes"], json!([]));
+    let pks: Vec<Value> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["pk"].clone())
+        .collect();
+    assert_eq!(pks, [json!("3")]);
+    assert_eq!(
+        v["checksums"]["user:alice"]["digest"].as_str().unwrap(),
+        digest_from_source(&s, "alice").await
+    );
+    // The old-schema cursor itself is not accepted by pull under the new schema: rebuild.
+    let (st, v) = s
+        .post(
+            "/sync/pull",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                   "schema": new_schema, "scope_cursors": {"user:alice": cursor}, "limit": 100}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["rebuild_scopes"], json!(["user:alice"]));
+}

@@ -69,7 +69,11 @@ pub async fn sqlstate(db: &Client, sql: &str) -> String {
 pub async fn docs_digest_from_source(env: &Env, owner: &str) -> String {
     let db = env.login("synchro_dev_operator").await;
     let manifest = load_lineage(&db).await.unwrap().current().unwrap().clone();
-    let table = &manifest.tables[0];
+    let table = manifest
+        .tables
+        .iter()
+        .find(|t| t.name == "docs")
+        .expect("the docs table");
     let field = |name: &str| {
         table
             .fields
