@@ -168,7 +168,9 @@ async fn main() -> Result<()> {
     // The HTTP API in this process.
     let state = Arc::new(AppState {
         db: connect_db(&url("synchro_dev_adapter")).await?,
-        snapshot_db: tokio::sync::Mutex::new(connect_db(&url("synchro_dev_adapter")).await?),
+        snapshot_db: synchro_server::http::SnapshotPool::new(vec![
+            connect_db(&url("synchro_dev_adapter")).await?,
+        ]),
         assignment_db: None,
         auth: Authenticator::hs256(SECRET)?,
         cursor_keys: Keyring::new("k1", &[7; 32])?,

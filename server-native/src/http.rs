@@ -52,9 +52,9 @@ pub struct AppState {
     /// with its owner's privileges and never synchro_owner's (spec 003). Without one, a
     /// registered function makes connect fail closed.
     pub assignment_db: Option<Client>,
-    /// A second adapter connection for pull's read-only REPEATABLE READ snapshots
-    /// (transactions need exclusive use of a connection).
-    pub snapshot_db: tokio::sync::Mutex<Client>,
+    /// Adapter connections for pull's and rebuild's read-only REPEATABLE READ snapshots
+    /// (a transaction needs exclusive use of its connection).
+    pub snapshot_db: SnapshotPool,
     /// Bearer verification.
     pub auth: Authenticator,
     /// Keys for scope cursors.
@@ -63,6 +63,35 @@ pub struct AppState {
     pub config: Config,
     /// Wakes change-notification streams (`POST /sync/events`).
     pub events: crate::events::Notifier,
+}
+
+/// A fixed set of connections handed out one transaction at a time: a free one if any,
+/// otherwise the next in turn once it is released.
+pub struct SnapshotPool {
+    clients: Vec<tokio::sync::Mutex<Client>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl SnapshotPool {
+    /// A pool of these connections (at least one).
+    pub fn new(clients: Vec<Client>) -> SnapshotPool {
+        assert!(!clients.is_empty(), "a snapshot pool needs a connection");
+        SnapshotPool {
+            clients: clients.into_iter().map(tokio::sync::Mutex::new).collect(),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Exclusive use of one connection.
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Client> {
+        for c in &self.clients {
+            if let Ok(guard) = c.try_lock() {
+                return guard;
+            }
+        }
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.clients.len();
+        self.clients[i].lock().await
+    }
 }
 
 /// The router.

@@ -225,7 +225,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 tokio::spawn(capture_loop(url));
             }
             let db = connect_db(&database_url).await?;
-            let snapshot_db = connect_db(&database_url).await?;
+            // Pull and rebuild snapshots run on their own connections, concurrently.
+            let mut snapshot_db = Vec::new();
+            for _ in 0..4 {
+                snapshot_db.push(connect_db(&database_url).await?);
+            }
             let assignment_db = match assignment_url {
                 Some(url) => Some(connect_db(&url).await?),
                 None => None,
@@ -289,7 +293,7 @@ async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
 
 type Connections = (
     tokio_postgres::Client,
-    tokio_postgres::Client,
+    Vec<tokio_postgres::Client>,
     Option<tokio_postgres::Client>,
 );
 
@@ -307,7 +311,7 @@ async fn serve(
     )?;
     let state = Arc::new(AppState {
         db,
-        snapshot_db: tokio::sync::Mutex::new(snapshot_db),
+        snapshot_db: synchro_server::http::SnapshotPool::new(snapshot_db),
         cursor_keys,
         assignment_db,
         auth: Authenticator::hs256(secret)?,
@@ -372,7 +376,10 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
         "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
     );
     println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
-    let snapshot = connect_db(&url_for("synchro_dev_adapter")).await?;
+    let snapshot = vec![
+        connect_db(&url_for("synchro_dev_adapter")).await?,
+        connect_db(&url_for("synchro_dev_adapter")).await?,
+    ];
     serve(
         (adapter, snapshot, Some(assignment)),
         synchro_server::events::Notifier::listen(url_for("synchro_dev_adapter")),

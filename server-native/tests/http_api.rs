@@ -64,7 +64,9 @@ async fn start(config: Config) -> Server {
         .unwrap();
     let state = Arc::new(AppState {
         db: env.login("synchro_dev_adapter").await,
-        snapshot_db: tokio::sync::Mutex::new(env.login("synchro_dev_adapter").await),
+        snapshot_db: synchro_server::http::SnapshotPool::new(vec![
+            env.login("synchro_dev_adapter").await,
+        ]),
         cursor_keys: synchro_protocol::token::Keyring::new("k1", &[9; 32]).unwrap(),
         assignment_db: Some(env.login("synchro_dev_operator").await),
         auth: Authenticator::hs256(SECRET).unwrap(),
@@ -529,11 +531,11 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
         db: synchro_server::connect_db(&env.cluster.url("synchro_dev_adapter", "bare"))
             .await
             .unwrap(),
-        snapshot_db: tokio::sync::Mutex::new(
-            synchro_server::connect_db(&env.cluster.url("synchro_dev_adapter", "bare"))
-                .await
-                .unwrap(),
-        ),
+        snapshot_db: synchro_server::http::SnapshotPool::new(vec![synchro_server::connect_db(
+            &env.cluster.url("synchro_dev_adapter", "bare"),
+        )
+        .await
+        .unwrap()]),
         cursor_keys: synchro_protocol::token::Keyring::new("k1", &[9; 32]).unwrap(),
         assignment_db: None,
         auth: Authenticator::hs256(SECRET).unwrap(),

@@ -58,7 +58,9 @@ async fn stack() -> Stack {
     while worker.step(Failpoint::None).await.unwrap() != StepOutcome::Applied(0) {}
     let state = Arc::new(AppState {
         db: env.login("synchro_dev_adapter").await,
-        snapshot_db: tokio::sync::Mutex::new(env.login("synchro_dev_adapter").await),
+        snapshot_db: synchro_server::http::SnapshotPool::new(vec![
+            env.login("synchro_dev_adapter").await,
+        ]),
         assignment_db: None,
         auth: Authenticator::hs256(SECRET).unwrap(),
         cursor_keys: Keyring::new("k1", &[3; 32]).unwrap(),
@@ -854,4 +856,32 @@ async fn connect_bridges_valid_cursors_across_a_compatible_schema_change() {
         .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["rebuild_scopes"], json!(["user:alice"]));
+}
+
+#[tokio::test]
+async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy() {
+    let env = Env::installed().await;
+    let pool = synchro_server::http::SnapshotPool::new(vec![
+        env.login("synchro_dev_adapter").await,
+        env.login("synchro_dev_adapter").await,
+    ]);
+    let a = pool.lock().await;
+    let b = tokio::time::timeout(std::time::Duration::from_secs(5), pool.lock())
+        .await
+        .expect("the second connection is free");
+    // Two snapshots at once on distinct sessions.
+    async fn pid(c: &tokio_postgres::Client) -> i32 {
+        c.query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+    assert_ne!(pid(&a).await, pid(&b).await);
+    // Both busy: a third waits until one is released.
+    let waiting = tokio::time::timeout(std::time::Duration::from_millis(200), pool.lock()).await;
+    assert!(waiting.is_err(), "no third connection exists");
+    drop(a);
+    tokio::time::timeout(std::time::Duration::from_secs(5), pool.lock())
+        .await
+        .expect("a released connection is handed out again");
 }
