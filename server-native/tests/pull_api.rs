@@ -881,7 +881,8 @@ async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy()
     let waiting = tokio::time::timeout(std::time::Duration::from_millis(200), pool.lock()).await;
     assert!(waiting.is_err(), "no third connection exists");
     drop(a);
-    tokio::time::timeout(std::time::Duration::from_secs(5), pool.lock())
+    let again = tokio::time::timeout(std::time::Duration::from_secs(5), pool.lock())
         .await
         .expect("a released connection is handed out again");
+    assert_eq!(pid(&again).await, pid(&again).await);
 }
