@@ -876,7 +876,8 @@ async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy()
             .unwrap()
             .get(0)
     }
-    assert_ne!(pid(&a).await, pid(&b).await);
+    let a_pid = pid(&a).await;
+    assert_ne!(a_pid, pid(&b).await);
     // Both busy: a third waits until one is released.
     let waiting = tokio::time::timeout(std::time::Duration::from_millis(200), pool.lock()).await;
     assert!(waiting.is_err(), "no third connection exists");
@@ -884,5 +885,9 @@ async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy()
     let again = tokio::time::timeout(std::time::Duration::from_secs(5), pool.lock())
         .await
         .expect("a released connection is handed out again");
-    assert_eq!(pid(&again).await, pid(&again).await);
+    assert_eq!(
+        pid(&again).await,
+        a_pid,
+        "the released connection, not the busy one"
+    );
 }
