@@ -105,6 +105,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_scope_membership_generation.sql",
         sql: include_str!("../migrations/0014_scope_membership_generation.sql"),
     },
+    Migration {
+        version: 15,
+        name: "0015_fences.sql",
+        sql: include_str!("../migrations/0015_fences.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -268,6 +268,7 @@ async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
         .unwrap();
     drain(&mut worker).await;
     for check in [
+        "capture_fences",
         "capture_worker",
         "capture_slot",
         "capture_wal_lag",
@@ -347,4 +348,70 @@ async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
         assert!(std::time::Instant::now() < deadline, "lock never released");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn versions_come_from_the_writers_fence_and_a_missing_fence_blocks() {
+    let (env, _) = setup().await;
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    // The version is allocated in the writer's transaction, before the row changes.
+    let allocated: Vec<String> = env
+        .admin
+        .simple_query(
+            "BEGIN; INSERT INTO app.items VALUES (1, 'a', 1, NULL);
+             SELECT currval('synchro.row_version_seq')::text;
+             UPDATE app.items SET qty = 2 WHERE id = 1;
+             SELECT currval('synchro.row_version_seq')::text; COMMIT;",
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(allocated.len(), 2);
+    assert_ne!(allocated[0], allocated[1]);
+    assert_eq!(drain(&mut worker).await, 1);
+    let version: String = env
+        .admin
+        .query_one(
+            "SELECT server_version FROM synchro.projection_rows WHERE pk = '\"1\"'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, allocated[1], "the last change's fence");
+
+    // A write that bypasses the fence trigger is never captured with an invented version.
+    let before: String = env
+        .admin
+        .query_one("SELECT confirmed_lsn::text FROM synchro.capture_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    env.admin
+        .batch_execute(
+            "ALTER TABLE app.items DISABLE TRIGGER synchro_source_fence;
+             INSERT INTO app.items VALUES (2, 'b', 1, NULL);",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("missing_fence".into())
+    );
+    let after: String = env
+        .admin
+        .query_one("SELECT confirmed_lsn::text FROM synchro.capture_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after, "nothing acknowledged");
+    assert_eq!(health(&env, "capture_fences").await, "failed");
 }

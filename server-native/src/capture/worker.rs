@@ -461,8 +461,30 @@ impl Worker {
         // its last change, version, row JSON or None when deleted).
         let mut finals: HashMap<(u32, String), (usize, String, Option<String>)> = HashMap::new();
         let mut bootstrapped: Vec<String> = Vec::new();
+        // Versions the source trigger allocated, by (relation ID, key text), consumed by the
+        // change that follows each fence.
+        let mut fences: HashMap<(String, String), String> = HashMap::new();
         for m in &tx.messages {
             let (relation, key, new) = match m {
+                Message::LogicalMessage {
+                    transactional: true,
+                    prefix,
+                    content,
+                    ..
+                } if prefix == "synchro.fence" => {
+                    let fence = std::str::from_utf8(content)
+                        .ok()
+                        .and_then(|t| Json::parse(t).ok())
+                        .ok_or(Blocked("decode_error"))?;
+                    let text = |k: &str| fence.get(k).and_then(Json::as_str).map(str::to_owned);
+                    match (text("relation_id"), text("key"), text("version")) {
+                        (Some(r), Some(k), Some(v)) => {
+                            fences.insert((r, k), v);
+                        }
+                        _ => bail!(Blocked("decode_error")),
+                    }
+                    continue;
+                }
                 Message::LogicalMessage {
                     transactional: true,
                     prefix,
@@ -509,7 +531,16 @@ impl Worker {
             }
             ordinal += 1;
             let seq = ordinal as usize;
-            let version = format!("{:X}/{:X}:{ordinal}", commit >> 32, commit & 0xffff_ffff);
+            // The version its fence allocated before the row changed.
+            let raw_key = raw_key_text(
+                reg,
+                shape,
+                key.unwrap_or_else(|| new.expect("insert or update")),
+            )
+            .ok_or(Blocked("registered_relation_drift"))?;
+            let version = fences
+                .remove(&(reg.relation_id.clone(), raw_key))
+                .ok_or(Blocked("missing_fence"))?;
             let old_pk = match key {
                 Some(k) => Some(key_text(reg, shape, k)?),
                 None => None,
@@ -1333,6 +1364,16 @@ fn complete_transactions(messages: Vec<Message>) -> Vec<Transaction> {
 fn field_of<'a>(reg: &'a Registered, shape: &RelationShape, i: usize) -> Option<(&'a Field, u32)> {
     let (name, oid) = shape.columns.get(i)?;
     reg.fields_by_column.get(name).map(|f| (f, *oid))
+}
+
+/// The key column's text exactly as the source sent it (what the fence recorded).
+fn raw_key_text(reg: &Registered, shape: &RelationShape, values: &[Value]) -> Option<String> {
+    values.iter().enumerate().find_map(|(i, v)| {
+        match (field_of(reg, shape, i).filter(|(f, _)| f.is_key), v) {
+            (Some(_), Value::Text(t)) => String::from_utf8(t.clone()).ok(),
+            _ => None,
+        }
+    })
 }
 
 fn key_text(reg: &Registered, shape: &RelationShape, values: &[Value]) -> Result<String> {
