@@ -110,6 +110,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0015_fences.sql",
         sql: include_str!("../migrations/0015_fences.sql"),
     },
+    Migration {
+        version: 16,
+        name: "0016_staged_backfill.sql",
+        sql: include_str!("../migrations/0016_staged_backfill.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

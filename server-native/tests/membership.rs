@@ -161,16 +161,46 @@ async fn membership_functions_are_validated_and_cannot_read_live_tables() {
     );
 }
 
+async fn staged_through(env: &Env) -> Option<String> {
+    env.admin
+        .query_one(
+            "SELECT staged_through FROM synchro.membership_functions",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `(scope, pk)` live edges.
+async fn edge_set(env: &Env) -> Vec<(String, String)> {
+    env.admin
+        .query(
+            "SELECT scope_id, pk FROM synchro.membership_edges ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
 #[tokio::test]
-async fn a_changed_rule_re_evaluates_every_existing_row() {
+async fn a_changed_rule_is_staged_in_batches_then_activated_atomically() {
     let (env, mut worker) = setup().await;
     env.admin
-        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red'), (2, 'bob', NULL)")
+        .batch_execute(
+            "INSERT INTO app.docs VALUES (1, 'alice', 'red'), (2, 'bob', NULL), (3, 'alice', 'blue'),
+                                         (4, 'bob', 'red'), (5, 'carol', 'green');
+             UPDATE synchro.settings SET value = '2' WHERE key = 'backfill_batch_size';",
+        )
         .await
         .unwrap();
     drain(&mut worker).await;
-    let before = effects(&env).await.len();
-    // The new rule drops team scopes; no row changes.
+    let live_before = edge_set(&env).await;
+    let effects_before = effects(&env).await.len();
+    // The new rule drops team scopes.
     let op = env.login("synchro_dev_operator").await;
     op.batch_execute(
         "CREATE FUNCTION rules.owner_only(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
@@ -181,36 +211,57 @@ async fn a_changed_rule_re_evaluates_every_existing_row() {
     )
     .await
     .unwrap();
-    drain(&mut worker).await;
-    let after = effects(&env).await;
+    // First batch: two rows staged; the live rule and its edges are untouched.
     assert_eq!(
-        after[before..],
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Applied(0)
+    );
+    assert_eq!(staged_through(&env).await.as_deref(), Some("\"2\""));
+    assert_eq!(edge_set(&env).await, live_before);
+    assert_eq!(effects(&env).await.len(), effects_before);
+    // Writes during staging: to a staged row and to a row not staged yet.
+    env.admin
+        .batch_execute("UPDATE app.docs SET owner = 'dave' WHERE id = 1; UPDATE app.docs SET owner = 'erin' WHERE id = 4")
+        .await
+        .unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Applied(1)
+    );
+    assert_eq!(staged_through(&env).await.as_deref(), Some("\"4\""));
+    // The live rule (owner and team) still decides what clients see.
+    assert!(edge_set(&env)
+        .await
+        .contains(&("team:red".into(), "\"1\"".into())));
+    assert!(edge_set(&env)
+        .await
+        .contains(&("user:dave".into(), "\"1\"".into())));
+    // Last batch: activation, in one transaction, as the new rule over the current rows.
+    drain(&mut worker).await;
+    assert_eq!(staged_through(&env).await, None);
+    assert_eq!(
+        edge_set(&env).await,
         [
-            e("team:red", "delete", "\"1\""),
-            e("user:alice", "upsert", "\"1\""),
-            e("user:bob", "upsert", "\"2\"")
+            ("user:alice".to_owned(), "\"3\"".to_owned()),
+            ("user:bob".to_owned(), "\"2\"".to_owned()),
+            ("user:carol".to_owned(), "\"5\"".to_owned()),
+            ("user:dave".to_owned(), "\"1\"".to_owned()),
+            ("user:erin".to_owned(), "\"4\"".to_owned()),
         ]
     );
-    let edges: Vec<(String, String)> = env
+    let live: String = env
         .admin
-        .query(
-            "SELECT scope_id, pk FROM synchro.membership_edges ORDER BY 1, 2",
+        .query_one(
+            "SELECT function_signature FROM synchro.membership_functions WHERE pending_function_oid IS NULL",
             &[],
         )
         .await
         .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    assert_eq!(
-        edges,
-        [
-            ("user:alice".to_owned(), "\"1\"".to_owned()),
-            ("user:bob".to_owned(), "\"2\"".to_owned())
-        ]
-    );
-    // Only the scope whose edge set changed gets a new membership generation; user:alice
-    // and user:bob keep theirs (their cursors stay resumable).
+        .get(0);
+    assert_eq!(live, "rules.owner_only(bigint)");
+    // Only the team scopes changed at activation: they alone get a new generation, and
+    // activation's effects are exactly the removed edges (the owner changes were applied
+    // under the live rule while staging ran).
     let generations: Vec<(String, i64)> = env
         .admin
         .query(
@@ -222,8 +273,33 @@ async fn a_changed_rule_re_evaluates_every_existing_row() {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(generations, [("team:red".to_owned(), 2)]);
-    // Evaluated once: another step changes nothing.
+    assert_eq!(
+        generations,
+        [
+            ("team:blue".to_owned(), 2),
+            ("team:green".to_owned(), 2),
+            ("team:red".to_owned(), 2)
+        ]
+    );
+    let tail: Vec<_> = effects(&env)
+        .await
+        .into_iter()
+        .skip(effects_before)
+        .collect();
+    assert!(tail.contains(&e("team:red", "delete", "\"4\"")), "{tail:?}");
+    assert!(
+        tail.contains(&e("user:erin", "upsert", "\"4\"")),
+        "{tail:?}"
+    );
+    assert_eq!(
+        tail.iter()
+            .filter(|(s, k, _)| s.starts_with("team:") && k == "delete")
+            .count(),
+        4,
+        "each team edge removed once: {tail:?}"
+    );
+    // Activated once: another step changes nothing.
+    let n = effects(&env).await.len();
     drain(&mut worker).await;
-    assert_eq!(effects(&env).await.len(), after.len());
+    assert_eq!(effects(&env).await.len(), n);
 }

@@ -81,6 +81,8 @@ struct Registered {
     /// Generation of the membership contract (function and dependencies), and the one last
     /// evaluated over every row.
     contract: (i64, i64),
+    /// A staged rule change: the pending function and the last key staged (byte order).
+    pending: Option<(String, Option<String>)>,
 }
 
 /// A registered dependency, seen from the dependency relation.
@@ -211,6 +213,7 @@ impl Worker {
                 table_id: r.get(13),
                 impacts: Vec::new(),
                 contract: (0, r.get(14)),
+                pending: None,
             });
             let ty = PortableType::parse(&r.get::<_, String>(7))
                 .context("registry holds an unknown type")?;
@@ -239,7 +242,7 @@ impl Worker {
             .materialize
             .query(
                 "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
-                        r.fanout_bound::bigint,
+                        r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
                         m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
                                                              WHERE d.target_relation_id = m.relation_id), 0)::bigint
                    FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)",
@@ -249,7 +252,8 @@ impl Worker {
         {
             if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
                 reg.membership = Some((r.get(1), r.get(2), r.get(3)));
-                reg.contract.0 = r.get(4);
+                reg.pending = r.get::<_, Option<String>>(4).map(|f| (f, r.get(5)));
+                reg.contract.0 = r.get(6);
             }
         }
         for r in self
@@ -334,6 +338,32 @@ impl Worker {
             }
             let reg = registry.get_mut(&oid).expect("listed");
             reg.contract.1 = reg.contract.0;
+        }
+        // Staged rule changes: one bounded batch each per step (activation when complete).
+        let staging: Vec<u32> = registry
+            .iter()
+            .filter(|(_, r)| r.status == "active" && r.pending.is_some())
+            .map(|(oid, _)| *oid)
+            .collect();
+        for oid in staging {
+            match self.stage_batch(&registry[&oid]).await {
+                Ok(through) => {
+                    let reg = registry.get_mut(&oid).expect("listed");
+                    match through {
+                        Some(t) => reg.pending.as_mut().expect("pending").1 = Some(t),
+                        None => {
+                            // Activated: reload the registry for the new live rule.
+                            registry = self.registry().await?;
+                        }
+                    }
+                }
+                Err(e) => {
+                    return match block_reason(&e) {
+                        Some(reason) => self.block(reason).await,
+                        None => Err(e),
+                    }
+                }
+            }
         }
         let mut applied = 0;
         let started = std::time::Instant::now();
@@ -721,6 +751,19 @@ impl Worker {
                     effects +=
                         membership_round(db, &self.statements, &eval, reg, m.2, rows).await?;
                 }
+                // A staged rule: rows already staged are re-staged from this final state.
+                if let (Some(m), Some((pending, Some(through)))) = (&reg.membership, &reg.pending) {
+                    let staged: Vec<&EvalRow> = rows
+                        .iter()
+                        .filter(|(pk, ..)| pk.as_bytes() <= through.as_bytes())
+                        .collect();
+                    if !staged.is_empty() {
+                        let eval = self
+                            .eval_statement(&(pending.clone(), m.1.clone(), m.2))
+                            .await?;
+                        stage_rows(db, &eval, reg, m.2, &staged).await?;
+                    }
+                }
             }
             for relation_id in &bootstrapped {
                 let copied = registry.values().find(|r| &r.relation_id == relation_id);
@@ -774,6 +817,71 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Stages the next batch of a pending rule (rows after `staged_through`, byte order) in
+    /// one transaction; when the batch is the last, activates the rule in that same
+    /// transaction. Returns the new `staged_through`, or `None` once activated.
+    async fn stage_batch(&self, reg: &Registered) -> Result<Option<String>> {
+        let m = reg.membership.as_ref().context("no membership function")?;
+        let (pending, through) = reg.pending.as_ref().context("nothing pending")?;
+        let eval = self
+            .eval_statement(&(pending.clone(), m.1.clone(), m.2))
+            .await?;
+        let db = &self.materialize;
+        db.batch_execute("BEGIN").await?;
+        let result = async {
+            let batch: i64 = db
+                .query_one(
+                    "SELECT value::bigint FROM synchro.settings WHERE key = 'backfill_batch_size'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            let pks: Vec<String> = db
+                .query(
+                    "SELECT pk FROM synchro.projection_rows
+                      WHERE relation_id = $1 AND ($2::text IS NULL OR pk COLLATE \"C\" > $2::text COLLATE \"C\")
+                      ORDER BY pk COLLATE \"C\" LIMIT $3",
+                    &[&reg.relation_id, through, &batch.max(1)],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let rows: Vec<EvalRow> = pks
+                .iter()
+                .map(|pk| (pk.clone(), String::new(), true))
+                .collect();
+            stage_rows(db, &eval, reg, m.2, &rows.iter().collect::<Vec<_>>()).await?;
+            let outcome = if (pks.len() as i64) < batch.max(1) {
+                let at: PgLsn = db
+                    .query_one("SELECT confirmed_lsn FROM synchro.capture_state", &[])
+                    .await?
+                    .get(0);
+                let effects = activate(db, &self.statements, reg, u64::from(at)).await?;
+                if effects > 0 {
+                    db.batch_execute("NOTIFY synchro_effects").await?;
+                }
+                tracing::info!(effects, "staged membership rule activated");
+                None
+            } else {
+                let last = pks.last().cloned();
+                db.execute(
+                    "UPDATE synchro.membership_functions SET staged_through = $2 WHERE relation_id = $1",
+                    &[&reg.relation_id, &last],
+                )
+                .await?;
+                last
+            };
+            db.batch_execute("COMMIT").await?;
+            Ok::<_, anyhow::Error>(outcome)
+        }
+        .await;
+        if result.is_err() {
+            let _ = db.batch_execute("ROLLBACK").await;
+        }
+        result
     }
 
     /// Re-evaluates every row of a relation whose membership contract changed, in one
@@ -1082,6 +1190,174 @@ async fn reevaluate_relation(
         changed.extend(scopes);
     }
     Ok((effects, changed))
+}
+
+/// Replaces the staged edges of these rows with the pending rule's result over their
+/// current projected state (rows that no longer exist get none).
+async fn stage_rows(
+    db: &Client,
+    eval: &Statement,
+    reg: &Registered,
+    fanout: i64,
+    rows: &[&EvalRow],
+) -> Result<()> {
+    let pks: Vec<&str> = rows.iter().map(|(pk, ..)| pk.as_str()).collect();
+    let existing: Vec<&str> = rows
+        .iter()
+        .filter(|(_, _, exists)| *exists)
+        .map(|(pk, ..)| pk.as_str())
+        .collect();
+    let args = existing
+        .iter()
+        .map(|pk| key_argument(pk))
+        .collect::<Result<Vec<_>>>()?;
+    let evaluated = db
+        .query(eval, &[&existing, &args])
+        .await
+        .map_err(|_| Blocked("scope_evaluation_failed"))?;
+    let mut scopes: HashMap<&str, Vec<String>> =
+        existing.iter().map(|pk| (*pk, Vec::new())).collect();
+    for r in &evaluated {
+        let pk: &str = r.get(0);
+        match (scopes.get_mut(pk), r.get::<_, Option<String>>(1)) {
+            (Some(set), Some(s)) if !s.trim().is_empty() => {
+                if !set.contains(&s) {
+                    set.push(s);
+                }
+            }
+            _ => bail!(Blocked("scope_evaluation_failed")),
+        }
+    }
+    if scopes.values().any(|s| s.len() as i64 > fanout) {
+        bail!(Blocked("scope_evaluation_failed"));
+    }
+    let (mut s_pks, mut s_scopes) = (Vec::new(), Vec::new());
+    for (pk, set) in &scopes {
+        for s in set {
+            s_pks.push(*pk);
+            s_scopes.push(s.as_str());
+        }
+    }
+    db.execute(
+        "DELETE FROM synchro.membership_staged_edges WHERE relation_id = $1 AND pk = ANY($2::text[])",
+        &[&reg.relation_id, &pks],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO synchro.membership_staged_edges (relation_id, pk, scope_id)
+         SELECT $1, k, s FROM unnest($2::text[], $3::text[]) AS a(k, s)",
+        &[&reg.relation_id, &s_pks, &s_scopes],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Activates a fully staged rule: the live edges become the staged ones through a diff
+/// (deletes then upserts per row, with each row's current version), the scopes that changed
+/// get a new membership generation, and the pending function becomes the live one.
+async fn activate(
+    db: &Client,
+    statements: &Statements,
+    reg: &Registered,
+    at: u64,
+) -> Result<usize> {
+    let diff: Vec<(String, String, String)> = db
+        .query(
+            "(SELECT 'delete', scope_id, pk FROM synchro.membership_edges WHERE relation_id = $1
+              EXCEPT SELECT 'delete', scope_id, pk FROM synchro.membership_staged_edges WHERE relation_id = $1)
+             UNION ALL
+             (SELECT 'upsert', scope_id, pk FROM synchro.membership_staged_edges WHERE relation_id = $1
+              EXCEPT SELECT 'upsert', scope_id, pk FROM synchro.membership_edges WHERE relation_id = $1)",
+            &[&reg.relation_id],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let mut diff = diff;
+    diff.sort_by(|a, b| {
+        (a.2.as_bytes(), a.0 != "delete", a.1.as_bytes()).cmp(&(
+            b.2.as_bytes(),
+            b.0 != "delete",
+            b.1.as_bytes(),
+        ))
+    });
+    let pks: Vec<&str> = diff.iter().map(|(_, _, pk)| pk.as_str()).collect();
+    let versions: HashMap<String, String> = db
+        .query(&statements.versions, &[&reg.relation_id, &pks])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let lsn = format!("{:X}/{:X}", at >> 32, at & 0xffff_ffff);
+    let (mut removed_scopes, mut removed_pks, mut added_scopes, mut added_pks) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut e_scopes, mut e_pks, mut e_kinds, mut e_versions) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, (kind, scope, pk)) in diff.iter().enumerate() {
+        if kind == "delete" {
+            removed_scopes.push(scope.as_str());
+            removed_pks.push(pk.as_str());
+        } else {
+            added_scopes.push(scope.as_str());
+            added_pks.push(pk.as_str());
+        }
+        e_scopes.push(scope.as_str());
+        e_pks.push(pk.as_str());
+        e_kinds.push(kind.as_str());
+        e_versions.push(
+            versions
+                .get(pk)
+                .cloned()
+                .unwrap_or_else(|| format!("{lsn}:d{}", i + 1)),
+        );
+    }
+    db.execute(
+        &statements.delete_edges,
+        &[&reg.relation_id, &removed_scopes, &removed_pks],
+    )
+    .await?;
+    db.execute(
+        &statements.insert_edges,
+        &[&reg.relation_id, &added_scopes, &added_pks],
+    )
+    .await?;
+    db.execute(
+        &statements.insert_effects,
+        &[&reg.relation_id, &e_scopes, &e_pks, &e_kinds, &e_versions],
+    )
+    .await?;
+    let mut changed: Vec<&str> = e_scopes.clone();
+    changed.sort_unstable();
+    changed.dedup();
+    db.execute(
+        "INSERT INTO synchro.scope_retention AS r (scope_id, membership_generation)
+         SELECT s, 2 FROM unnest($1::text[]) AS s
+         ON CONFLICT (scope_id) DO UPDATE SET membership_generation = r.membership_generation + 1",
+        &[&changed],
+    )
+    .await?;
+    db.execute(
+        "UPDATE synchro.membership_functions
+            SET function_oid = pending_function_oid, function_signature = pending_signature,
+                definition_sha256 = pending_sha256, membership_generation = membership_generation + 1,
+                pending_function_oid = NULL, pending_signature = NULL, pending_sha256 = NULL,
+                staged_through = NULL, staging_started_at = NULL
+          WHERE relation_id = $1",
+        &[&reg.relation_id],
+    )
+    .await?;
+    db.execute(
+        "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now() WHERE relation_id = $1",
+        &[&reg.relation_id, &(reg.contract.0 + 1)],
+    )
+    .await?;
+    db.execute(
+        "DELETE FROM synchro.membership_staged_edges WHERE relation_id = $1",
+        &[&reg.relation_id],
+    )
+    .await?;
+    Ok(e_scopes.len())
 }
 
 /// A projected row (canonical wire JSON keyed by field ID) as the image impact functions
