@@ -1192,6 +1192,33 @@ async fn reevaluate_relation(
     Ok((effects, changed))
 }
 
+/// Each evaluated row's scope set from `(pk, scope)` result rows: a null, empty or blank
+/// scope, a row that was not asked for, or more scopes than the fanout bound fails the
+/// evaluation (never an empty or truncated set). Duplicates count once.
+fn scope_sets<'a>(
+    existing: &[&'a str],
+    evaluated: &[tokio_postgres::Row],
+    fanout: i64,
+) -> Result<HashMap<&'a str, Vec<String>>> {
+    let mut sets: HashMap<&str, Vec<String>> =
+        existing.iter().map(|pk| (*pk, Vec::new())).collect();
+    for r in evaluated {
+        let pk: &str = r.get(0);
+        match (sets.get_mut(pk), r.get::<_, Option<String>>(1)) {
+            (Some(set), Some(s)) if !s.trim().is_empty() => {
+                if !set.contains(&s) {
+                    set.push(s);
+                }
+            }
+            _ => bail!(Blocked("scope_evaluation_failed")),
+        }
+    }
+    if sets.values().any(|s| s.len() as i64 > fanout) {
+        bail!(Blocked("scope_evaluation_failed"));
+    }
+    Ok(sets)
+}
+
 /// Replaces the staged edges of these rows with the pending rule's result over their
 /// current projected state (rows that no longer exist get none).
 async fn stage_rows(
@@ -1215,22 +1242,7 @@ async fn stage_rows(
         .query(eval, &[&existing, &args])
         .await
         .map_err(|_| Blocked("scope_evaluation_failed"))?;
-    let mut scopes: HashMap<&str, Vec<String>> =
-        existing.iter().map(|pk| (*pk, Vec::new())).collect();
-    for r in &evaluated {
-        let pk: &str = r.get(0);
-        match (scopes.get_mut(pk), r.get::<_, Option<String>>(1)) {
-            (Some(set), Some(s)) if !s.trim().is_empty() => {
-                if !set.contains(&s) {
-                    set.push(s);
-                }
-            }
-            _ => bail!(Blocked("scope_evaluation_failed")),
-        }
-    }
-    if scopes.values().any(|s| s.len() as i64 > fanout) {
-        bail!(Blocked("scope_evaluation_failed"));
-    }
+    let scopes = scope_sets(&existing, &evaluated, fanout)?;
     let (mut s_pks, mut s_scopes) = (Vec::new(), Vec::new());
     for (pk, set) in &scopes {
         for s in set {
@@ -1431,22 +1443,7 @@ async fn membership_diff(
             .map_err(anyhow::Error::from)
     };
     let (evaluated, old_edges) = futures_util::try_join!(evaluation, old_edges)?;
-    let mut new_scopes: HashMap<&str, Vec<String>> =
-        existing.iter().map(|pk| (*pk, Vec::new())).collect();
-    for r in &evaluated {
-        let pk: &str = r.get(0);
-        match (new_scopes.get_mut(pk), r.get::<_, Option<String>>(1)) {
-            (Some(set), Some(s)) if !s.trim().is_empty() => {
-                if !set.contains(&s) {
-                    set.push(s);
-                }
-            }
-            _ => bail!(Blocked("scope_evaluation_failed")),
-        }
-    }
-    if new_scopes.values().any(|s| s.len() as i64 > fanout) {
-        bail!(Blocked("scope_evaluation_failed"));
-    }
+    let mut new_scopes = scope_sets(&existing, &evaluated, fanout)?;
     let mut old_scopes: HashMap<String, Vec<String>> = HashMap::new();
     for r in &old_edges {
         old_scopes.entry(r.get(0)).or_default().push(r.get(1));
