@@ -562,12 +562,9 @@ impl Worker {
             ordinal += 1;
             let seq = ordinal as usize;
             // The version its fence allocated before the row changed.
-            let raw_key = raw_key_text(
-                reg,
-                shape,
-                key.unwrap_or_else(|| new.expect("insert or update")),
-            )
-            .ok_or(Blocked("registered_relation_drift"))?;
+            let key_values = key.or(new).ok_or(Blocked("decode_error"))?;
+            let raw_key =
+                raw_key_text(reg, shape, key_values).ok_or(Blocked("registered_relation_drift"))?;
             let version = fences
                 .remove(&(reg.relation_id.clone(), raw_key))
                 .ok_or(Blocked("missing_fence"))?;
