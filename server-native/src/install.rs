@@ -115,6 +115,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0016_staged_backfill.sql",
         sql: include_str!("../migrations/0016_staged_backfill.sql"),
     },
+    Migration {
+        version: 17,
+        name: "0017_staged_dependencies.sql",
+        sql: include_str!("../migrations/0017_staged_dependencies.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -152,6 +152,17 @@ async fn watermark(env: &Env) -> i64 {
         .get(0)
 }
 
+async fn pending(env: &Env) -> bool {
+    env.admin
+        .query_one(
+            "SELECT pending_function_oid IS NOT NULL FROM synchro.membership_functions",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 async fn health(env: &Env, check: &str) -> String {
     env.admin
         .query_one("SELECT synchro.synchro_health_detail() ->> $1", &[&check])
@@ -167,7 +178,11 @@ fn e(scope: &str, kind: &str, pk: &str) -> (String, String, String) {
 #[tokio::test]
 async fn a_dependency_change_moves_every_dependent_row_between_scopes() {
     let mut s = setup().await;
+    // Declaring the dependency staged the live rule again; the worker activates it.
+    assert!(pending(&s.env).await);
     assert_eq!(drain(&mut s.worker).await, StepOutcome::Applied(0));
+    assert_eq!(drain(&mut s.worker).await, StepOutcome::Applied(0));
+    assert!(!pending(&s.env).await);
     assert_eq!(health(&s.env, "membership_dependencies").await, "ok");
     // Rows that existed before capture: both relations bootstrapped, membership joined.
     assert_eq!(edges(&s.env).await, expected(&s.env).await);

@@ -325,7 +325,11 @@ impl Worker {
         let stale: Vec<u32> = registry
             .iter()
             .filter(|(_, r)| {
-                r.status == "active" && r.membership.is_some() && r.contract.0 != r.contract.1
+                // (A pending rule is staged instead; its activation records the contract.)
+                r.status == "active"
+                    && r.membership.is_some()
+                    && r.pending.is_none()
+                    && r.contract.0 != r.contract.1
             })
             .map(|(oid, _)| *oid)
             .collect();
