@@ -303,3 +303,58 @@ async fn a_changed_rule_is_staged_in_batches_then_activated_atomically() {
     drain(&mut worker).await;
     assert_eq!(effects(&env).await.len(), n);
 }
+
+#[tokio::test]
+async fn membership_functions_run_as_their_owner_never_as_the_worker() {
+    let (env, mut worker) = setup().await;
+    let op = env.login("synchro_dev_operator").await;
+    op.batch_execute(
+        "CREATE FUNCTION rules.whoami(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'user:' || owner || '@' || current_user FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.whoami(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.whoami(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.whoami(bigint)');",
+    )
+    .await
+    .unwrap();
+    drain(&mut worker).await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', NULL)")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(
+        edge_set(&env).await,
+        [(
+            "user:alice@synchro_dev_operator".to_owned(),
+            "\"1\"".to_owned()
+        )]
+    );
+    // Without the right to act as the owner, evaluation fails closed.
+    drop(worker);
+    env.admin
+        .batch_execute("REVOKE synchro_dev_operator FROM synchro_dev_worker")
+        .await
+        .unwrap();
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (2, 'bob', NULL)")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let outcome = loop {
+        match worker.step(Failpoint::None).await.unwrap() {
+            StepOutcome::NotLeader if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            StepOutcome::Applied(n) if n > 0 => {}
+            other => break other,
+        }
+    };
+    assert_eq!(
+        outcome,
+        StepOutcome::Blocked("scope_evaluation_failed".into())
+    );
+}

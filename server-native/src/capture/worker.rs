@@ -116,6 +116,8 @@ pub struct Worker {
     statements: Statements,
     /// Prepared membership evaluations by function.
     eval: std::sync::Mutex<HashMap<String, Statement>>,
+    /// The owner role of every registered membership and impact function, by function.
+    owners: std::sync::Mutex<HashMap<String, String>>,
     slot: String,
     last_compaction: std::time::Instant,
     last_heartbeat: std::time::Instant,
@@ -178,6 +180,7 @@ impl Worker {
             materialize,
             statements,
             eval: std::sync::Mutex::new(HashMap::new()),
+            owners: std::sync::Mutex::new(HashMap::new()),
             slot,
             last_compaction: std::time::Instant::now(),
             last_heartbeat: std::time::Instant::now()
@@ -244,8 +247,11 @@ impl Worker {
                 "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
                         r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
                         m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
-                                                             WHERE d.target_relation_id = m.relation_id), 0)::bigint
-                   FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)",
+                                                             WHERE d.target_relation_id = m.relation_id), 0)::bigint,
+                        pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text
+                   FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
+                   LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
+                   LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid",
                 &[],
             )
             .await?
@@ -254,13 +260,24 @@ impl Worker {
                 reg.membership = Some((r.get(1), r.get(2), r.get(3)));
                 reg.pending = r.get::<_, Option<String>>(4).map(|f| (f, r.get(5)));
                 reg.contract.0 = r.get(6);
+                let mut owners = self.owners.lock().expect("owners");
+                for (function, owner) in [(1, 7), (4, 8)] {
+                    if let (Some(f), Some(o)) = (
+                        r.get::<_, Option<String>>(function),
+                        r.get::<_, Option<String>>(owner),
+                    ) {
+                        owners.insert(f, o);
+                    }
+                }
             }
         }
         for r in self
             .materialize
             .query(
                 "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
-                        m.max_impact_rows::bigint
+                        m.max_impact_rows::bigint,
+                        (SELECT pg_catalog.pg_get_userbyid(p.proowner)::text FROM pg_catalog.pg_proc p
+                          WHERE p.oid = m.impact_function_oid)
                    FROM synchro.membership_dependencies m
                    JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
                    JOIN synchro.relations t ON t.relation_id = m.target_relation_id",
@@ -268,6 +285,12 @@ impl Worker {
             )
             .await?
         {
+            if let Some(owner) = r.get::<_, Option<String>>(4) {
+                self.owners
+                    .lock()
+                    .expect("owners")
+                    .insert(r.get(2), owner);
+            }
             if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
                 reg.impacts.push(Impact {
                     target: r.get(1),
@@ -958,11 +981,14 @@ impl Worker {
                 s
             }
         };
-        let rows = self
-            .materialize
-            .query(&statement, &[&olds, &news])
-            .await
-            .map_err(|_| Blocked("scope_evaluation_failed"))?;
+        let owner = self
+            .owners
+            .lock()
+            .expect("owners")
+            .get(&impact.function)
+            .cloned()
+            .ok_or(Blocked("scope_evaluation_failed"))?;
+        let rows = as_owner(&self.materialize, &owner, &statement, &[&olds, &news]).await?;
         let key_spec = target
             .fields_by_column
             .values()
@@ -1003,22 +1029,33 @@ impl Worker {
     async fn eval_statement(
         &self,
         (function, key_type, _): &(String, String, i64),
-    ) -> Result<Statement> {
+    ) -> Result<Eval> {
+        let owner = self
+            .owners
+            .lock()
+            .expect("owners")
+            .get(function)
+            .cloned()
+            .ok_or(Blocked("scope_evaluation_failed"))?;
         let key = format!("{function}\u{0}{key_type}");
-        if let Some(s) = self.eval.lock().expect("eval cache").get(&key) {
-            return Ok(s.clone());
-        }
-        let sql = format!(
-            "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
-             LATERAL {function}(a.arg::{key_type}) AS s"
-        );
-        let s = self
-            .materialize
-            .prepare(&sql)
-            .await
-            .map_err(|_| Blocked("scope_evaluation_failed"))?;
-        self.eval.lock().expect("eval cache").insert(key, s.clone());
-        Ok(s)
+        let cached = self.eval.lock().expect("eval cache").get(&key).cloned();
+        let statement = match cached {
+            Some(s) => s,
+            None => {
+                let sql = format!(
+                    "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
+                     LATERAL {function}(a.arg::{key_type}) AS s"
+                );
+                let s = self
+                    .materialize
+                    .prepare(&sql)
+                    .await
+                    .map_err(|_| Blocked("scope_evaluation_failed"))?;
+                self.eval.lock().expect("eval cache").insert(key, s.clone());
+                s
+            }
+        };
+        Ok(Eval { statement, owner })
     }
 
     /// Copies one pending relation into its projection in a transaction that holds a SHARE
@@ -1123,7 +1160,7 @@ impl Worker {
 async fn finish_bootstrap(
     db: &Client,
     statements: &Statements,
-    eval: Option<&Statement>,
+    eval: Option<&Eval>,
     registry: &HashMap<u32, Registered>,
     relation_id: &str,
     commit: u64,
@@ -1156,7 +1193,7 @@ async fn finish_bootstrap(
 async fn reevaluate_relation(
     db: &Client,
     statements: &Statements,
-    eval: &Statement,
+    eval: &Eval,
     reg: &Registered,
     commit: u64,
 ) -> Result<(usize, std::collections::BTreeSet<String>)> {
@@ -1224,7 +1261,7 @@ fn scope_sets<'a>(
 /// current projected state (rows that no longer exist get none).
 async fn stage_rows(
     db: &Client,
-    eval: &Statement,
+    eval: &Eval,
     reg: &Registered,
     fanout: i64,
     rows: &[&EvalRow],
@@ -1239,10 +1276,7 @@ async fn stage_rows(
         .iter()
         .map(|pk| key_argument(pk))
         .collect::<Result<Vec<_>>>()?;
-    let evaluated = db
-        .query(eval, &[&existing, &args])
-        .await
-        .map_err(|_| Blocked("scope_evaluation_failed"))?;
+    let evaluated = eval.run(db, &existing, &args).await?;
     let scopes = scope_sets(&existing, &evaluated, fanout)?;
     let (mut s_pks, mut s_scopes) = (Vec::new(), Vec::new());
     for (pk, set) in &scopes {
@@ -1404,7 +1438,7 @@ fn key_argument(pk_wire: &str) -> Result<String> {
 async fn membership_round(
     db: &Client,
     statements: &Statements,
-    eval: &Statement,
+    eval: &Eval,
     reg: &Registered,
     fanout: i64,
     rows: &[(String, String, bool)],
@@ -1418,7 +1452,7 @@ async fn membership_round(
 async fn membership_diff(
     db: &Client,
     statements: &Statements,
-    eval: &Statement,
+    eval: &Eval,
     reg: &Registered,
     fanout: i64,
     rows: &[(String, String, bool)],
@@ -1433,17 +1467,10 @@ async fn membership_diff(
         .iter()
         .map(|pk| key_argument(pk))
         .collect::<Result<Vec<_>>>()?;
-    let evaluation = async {
-        db.query(eval, &[&existing, &args])
-            .await
-            .map_err(|_| anyhow::Error::from(Blocked("scope_evaluation_failed")))
-    };
-    let old_edges = async {
-        db.query(&statements.old_edges, &[&reg.relation_id, &pks])
-            .await
-            .map_err(anyhow::Error::from)
-    };
-    let (evaluated, old_edges) = futures_util::try_join!(evaluation, old_edges)?;
+    let evaluated = eval.run(db, &existing, &args).await?;
+    let old_edges = db
+        .query(&statements.old_edges, &[&reg.relation_id, &pks])
+        .await?;
     let mut new_scopes = scope_sets(&existing, &evaluated, fanout)?;
     let mut old_scopes: HashMap<String, Vec<String>> = HashMap::new();
     for r in &old_edges {
@@ -1505,6 +1532,49 @@ async fn membership_diff(
         .cloned()
         .collect();
     Ok((e_scopes.len(), changed))
+}
+
+/// A prepared membership evaluation and the role it runs as: its function's owner.
+struct Eval {
+    statement: Statement,
+    owner: String,
+}
+
+impl Eval {
+    /// `(pk, scope)` rows for these keys (canonical text) and SQL arguments.
+    async fn run(
+        &self,
+        db: &Client,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        as_owner(db, &self.owner, &self.statement, &[&keys, &args]).await
+    }
+}
+
+/// Runs a membership or impact evaluation as its function's owner (spec 003: never with
+/// the worker's own privileges, which reach synchro's internal tables), inside the
+/// materialization transaction so it sees this transaction's projections, then returns to
+/// synchro_worker. The worker login must be a (NOINHERIT) member of the owner role; any
+/// failure, including a missing membership or a revoked privilege, blocks capture.
+async fn as_owner(
+    db: &Client,
+    owner: &str,
+    statement: &Statement,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>> {
+    let failed = |_| anyhow::Error::from(Blocked("scope_evaluation_failed"));
+    db.batch_execute(&format!(
+        "SET LOCAL ROLE {}",
+        crate::install::quote_ident(owner)
+    ))
+    .await
+    .map_err(failed)?;
+    let rows = db.query(statement, params).await.map_err(failed)?;
+    db.batch_execute("SET LOCAL ROLE synchro_worker")
+        .await
+        .map_err(failed)?;
+    Ok(rows)
 }
 
 /// Statements the worker prepares once per session.
