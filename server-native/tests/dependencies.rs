@@ -359,3 +359,79 @@ async fn a_bad_impact_result_blocks_capture_without_acknowledging() {
     assert_eq!(edges(&env).await, expected(&env).await);
     assert!(edges(&env).await.contains_key("team:x"));
 }
+
+#[tokio::test]
+async fn a_self_impact_re_evaluates_sibling_rows() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.items (id bigint PRIMARY KEY, grp text NOT NULL, flag boolean NOT NULL)",
+    )
+    .await;
+    let op = env.login("synchro_dev_operator").await;
+    let items = register(&op, &RegisterRequest::synced("app", "items", "multi_scope"))
+        .await
+        .unwrap();
+    let table = items["table_id"].as_str().unwrap().to_owned();
+    env.admin
+        .batch_execute(
+            "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
+             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+        )
+        .await
+        .unwrap();
+    // A row is in its group's scope while any row of the group is flagged.
+    op.batch_execute(&format!(
+        "CREATE FUNCTION rules.item_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'grp:' || i.grp FROM synchro_projection.\"app.items\" i
+            WHERE i.id = p_id
+              AND EXISTS (SELECT 1 FROM synchro_projection.\"app.items\" s WHERE s.grp = i.grp AND s.flag);
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.item_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.item_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'items', 'rules.item_scopes(bigint)');
+         CREATE FUNCTION rules.siblings(p_old jsonb, p_new jsonb) RETURNS SETOF synchro.synchro_row_ref
+         LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT ROW('{table}', 'int64', s.id::text)::synchro.synchro_row_ref
+             FROM synchro_projection.\"app.items\" s
+            WHERE s.grp IN (p_old ->> 'grp', p_new ->> 'grp');
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.siblings(jsonb, jsonb) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.siblings(jsonb, jsonb) TO synchro_worker;
+         SELECT synchro.synchro_register_impact_function('app', 'items', 'app', 'items',
+                                                         'rules.siblings(jsonb,jsonb)');"
+    ))
+    .await
+    .unwrap();
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    for sql in [
+        "INSERT INTO app.items VALUES (1, 'a', false), (2, 'a', false), (3, 'a', false), (4, 'b', false)",
+        // One flag brings every sibling in.
+        "UPDATE app.items SET flag = true WHERE id = 1",
+        // A sibling moves to another group: it leaves a, and b is still unflagged.
+        "UPDATE app.items SET grp = 'b' WHERE id = 2",
+        // Flagging in b brings both b rows in; unflagging a takes a's rows out.
+        "UPDATE app.items SET flag = true WHERE id = 4; UPDATE app.items SET flag = false WHERE id = 1",
+        "DELETE FROM app.items WHERE id = 4",
+    ] {
+        env.admin.batch_execute(sql).await.unwrap();
+        assert_eq!(drain(&mut worker).await, StepOutcome::Applied(0), "{sql}");
+        let mut want: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for r in env
+            .admin
+            .query(
+                "SELECT 'grp:' || i.grp, '\"' || i.id || '\"' FROM app.items i
+                  WHERE EXISTS (SELECT 1 FROM app.items s WHERE s.grp = i.grp AND s.flag)",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            want.entry(r.get(0)).or_default().insert(r.get(1));
+        }
+        assert_eq!(edges(&env).await, want, "after {sql}");
+    }
+}
