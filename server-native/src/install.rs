@@ -120,6 +120,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0017_staged_dependencies.sql",
         sql: include_str!("../migrations/0017_staged_dependencies.sql"),
     },
+    Migration {
+        version: 18,
+        name: "0018_owner_privileges.sql",
+        sql: include_str!("../migrations/0018_owner_privileges.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

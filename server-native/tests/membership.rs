@@ -149,6 +149,36 @@ async fn membership_functions_are_validated_and_cannot_read_live_tables() {
         let detail = err.as_db_error().and_then(|d| d.detail()).unwrap_or("").to_owned();
         assert!(detail.contains(want), "{name}: {detail}");
     }
+    // The worker evaluates as the owner: an owner that cannot read the projection view it
+    // reads is refused at registration.
+    env.admin
+        .batch_execute(
+            "GRANT nobody TO synchro_dev_operator; GRANT USAGE, CREATE ON SCHEMA rules TO nobody",
+        )
+        .await
+        .unwrap();
+    op.batch_execute(
+        "CREATE FUNCTION rules.foreign_owner(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.foreign_owner(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.foreign_owner(bigint) TO synchro_worker;
+         ALTER FUNCTION rules.foreign_owner(bigint) OWNER TO nobody;",
+    )
+    .await
+    .unwrap();
+    let err = op
+        .execute(
+            "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.foreign_owner(bigint)')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    let detail = err
+        .as_db_error()
+        .and_then(|d| d.detail())
+        .unwrap_or("")
+        .to_owned();
+    assert!(detail.contains("invalid_scope_function"), "{detail}");
     // Projection views are readable by the operator and the worker only.
     let adapter = env.login("synchro_dev_adapter").await;
     assert_eq!(
