@@ -125,6 +125,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0018_owner_privileges.sql",
         sql: include_str!("../migrations/0018_owner_privileges.sql"),
     },
+    Migration {
+        version: 19,
+        name: "0019_staged_first_rule.sql",
+        sql: include_str!("../migrations/0019_staged_first_rule.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

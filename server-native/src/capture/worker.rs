@@ -43,7 +43,7 @@ pub enum StepOutcome {
     NotLeader,
     /// Capture is blocked (bounded reason).
     Blocked(String),
-    /// Applied this many source transactions (0 when caught up).
+    /// Applied this many source transactions and staging batches (0 when caught up).
     Applied(usize),
 }
 
@@ -83,6 +83,8 @@ struct Registered {
     contract: (i64, i64),
     /// A staged rule change: the pending function and the last key staged (byte order).
     pending: Option<(String, Option<String>)>,
+    /// Whether `membership` is live (a first rule is not, until its staging activates).
+    live: bool,
 }
 
 /// A registered dependency, seen from the dependency relation.
@@ -217,6 +219,7 @@ impl Worker {
                 impacts: Vec::new(),
                 contract: (0, r.get(14)),
                 pending: None,
+                live: false,
             });
             let ty = PortableType::parse(&r.get::<_, String>(7))
                 .context("registry holds an unknown type")?;
@@ -248,7 +251,8 @@ impl Worker {
                         r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
                         m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
                                                              WHERE d.target_relation_id = m.relation_id), 0)::bigint,
-                        pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text
+                        pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
+                        m.live
                    FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
                    LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
                    LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid",
@@ -260,6 +264,7 @@ impl Worker {
                 reg.membership = Some((r.get(1), r.get(2), r.get(3)));
                 reg.pending = r.get::<_, Option<String>>(4).map(|f| (f, r.get(5)));
                 reg.contract.0 = r.get(6);
+                reg.live = r.get(9);
                 let mut owners = self.owners.lock().expect("owners");
                 for (function, owner) in [(1, 7), (4, 8)] {
                     if let (Some(f), Some(o)) = (
@@ -366,6 +371,9 @@ impl Worker {
             let reg = registry.get_mut(&oid).expect("listed");
             reg.contract.1 = reg.contract.0;
         }
+        // Work done this step: source transactions applied plus staging batches, so
+        // `Applied(0)` means caught up with both.
+        let mut applied = 0;
         // Staged rule changes: one bounded batch each per step (activation when complete).
         let staging: Vec<u32> = registry
             .iter()
@@ -375,6 +383,7 @@ impl Worker {
         for oid in staging {
             match self.stage_batch(&registry[&oid]).await {
                 Ok(through) => {
+                    applied += 1;
                     let reg = registry.get_mut(&oid).expect("listed");
                     match through {
                         Some(t) => reg.pending.as_mut().expect("pending").1 = Some(t),
@@ -392,7 +401,6 @@ impl Worker {
                 }
             }
         }
-        let mut applied = 0;
         let started = std::time::Instant::now();
         while applied == 0 || started.elapsed() < STEP_BUDGET {
             // Everything committed before this point is decoded by the peek below.
@@ -770,7 +778,7 @@ impl Worker {
             let mut effects = 0;
             for (rel, rows) in &targets {
                 let reg = &registry[rel];
-                if let Some(m) = &reg.membership {
+                if let Some(m) = reg.membership.as_ref().filter(|_| reg.live) {
                     let eval = self.eval_statement(m).await?;
                     effects +=
                         membership_round(db, &self.statements, &eval, reg, m.2, rows).await?;
@@ -794,6 +802,7 @@ impl Worker {
                 let eval = match copied {
                     Some(Registered {
                         membership: Some(m),
+                        live: true,
                         ..
                     }) => Some(self.eval_statement(m).await?),
                     _ => None,
@@ -810,7 +819,7 @@ impl Worker {
                 // Its dependents were evaluated without its rows: re-evaluate all of them.
                 for impact in copied.map(|r| r.impacts.clone()).unwrap_or_default() {
                     let target = &registry[&impact.target];
-                    if let Some(m) = &target.membership {
+                    if let Some(m) = target.membership.as_ref().filter(|_| target.live) {
                         let eval = self.eval_statement(m).await?;
                         effects += reevaluate_relation(db, &self.statements, &eval, target, commit)
                             .await?
@@ -1389,7 +1398,7 @@ async fn activate(
             SET function_oid = pending_function_oid, function_signature = pending_signature,
                 definition_sha256 = pending_sha256, membership_generation = membership_generation + 1,
                 pending_function_oid = NULL, pending_signature = NULL, pending_sha256 = NULL,
-                staged_through = NULL, staging_started_at = NULL
+                staged_through = NULL, staging_started_at = NULL, live = true
           WHERE relation_id = $1",
         &[&reg.relation_id],
     )
