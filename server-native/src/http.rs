@@ -595,7 +595,7 @@ async fn connect_inner(
         .await
         .map_err(|_| ApiError::unavailable())?;
     let assigned = assigned_scopes(state, &user_id).await?;
-    let lineage = crate::publish::load_lineage(db)
+    let lineage = crate::publish::load_serving_lineage(db)
         .await
         .map_err(|_| ApiError::unavailable())?;
     let transition_scopes = BTreeMap::new();

@@ -130,6 +130,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0019_staged_first_rule.sql",
         sql: include_str!("../migrations/0019_staged_first_rule.sql"),
     },
+    Migration {
+        version: 20,
+        name: "0020_manifest_activation.sql",
+        sql: include_str!("../migrations/0020_manifest_activation.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

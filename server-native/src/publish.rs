@@ -53,6 +53,34 @@ pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
     Ok(Lineage::from_history(manifests)?)
 }
 
+/// The history clients are served: it ends before the first Class 3 manifest that has a
+/// table not yet materialized (bootstrap copy or first membership rule still pending), so
+/// connect never asks a client to rebuild from projections that lack that table's rows. The
+/// manifest becomes current with the worker commit that completes it.
+pub async fn load_serving_lineage(db: &impl GenericClient) -> Result<Lineage> {
+    let lineage = load_lineage(db).await?;
+    let unready: std::collections::BTreeSet<String> = db
+        .query("SELECT * FROM synchro.synchro_unready_tables()", &[])
+        .await
+        .context("reading table readiness")?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if unready.is_empty() {
+        return Ok(lineage);
+    }
+    let history: Vec<Manifest> = lineage.manifests().cloned().collect();
+    let stop = history.iter().enumerate().skip(1).find_map(|(i, m)| {
+        (m.transition_class == synchro_protocol::manifest::TransitionClass::Class3
+            && m.tables.iter().any(|t| unready.contains(&t.table_id)))
+        .then_some(i)
+    });
+    match stop {
+        Some(i) => Ok(Lineage::from_history(history[..i].to_vec())?),
+        None => Ok(lineage),
+    }
+}
+
 fn table_json(t: &Value) -> Result<Value> {
     let fields = t["fields"]
         .as_array()

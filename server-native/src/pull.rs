@@ -123,7 +123,7 @@ pub(crate) async fn gates(
     schema: &Json,
 ) -> Result<Gates, ApiError> {
     let db = &state.db;
-    let lineage = crate::publish::load_lineage(db)
+    let lineage = crate::publish::load_serving_lineage(db)
         .await
         .map_err(|_| ApiError::unavailable())?;
     let current = lineage.current().ok_or_else(ApiError::unavailable)?;

@@ -891,3 +891,41 @@ async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy()
         "the released connection, not the busy one"
     );
 }
+
+#[tokio::test]
+async fn a_class_3_manifest_is_served_only_once_its_table_is_materialized() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    let old_schema = s.schema().await;
+    // A new table that already has rows: a Class 3 change needing its bootstrap copy.
+    s.env
+        .as_app_owner(
+            "CREATE TABLE app.notes (id bigint PRIMARY KEY, body text);
+             INSERT INTO app.notes VALUES (1, 'existing')",
+        )
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    register(
+        &op,
+        &RegisterRequest::synced("app", "notes", "single_scope"),
+    )
+    .await
+    .unwrap();
+    publish(&mut op).await.unwrap();
+    let connect = |schema: Value| json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation, "schema": schema});
+    // Before the worker has copied it, clients stay on the previous manifest.
+    let (st, v) = s
+        .post("/sync/connect", &token, connect(old_schema.clone()))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["schema"]["action"], "none", "{v}");
+    // Once it is copied, the Class 3 manifest is current and the client rebuilds.
+    s.capture().await;
+    let (st, v) = s
+        .post("/sync/connect", &token, connect(old_schema.clone()))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["schema"]["action"], "rebuild_local", "{v}");
+    assert_eq!(v["affected_scopes"], json!(["user:alice"]));
+}
