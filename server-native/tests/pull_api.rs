@@ -169,7 +169,42 @@ async fn pages_in_commit_order_with_verifiable_terminal_checksums() {
     for c in v["changes"].as_array().unwrap() {
         if c["op"] == "upsert" {
             assert_eq!(c["row_checksum"]["algorithm"], "sha256");
-            assert_eq!(c["row_checksum"]["digest"].as_str().unwrap().len(), 64);
+            // The client recomputes each row digest from the manifest, row and version;
+            // a page with a tampered value (or version) no longer matches its checksum.
+            let db = s.env.login("synchro_dev_operator").await;
+            let manifest = load_lineage(&db).await.unwrap().current().unwrap().clone();
+            let table_id = c["table_id"].as_str().unwrap();
+            let pk = Json::parse(&c["pk"].to_string()).unwrap();
+            let row = Json::parse(&c["row"].to_string()).unwrap();
+            let version = c["server_version"].as_str().unwrap();
+            let digest = |row: &Json, version: &str| {
+                hex::encode(
+                    row_digest(&manifest, table_id, &pk, row, version)
+                        .unwrap()
+                        .digest,
+                )
+            };
+            assert_eq!(
+                digest(&row, version),
+                c["row_checksum"]["digest"].as_str().unwrap()
+            );
+            let mut tampered_row = c["row"].clone();
+            let first_string = tampered_row
+                .as_object_mut()
+                .unwrap()
+                .values_mut()
+                .find(|v| v.is_string() && v.as_str() != Some("4") && v.as_str() != Some("1"))
+                .unwrap();
+            *first_string = json!("tampered");
+            let tampered_row = Json::parse(&tampered_row.to_string()).unwrap();
+            assert_ne!(
+                digest(&tampered_row, version),
+                c["row_checksum"]["digest"].as_str().unwrap()
+            );
+            assert_ne!(
+                digest(&row, "tampered-version"),
+                c["row_checksum"]["digest"].as_str().unwrap()
+            );
         }
     }
     let cursor = v["scope_cursor_updates"]["user:alice"].clone();
