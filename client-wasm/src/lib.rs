@@ -11,4 +11,6 @@
 #![warn(missing_docs)]
 
 #[cfg(not(target_arch = "wasm32"))]
+pub mod apply;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod storage;

@@ -46,6 +46,10 @@ pub enum StorageError {
     /// manifest does not verify.
     #[error("{0}")]
     Schema(String),
+    /// Data from the server failed verification (a row or scope checksum, or the shape of a
+    /// page); nothing of it was applied.
+    #[error("the pull page failed verification: {0}")]
+    Verification(&'static str),
     /// The manifest names no such table.
     #[error("the active schema has no table {0}")]
     UnknownTable(String),
@@ -62,6 +66,7 @@ impl StorageError {
             StorageError::Corrupt { .. } => "local_integrity_failure",
             StorageError::InvalidValue { .. } => "invalid_value",
             StorageError::Schema(_) => "local_schema_error",
+            StorageError::Verification(_) => "sync_integrity_failure",
             StorageError::UnknownTable(_) => "unknown_table",
             StorageError::Protocol(_) => "protocol_error",
         }
@@ -153,6 +158,10 @@ impl Storage {
         &self.conn
     }
 
+    pub(crate) fn conn_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
     /// The installed manifest, verified against its recorded hash; `None` before install.
     pub fn active_schema(&self) -> Result<Option<Manifest>, StorageError> {
         let exists: bool = self.conn.query_row(
@@ -195,6 +204,9 @@ impl Storage {
         let tx = self.conn.transaction()?;
         for statement in plan.render() {
             tx.execute_batch(&statement)?;
+        }
+        for statement in crate::apply::METADATA_DDL {
+            tx.execute_batch(statement)?;
         }
         tx.commit()?;
         Ok(())

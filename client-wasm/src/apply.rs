@@ -1,0 +1,324 @@
+//! Verified application of pull pages (spec 001 client rules): every row digest is
+//! recomputed before anything is applied, a page is applied in one transaction, and on the
+//! terminal page every scope digest is recomputed from the local rows before that scope's
+//! cursor is installed. A digest mismatch invalidates only its scope (cursor cleared,
+//! rebuild scheduled); a terminal map whose key set is not exactly the assigned scopes, or any
+//! row whose checksum does not verify, rejects the whole page with nothing written.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rusqlite::{params, OptionalExtension};
+use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::{Manifest, Table};
+use synchro_protocol::migration::quote_ident;
+use synchro_protocol::value::TypedValue;
+
+use crate::storage::{from_sql, to_sql, Storage, StorageError};
+
+/// Client tables the engine keeps beside the plan's `_synchro_schema` and provenance.
+pub(crate) const METADATA_DDL: &[&str] = &[
+    r#"CREATE TABLE "_synchro_scopes" ("scope_id" TEXT NOT NULL PRIMARY KEY, "cursor" TEXT, "pending_cursor" TEXT, "rebuild" INTEGER NOT NULL DEFAULT 1 CHECK ("rebuild" IN (0, 1))) STRICT, WITHOUT ROWID"#,
+    r#"CREATE TABLE "_synchro_rows" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "server_version" TEXT NOT NULL, "digest" BLOB NOT NULL CHECK (length("digest") = 32), PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
+];
+
+/// What applying one page did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Row upserts and deletes applied.
+    pub changes: usize,
+    /// Scopes whose terminal digest verified (their cursor is installed).
+    pub verified: BTreeSet<String>,
+    /// Scopes that must rebuild (a mismatch, or listed by the server).
+    pub rebuild: BTreeSet<String>,
+}
+
+fn array(j: &Json) -> Option<&Vec<Json>> {
+    match j {
+        Json::Array(a) => Some(a),
+        _ => None,
+    }
+}
+
+fn object(j: &Json) -> Option<&Vec<(String, Json)>> {
+    match j {
+        Json::Object(o) => Some(o),
+        _ => None,
+    }
+}
+
+fn integrity(what: &'static str) -> StorageError {
+    StorageError::Verification(what)
+}
+
+/// A verified upsert: its values by field ID, server version and row digest.
+type Upsert = (Vec<(String, TypedValue)>, String, [u8; 32]);
+
+struct Change<'a> {
+    scope: String,
+    table: &'a Table,
+    pk: TypedValue,
+    pk_text: String,
+    upsert: Option<Upsert>,
+}
+
+fn provenance(table: &Table) -> String {
+    quote_ident(&format!("_synchro_provenance:{}", table.table_id))
+}
+
+impl Storage {
+    /// Applies one pull response body for a client whose assigned scopes (after the page's
+    /// scope updates) are `assigned`.
+    pub fn apply_pull(
+        &mut self,
+        manifest: &Manifest,
+        page: &Json,
+        assigned: &BTreeSet<String>,
+    ) -> Result<Applied, StorageError> {
+        // Verify everything before writing anything.
+        let mut changes = Vec::new();
+        for c in page
+            .get("changes")
+            .and_then(array)
+            .ok_or_else(|| integrity("no changes array"))?
+        {
+            let text = |k: &str| c.get(k).and_then(Json::as_str).map(str::to_owned);
+            let (Some(scope), Some(table_id), Some(op), Some(version)) = (
+                text("scope_id"),
+                text("table_id"),
+                text("op"),
+                text("server_version"),
+            ) else {
+                return Err(integrity("a change lacks a member"));
+            };
+            let table = manifest
+                .table(&table_id)
+                .ok_or_else(|| integrity("a change names an unknown table"))?;
+            let pk_json = c.get("pk").ok_or_else(|| integrity("a change lacks pk"))?;
+            let pk = TypedValue::from_wire(&table.primary_key().spec, pk_json)
+                .map_err(|_| integrity("a key does not match its type"))?;
+            let upsert = match op.as_str() {
+                "delete" => None,
+                "upsert" => {
+                    let row = c
+                        .get("row")
+                        .ok_or_else(|| integrity("an upsert lacks row"))?;
+                    let expected = c
+                        .get("row_checksum")
+                        .and_then(|r| r.get("digest"))
+                        .and_then(Json::as_str)
+                        .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
+                        .ok_or_else(|| integrity("an upsert lacks its row checksum"))?;
+                    let d = row_digest(manifest, &table_id, pk_json, row, &version)
+                        .map_err(|_| integrity("a row does not match its table"))?;
+                    if d.digest != expected {
+                        return Err(integrity("a row checksum does not match its row"));
+                    }
+                    let mut values = Vec::with_capacity(table.fields.len());
+                    for f in &table.fields {
+                        let v = row.get(&f.field_id).unwrap_or(&Json::Null);
+                        values.push((
+                            f.field_id.clone(),
+                            TypedValue::from_wire(&f.spec, v)
+                                .map_err(|_| integrity("a value does not match its field"))?,
+                        ));
+                    }
+                    Some((values, version, d.digest))
+                }
+                _ => return Err(integrity("an unknown op")),
+            };
+            changes.push(Change {
+                scope,
+                table,
+                pk_text: pk.to_wire_text(),
+                pk,
+                upsert,
+            });
+        }
+        let terminal = page.get("has_more") == Some(&Json::Bool(false));
+        let mut checksums: BTreeMap<String, [u8; 32]> = BTreeMap::new();
+        if terminal {
+            let map = page
+                .get("checksums")
+                .and_then(object)
+                .ok_or_else(|| integrity("a terminal page lacks checksums"))?;
+            for (scope, c) in map {
+                let d = c
+                    .get("digest")
+                    .and_then(Json::as_str)
+                    .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
+                    .ok_or_else(|| integrity("a malformed scope checksum"))?;
+                checksums.insert(scope.clone(), d);
+            }
+            if checksums.keys().cloned().collect::<BTreeSet<_>>() != *assigned {
+                return Err(integrity(
+                    "the terminal checksum keys are not the assigned scopes",
+                ));
+            }
+        }
+        let cursors: BTreeMap<String, Option<String>> = page
+            .get("scope_cursor_updates")
+            .and_then(object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let listed_rebuild: BTreeSet<String> = page
+            .get("rebuild_scopes")
+            .and_then(array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+
+        let tx = self.conn_mut().transaction()?;
+        for c in &changes {
+            let prov = provenance(c.table);
+            match &c.upsert {
+                Some((values, version, digest)) => {
+                    let columns: Vec<String> = c
+                        .table
+                        .fields
+                        .iter()
+                        .map(|f| quote_ident(&f.name))
+                        .collect();
+                    tx.execute(
+                        &format!(
+                            "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
+                            quote_ident(&c.table.name),
+                            columns.join(", "),
+                            vec!["?"; columns.len()].join(", ")
+                        ),
+                        rusqlite::params_from_iter(values.iter().map(|(_, v)| to_sql(v))),
+                    )?;
+                    tx.execute(
+                        r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
+                        params![c.table.table_id, c.pk_text, version, digest.to_vec()],
+                    )?;
+                    tx.execute(
+                        &format!(
+                            "INSERT OR IGNORE INTO {prov} (\"pk\", \"scope_id\") VALUES (?, ?)"
+                        ),
+                        params![to_sql(&c.pk), c.scope],
+                    )?;
+                }
+                None => {
+                    tx.execute(
+                        &format!("DELETE FROM {prov} WHERE \"pk\" = ? AND \"scope_id\" = ?"),
+                        params![to_sql(&c.pk), c.scope],
+                    )?;
+                    let remaining: i64 = tx.query_row(
+                        &format!("SELECT count(*) FROM {prov} WHERE \"pk\" = ?"),
+                        [to_sql(&c.pk)],
+                        |r| r.get(0),
+                    )?;
+                    if remaining == 0 {
+                        tx.execute(
+                            &format!(
+                                "DELETE FROM {} WHERE {} = ?",
+                                quote_ident(&c.table.name),
+                                quote_ident(&c.table.primary_key().name)
+                            ),
+                            [to_sql(&c.pk)],
+                        )?;
+                        tx.execute(
+                            r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
+                            params![c.table.table_id, c.pk_text],
+                        )?;
+                    }
+                }
+            }
+        }
+        let mut out = Applied {
+            changes: changes.len(),
+            ..Applied::default()
+        };
+        for (scope, cursor) in &cursors {
+            tx.execute(
+                r#"INSERT INTO "_synchro_scopes" ("scope_id", "pending_cursor") VALUES (?1, ?2)
+                   ON CONFLICT ("scope_id") DO UPDATE SET "pending_cursor" = ?2"#,
+                params![scope, cursor],
+            )?;
+        }
+        for scope in &listed_rebuild {
+            tx.execute(
+                r#"INSERT INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?1, 1)
+                   ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = NULL, "pending_cursor" = NULL, "rebuild" = 1"#,
+                [scope],
+            )?;
+            out.rebuild.insert(scope.clone());
+        }
+        for (scope, expected) in &checksums {
+            // The scope's local rows: every provenance edge of the scope, with the verified
+            // digest stored when its row was applied.
+            let mut entries = Vec::new();
+            for table in &manifest.tables {
+                let mut statement = tx.prepare(&format!(
+                    "SELECT \"pk\" FROM {} WHERE \"scope_id\" = ?",
+                    provenance(table)
+                ))?;
+                let pks: Vec<TypedValue> = statement
+                    .query_map([scope], |r| {
+                        Ok(from_sql(&table.primary_key().spec, r.get_ref(0)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| integrity("a stored key does not match its type"))?;
+                for pk in pks {
+                    let digest: Option<Vec<u8>> = tx
+                        .query_row(
+                            r#"SELECT "digest" FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
+                            params![table.table_id, pk.to_wire_text()],
+                            |r| r.get(0),
+                        )
+                        .optional()?;
+                    let digest: [u8; 32] = digest
+                        .and_then(|d| d.try_into().ok())
+                        .ok_or_else(|| integrity("a provenance edge without its row"))?;
+                    entries.push((
+                        RowIdentity::new(table, &pk)
+                            .map_err(|_| integrity("a key cannot form a row identity"))?,
+                        digest,
+                    ));
+                }
+            }
+            let local = scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
+                .map_err(|_| integrity("the scope digest cannot be computed"))?;
+            if local.digest == *expected {
+                tx.execute(
+                    r#"INSERT INTO "_synchro_scopes" ("scope_id", "cursor", "rebuild") VALUES (?1, ?2, 0)
+                       ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = coalesce("pending_cursor", ?2),
+                           "pending_cursor" = NULL, "rebuild" = 0"#,
+                    params![scope, cursors.get(scope).cloned().flatten()],
+                )?;
+                out.verified.insert(scope.clone());
+            } else {
+                tx.execute(
+                    r#"INSERT INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?1, 1)
+                       ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = NULL, "pending_cursor" = NULL, "rebuild" = 1"#,
+                    [scope],
+                )?;
+                out.rebuild.insert(scope.clone());
+            }
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// A scope's installed cursor and whether it must rebuild.
+    pub fn scope_state(&self, scope: &str) -> Result<Option<(Option<String>, bool)>, StorageError> {
+        Ok(self
+            .connection()
+            .query_row(
+                r#"SELECT "cursor", "rebuild" FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
+                [scope],
+                |r| Ok((r.get(0)?, r.get::<_, i64>(1)? == 1)),
+            )
+            .optional()?)
+    }
+}

@@ -1,0 +1,255 @@
+//! Verified pull application on real SQLite: rows are checked against their row checksums
+//! before anything is written, a page applies atomically, terminal scope digests are
+//! recomputed from the local rows before cursors are installed, and a mismatch invalidates
+//! only its own scope.
+
+#[path = "../../protocol/tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{field, manifest, table};
+use synchro_client::storage::Storage;
+use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::value::TypedValue;
+
+fn docs() -> Manifest {
+    manifest(
+        1,
+        None,
+        "initial",
+        1,
+        &[table(
+            "tbl_docs",
+            "docs",
+            "multi_scope",
+            &[
+                field("f1", "id", "int64", false, false),
+                field("f2", "title", "string", true, true),
+            ],
+            &[],
+        )],
+    )
+}
+
+fn row(id: i64, title: &str) -> String {
+    format!(r#"{{"f1":"{id}","f2":"{title}"}}"#)
+}
+
+fn digest_hex(m: &Manifest, id: i64, title: &str, version: &str) -> String {
+    let d = row_digest(
+        m,
+        "tbl_docs",
+        &Json::String(id.to_string()),
+        &Json::parse(&row(id, title)).unwrap(),
+        version,
+    )
+    .unwrap();
+    hex(&d.digest)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn upsert(m: &Manifest, scope: &str, id: i64, title: &str, version: &str) -> String {
+    format!(
+        r#"{{"scope_id":"{scope}","table_id":"tbl_docs","pk":"{id}","op":"upsert","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","digest":"{}"}}}}"#,
+        row(id, title),
+        digest_hex(m, id, title, version)
+    )
+}
+
+fn delete(scope: &str, id: i64, version: &str) -> String {
+    format!(
+        r#"{{"scope_id":"{scope}","table_id":"tbl_docs","pk":"{id}","op":"delete","server_version":"{version}"}}"#
+    )
+}
+
+/// The scope digest of these (id, title, version) rows, computed independently of the
+/// client's local state.
+fn scope_hex(m: &Manifest, scope: &str, rows: &[(i64, &str, &str)]) -> String {
+    let table = m.table("tbl_docs").unwrap();
+    let mut entries: Vec<_> = rows
+        .iter()
+        .map(|(id, title, version)| {
+            let pk =
+                TypedValue::from_wire(&table.primary_key().spec, &Json::String(id.to_string()))
+                    .unwrap();
+            let d = row_digest(
+                m,
+                "tbl_docs",
+                &Json::String(id.to_string()),
+                &Json::parse(&row(*id, title)).unwrap(),
+                version,
+            )
+            .unwrap();
+            (RowIdentity::new(table, &pk).unwrap(), d.digest)
+        })
+        .collect();
+    hex(&scope_digest(&m.schema_hash(), scope, &mut entries, false)
+        .unwrap()
+        .digest)
+}
+
+fn page(changes: &[String], terminal: Option<&[(&str, String)]>, cursors: &[(&str, &str)]) -> Json {
+    let cursors: Vec<String> = cursors
+        .iter()
+        .map(|(s, c)| format!(r#""{s}":"{c}""#))
+        .collect();
+    let tail = match terminal {
+        None => r#""has_more":true"#.to_owned(),
+        Some(sums) => {
+            let sums: Vec<String> = sums
+                .iter()
+                .map(|(s, d)| format!(r#""{s}":{{"algorithm":"sha256","digest":"{d}"}}"#))
+                .collect();
+            format!(r#""has_more":false,"checksums":{{{}}}"#, sums.join(","))
+        }
+    };
+    Json::parse(&format!(
+        r#"{{"changes":[{}],"scope_cursor_updates":{{{}}},"rebuild_scopes":[],{tail}}}"#,
+        changes.join(","),
+        cursors.join(",")
+    ))
+    .unwrap()
+}
+
+fn assigned() -> BTreeSet<String> {
+    ["user:a".to_owned(), "user:b".to_owned()].into()
+}
+
+fn titles(db: &Storage) -> Vec<(i64, String)> {
+    let mut s = db
+        .connection()
+        .prepare("SELECT id, title FROM docs ORDER BY id")
+        .unwrap();
+    s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+#[test]
+fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests() {
+    let m = docs();
+    let mut db = Storage::open_in_memory().unwrap();
+    db.install(&m).unwrap();
+    // Page 1 (not terminal): cursors stay pending.
+    let p1 = page(
+        &[
+            upsert(&m, "user:a", 1, "one", "v1"),
+            upsert(&m, "user:b", 1, "one", "v1"),
+        ],
+        None,
+        &[("user:a", "ca1"), ("user:b", "cb1")],
+    );
+    db.apply_pull(&m, &p1, &assigned()).unwrap();
+    assert_eq!(db.scope_state("user:a").unwrap(), Some((None, true)));
+    // Page 2 (terminal): a row only in user:a, then both digests verify.
+    let p2 = page(
+        &[upsert(&m, "user:a", 2, "two", "v2")],
+        Some(&[
+            (
+                "user:a",
+                scope_hex(&m, "user:a", &[(1, "one", "v1"), (2, "two", "v2")]),
+            ),
+            ("user:b", scope_hex(&m, "user:b", &[(1, "one", "v1")])),
+        ]),
+        &[("user:a", "ca2"), ("user:b", "cb2")],
+    );
+    let applied = db.apply_pull(&m, &p2, &assigned()).unwrap();
+    assert_eq!(applied.verified, assigned());
+    assert!(applied.rebuild.is_empty());
+    assert_eq!(
+        db.scope_state("user:a").unwrap(),
+        Some((Some("ca2".into()), false))
+    );
+    assert_eq!(titles(&db), [(1, "one".into()), (2, "two".into())]);
+
+    // A delete from one scope keeps a row another scope still justifies; from the last
+    // scope it removes the row.
+    let p3 = page(
+        &[delete("user:b", 1, "v3")],
+        Some(&[
+            (
+                "user:a",
+                scope_hex(&m, "user:a", &[(1, "one", "v1"), (2, "two", "v2")]),
+            ),
+            ("user:b", scope_hex(&m, "user:b", &[])),
+        ]),
+        &[("user:a", "ca3"), ("user:b", "cb3")],
+    );
+    db.apply_pull(&m, &p3, &assigned()).unwrap();
+    assert_eq!(titles(&db).len(), 2);
+    let p4 = page(
+        &[delete("user:a", 1, "v4")],
+        Some(&[
+            ("user:a", scope_hex(&m, "user:a", &[(2, "two", "v2")])),
+            ("user:b", scope_hex(&m, "user:b", &[])),
+        ]),
+        &[("user:a", "ca4"), ("user:b", "cb4")],
+    );
+    let applied = db.apply_pull(&m, &p4, &assigned()).unwrap();
+    assert_eq!(applied.verified, assigned());
+    assert_eq!(titles(&db), [(2, "two".into())]);
+}
+
+#[test]
+fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
+    let m = docs();
+    let mut db = Storage::open_in_memory().unwrap();
+    db.install(&m).unwrap();
+    let good = |id| upsert(&m, "user:a", id, "ok", "v1");
+    // A row whose value was changed after its checksum: the whole page is refused.
+    let tampered = good(1).replace(r#""f2":"ok""#, r#""f2":"evil""#);
+    let err = db
+        .apply_pull(
+            &m,
+            &page(&[good(2), tampered], None, &[("user:a", "c")]),
+            &assigned(),
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), "sync_integrity_failure");
+    assert!(titles(&db).is_empty(), "nothing of the page was applied");
+    // A terminal map without one of the assigned scopes: refused as a whole.
+    let err = db
+        .apply_pull(
+            &m,
+            &page(
+                &[good(1)],
+                Some(&[("user:a", scope_hex(&m, "user:a", &[(1, "ok", "v1")]))]),
+                &[("user:a", "c")],
+            ),
+            &assigned(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("terminal checksum keys"), "{err}");
+    assert!(titles(&db).is_empty());
+    // A tampered terminal checksum for user:b: user:a's cursor installs, user:b rebuilds.
+    let mut wrong = scope_hex(&m, "user:b", &[]);
+    wrong.replace_range(0..2, if wrong.starts_with("00") { "11" } else { "00" });
+    let applied = db
+        .apply_pull(
+            &m,
+            &page(
+                &[good(1)],
+                Some(&[
+                    ("user:a", scope_hex(&m, "user:a", &[(1, "ok", "v1")])),
+                    ("user:b", wrong),
+                ]),
+                &[("user:a", "ca"), ("user:b", "cb")],
+            ),
+            &assigned(),
+        )
+        .unwrap();
+    assert_eq!(applied.verified, ["user:a".to_owned()].into());
+    assert_eq!(applied.rebuild, ["user:b".to_owned()].into());
+    assert_eq!(
+        db.scope_state("user:a").unwrap(),
+        Some((Some("ca".into()), false))
+    );
+    assert_eq!(db.scope_state("user:b").unwrap(), Some((None, true)));
+}
