@@ -20,6 +20,7 @@ use crate::storage::{from_sql, to_sql, Storage, StorageError};
 pub(crate) const METADATA_DDL: &[&str] = &[
     r#"CREATE TABLE "_synchro_scopes" ("scope_id" TEXT NOT NULL PRIMARY KEY, "cursor" TEXT, "pending_cursor" TEXT, "rebuild" INTEGER NOT NULL DEFAULT 1 CHECK ("rebuild" IN (0, 1))) STRICT, WITHOUT ROWID"#,
     r#"CREATE TABLE "_synchro_rows" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "server_version" TEXT NOT NULL, "digest" BLOB NOT NULL CHECK (length("digest") = 32), PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
+    r#"CREATE TABLE "_synchro_rebuild_rows" ("scope_id" TEXT NOT NULL, "table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "row" TEXT NOT NULL, "server_version" TEXT NOT NULL, "digest" BLOB NOT NULL CHECK (length("digest") = 32), PRIMARY KEY ("scope_id", "table_id", "pk")) STRICT, WITHOUT ROWID"#,
 ];
 
 /// What applying one page did.
@@ -308,6 +309,209 @@ impl Storage {
         }
         tx.commit()?;
         Ok(out)
+    }
+
+    /// Applies one rebuild response page for `scope`. Every record's checksum is verified
+    /// before it is staged; pages accumulate beside the live rows; the final page's checksum
+    /// must equal the digest of exactly the staged rows, and only then, in one transaction,
+    /// the scope's provenance is replaced, rows no scope justifies any more are removed, and
+    /// the final cursor is installed. A mismatch discards the staged rows and keeps the
+    /// scope in rebuild. Returns true when the rebuild completed.
+    pub fn apply_rebuild(
+        &mut self,
+        manifest: &Manifest,
+        scope: &str,
+        page: &Json,
+        first: bool,
+    ) -> Result<bool, StorageError> {
+        let mut staged = Vec::new();
+        for r in page
+            .get("records")
+            .and_then(array)
+            .ok_or_else(|| integrity("no records array"))?
+        {
+            let (Some(table_id), Some(version), Some(pk_json), Some(row)) = (
+                r.get("table_id").and_then(Json::as_str),
+                r.get("server_version").and_then(Json::as_str),
+                r.get("pk"),
+                r.get("row"),
+            ) else {
+                return Err(integrity("a record lacks a member"));
+            };
+            let table = manifest
+                .table(table_id)
+                .ok_or_else(|| integrity("a record names an unknown table"))?;
+            let pk = TypedValue::from_wire(&table.primary_key().spec, pk_json)
+                .map_err(|_| integrity("a key does not match its type"))?;
+            let expected = r
+                .get("row_checksum")
+                .and_then(|c| c.get("digest"))
+                .and_then(Json::as_str)
+                .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
+                .ok_or_else(|| integrity("a record lacks its row checksum"))?;
+            let d = row_digest(manifest, table_id, pk_json, row, version)
+                .map_err(|_| integrity("a row does not match its table"))?;
+            if d.digest != expected {
+                return Err(integrity("a row checksum does not match its row"));
+            }
+            staged.push((
+                table_id.to_owned(),
+                pk.to_wire_text(),
+                synchro_protocol::jcs::to_output_string(row),
+                version.to_owned(),
+                d.digest,
+            ));
+        }
+        let tx = self.conn_mut().transaction()?;
+        if first {
+            tx.execute(
+                r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
+                [scope],
+            )?;
+        }
+        for (table_id, pk, row, version, digest) in &staged {
+            tx.execute(
+                r#"INSERT OR REPLACE INTO "_synchro_rebuild_rows" VALUES (?, ?, ?, ?, ?, ?)"#,
+                params![scope, table_id, pk, row, version, digest.to_vec()],
+            )?;
+        }
+        if page.get("has_more") != Some(&Json::Bool(false)) {
+            tx.commit()?;
+            return Ok(false);
+        }
+        let expected = page
+            .get("checksum")
+            .and_then(|c| c.get("digest"))
+            .and_then(Json::as_str)
+            .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
+            .ok_or_else(|| integrity("the final page lacks its checksum"))?;
+        let rows: Vec<(String, String, String, String, Vec<u8>)> = {
+            let mut q = tx.prepare(
+                r#"SELECT "table_id", "pk", "row", "server_version", "digest" FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
+            )?;
+            let out = q
+                .query_map([scope], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            out
+        };
+        let mut entries = Vec::with_capacity(rows.len());
+        for (table_id, pk, _, _, digest) in &rows {
+            let table = manifest
+                .table(table_id)
+                .ok_or_else(|| integrity("a staged record names an unknown table"))?;
+            let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+                .map_err(|_| integrity("a staged key does not match its type"))?;
+            entries.push((
+                RowIdentity::new(table, &key)
+                    .map_err(|_| integrity("a key cannot form a row identity"))?,
+                <[u8; 32]>::try_from(digest.as_slice())
+                    .map_err(|_| integrity("a staged digest"))?,
+            ));
+        }
+        let local = scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
+            .map_err(|_| integrity("the scope digest cannot be computed"))?;
+        tx.execute(
+            r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
+            [scope],
+        )?;
+        if local.digest != expected {
+            tx.execute(
+                r#"INSERT INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?1, 1)
+                   ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = NULL, "pending_cursor" = NULL, "rebuild" = 1"#,
+                [scope],
+            )?;
+            tx.commit()?;
+            return Err(integrity("the rebuild checksum does not match its rows"));
+        }
+        // Replace the scope's provenance layer with the verified snapshot.
+        for table in &manifest.tables {
+            let prov = provenance(table);
+            let old: Vec<TypedValue> = {
+                let mut q =
+                    tx.prepare(&format!("SELECT \"pk\" FROM {prov} WHERE \"scope_id\" = ?"))?;
+                let out = q
+                    .query_map([scope], |r| {
+                        Ok(from_sql(&table.primary_key().spec, r.get_ref(0)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| integrity("a stored key does not match its type"))?;
+                out
+            };
+            tx.execute(
+                &format!("DELETE FROM {prov} WHERE \"scope_id\" = ?"),
+                [scope],
+            )?;
+            for pk in old {
+                let kept = rows
+                    .iter()
+                    .any(|(t, k, ..)| *t == table.table_id && *k == pk.to_wire_text());
+                let remaining: i64 = tx.query_row(
+                    &format!("SELECT count(*) FROM {prov} WHERE \"pk\" = ?"),
+                    [to_sql(&pk)],
+                    |r| r.get(0),
+                )?;
+                if !kept && remaining == 0 {
+                    tx.execute(
+                        &format!(
+                            "DELETE FROM {} WHERE {} = ?",
+                            quote_ident(&table.name),
+                            quote_ident(&table.primary_key().name)
+                        ),
+                        [to_sql(&pk)],
+                    )?;
+                    tx.execute(
+                        r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
+                        params![table.table_id, pk.to_wire_text()],
+                    )?;
+                }
+            }
+        }
+        for (table_id, pk, row, version, digest) in &rows {
+            let table = manifest.table(table_id).expect("checked above");
+            let row = Json::parse(row).map_err(|_| integrity("a staged row"))?;
+            let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+                .map_err(|_| integrity("a staged key does not match its type"))?;
+            let mut values = Vec::with_capacity(table.fields.len());
+            let mut columns = Vec::with_capacity(table.fields.len());
+            for f in &table.fields {
+                let v = TypedValue::from_wire(&f.spec, row.get(&f.field_id).unwrap_or(&Json::Null))
+                    .map_err(|_| integrity("a value does not match its field"))?;
+                values.push(to_sql(&v));
+                columns.push(quote_ident(&f.name));
+            }
+            tx.execute(
+                &format!(
+                    "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
+                    quote_ident(&table.name),
+                    columns.join(", "),
+                    vec!["?"; columns.len()].join(", ")
+                ),
+                rusqlite::params_from_iter(values),
+            )?;
+            tx.execute(
+                r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
+                params![table_id, pk, version, digest],
+            )?;
+            tx.execute(
+                &format!(
+                    "INSERT OR IGNORE INTO {} (\"pk\", \"scope_id\") VALUES (?, ?)",
+                    provenance(table)
+                ),
+                params![to_sql(&key), scope],
+            )?;
+        }
+        let cursor = page.get("final_scope_cursor").and_then(Json::as_str);
+        tx.execute(
+            r#"INSERT INTO "_synchro_scopes" ("scope_id", "cursor", "rebuild") VALUES (?1, ?2, 0)
+               ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = ?2, "pending_cursor" = NULL, "rebuild" = 0"#,
+            params![scope, cursor],
+        )?;
+        tx.commit()?;
+        Ok(true)
     }
 
     /// A scope's installed cursor and whether it must rebuild.

@@ -253,3 +253,123 @@ fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
     );
     assert_eq!(db.scope_state("user:b").unwrap(), Some((None, true)));
 }
+
+fn record(m: &Manifest, id: i64, title: &str, version: &str) -> String {
+    format!(
+        r#"{{"table_id":"tbl_docs","pk":"{id}","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","digest":"{}"}}}}"#,
+        row(id, title),
+        digest_hex(m, id, title, version)
+    )
+}
+
+fn rebuild_page(records: &[String], last: Option<(String, &str)>) -> Json {
+    let tail = match last {
+        None => r#""has_more":true,"continuation":"k""#.to_owned(),
+        Some((digest, cursor)) => format!(
+            r#""has_more":false,"final_scope_cursor":"{cursor}","checksum":{{"algorithm":"sha256","digest":"{digest}"}}"#
+        ),
+    };
+    Json::parse(&format!(
+        r#"{{"scope_id":"user:a","records":[{}],{tail}}}"#,
+        records.join(",")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_rebuild_replaces_the_scope_only_after_its_final_checksum_verifies() {
+    let m = docs();
+    let mut db = Storage::open_in_memory().unwrap();
+    db.install(&m).unwrap();
+    db.apply_pull(
+        &m,
+        &page(
+            &[
+                upsert(&m, "user:a", 1, "one", "v1"),
+                upsert(&m, "user:a", 2, "two", "v2"),
+                upsert(&m, "user:a", 3, "three", "v3"),
+                upsert(&m, "user:b", 3, "three", "v3"),
+            ],
+            Some(&[
+                (
+                    "user:a",
+                    scope_hex(
+                        &m,
+                        "user:a",
+                        &[(1, "one", "v1"), (2, "two", "v2"), (3, "three", "v3")],
+                    ),
+                ),
+                ("user:b", scope_hex(&m, "user:b", &[(3, "three", "v3")])),
+            ]),
+            &[("user:a", "ca"), ("user:b", "cb")],
+        ),
+        &assigned(),
+    )
+    .unwrap();
+    let before = titles(&db);
+
+    // A final checksum that does not match the pages: nothing changes, the scope rebuilds.
+    assert!(!db
+        .apply_rebuild(
+            &m,
+            "user:a",
+            &rebuild_page(&[record(&m, 2, "two2", "v5")], None),
+            true
+        )
+        .unwrap());
+    let err = db
+        .apply_rebuild(
+            &m,
+            "user:a",
+            &rebuild_page(
+                &[record(&m, 4, "four", "v6")],
+                Some((scope_hex(&m, "user:a", &[(4, "four", "v6")]), "fa")),
+            ),
+            false,
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), "sync_integrity_failure");
+    assert_eq!(titles(&db), before);
+    assert_eq!(db.scope_state("user:a").unwrap(), Some((None, true)));
+
+    // The snapshot now: row 2 changed, row 4 new, rows 1 and 3 no longer in user:a.
+    assert!(!db
+        .apply_rebuild(
+            &m,
+            "user:a",
+            &rebuild_page(&[record(&m, 2, "two2", "v5")], None),
+            true
+        )
+        .unwrap());
+    assert!(db
+        .apply_rebuild(
+            &m,
+            "user:a",
+            &rebuild_page(
+                &[record(&m, 4, "four", "v6")],
+                Some((
+                    scope_hex(&m, "user:a", &[(2, "two2", "v5"), (4, "four", "v6")]),
+                    "fa",
+                )),
+            ),
+            false,
+        )
+        .unwrap());
+    // Row 1 had no other scope and is gone; row 3 stays for user:b.
+    assert_eq!(
+        titles(&db),
+        [(2, "two2".into()), (3, "three".into()), (4, "four".into())]
+    );
+    assert_eq!(
+        db.scope_state("user:a").unwrap(),
+        Some((Some("fa".into()), false))
+    );
+    // A tampered record is refused before anything is staged.
+    let tampered = record(&m, 5, "five", "v7").replace(r#""f2":"five""#, r#""f2":"evil""#);
+    assert_eq!(
+        db.apply_rebuild(&m, "user:a", &rebuild_page(&[tampered], None), true)
+            .unwrap_err()
+            .code(),
+        "sync_integrity_failure"
+    );
+}
