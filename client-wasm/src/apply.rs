@@ -67,6 +67,57 @@ fn provenance(table: &Table) -> String {
     quote_ident(&format!("_synchro_provenance:{}", table.table_id))
 }
 
+/// Removes every provenance edge of `scope`, and every row that no other scope justifies
+/// any more unless `kept(table_id, pk_wire_text)` says it is about to be written again.
+fn release_scope(
+    tx: &rusqlite::Transaction<'_>,
+    manifest: &Manifest,
+    scope: &str,
+    kept: &dyn Fn(&str, &str) -> bool,
+) -> Result<(), StorageError> {
+    for table in &manifest.tables {
+        let prov = provenance(table);
+        let old: Vec<TypedValue> = {
+            let mut q = tx.prepare(&format!("SELECT \"pk\" FROM {prov} WHERE \"scope_id\" = ?"))?;
+            let out = q
+                .query_map([scope], |r| {
+                    Ok(from_sql(&table.primary_key().spec, r.get_ref(0)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| integrity("a stored key does not match its type"))?;
+            out
+        };
+        tx.execute(
+            &format!("DELETE FROM {prov} WHERE \"scope_id\" = ?"),
+            [scope],
+        )?;
+        for pk in old {
+            let remaining: i64 = tx.query_row(
+                &format!("SELECT count(*) FROM {prov} WHERE \"pk\" = ?"),
+                [to_sql(&pk)],
+                |r| r.get(0),
+            )?;
+            if remaining == 0 && !kept(&table.table_id, &pk.to_wire_text()) {
+                tx.execute(
+                    &format!(
+                        "DELETE FROM {} WHERE {} = ?",
+                        quote_ident(&table.name),
+                        quote_ident(&table.primary_key().name)
+                    ),
+                    [to_sql(&pk)],
+                )?;
+                tx.execute(
+                    r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
+                    params![table.table_id, pk.to_wire_text()],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Storage {
     /// Applies one pull response body for a client whose assigned scopes (after the page's
     /// scope updates) are `assigned`.
@@ -176,7 +227,32 @@ impl Storage {
             })
             .unwrap_or_default();
 
+        let removed: Vec<String> = page
+            .get("scope_updates")
+            .and_then(|u| u.get("removed"))
+            .and_then(array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if removed.iter().any(|s| assigned.contains(s)) {
+            return Err(integrity("a removed scope is still assigned"));
+        }
         let tx = self.conn_mut().transaction()?;
+        // Scopes no longer assigned: their provenance goes, and rows nothing else justifies.
+        for scope in &removed {
+            release_scope(&tx, manifest, scope, &|_, _| false)?;
+            tx.execute(
+                r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
+                [scope],
+            )?;
+            tx.execute(
+                r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
+                [scope],
+            )?;
+        }
         for c in &changes {
             let prov = provenance(c.table);
             match &c.upsert {
@@ -293,7 +369,7 @@ impl Storage {
             if local.digest == *expected {
                 tx.execute(
                     r#"INSERT INTO "_synchro_scopes" ("scope_id", "cursor", "rebuild") VALUES (?1, ?2, 0)
-                       ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = coalesce("pending_cursor", ?2),
+                       ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = coalesce("pending_cursor", ?2, "cursor"),
                            "pending_cursor" = NULL, "rebuild" = 0"#,
                     params![scope, cursors.get(scope).cloned().flatten()],
                 )?;
@@ -426,50 +502,9 @@ impl Storage {
             return Err(integrity("the rebuild checksum does not match its rows"));
         }
         // Replace the scope's provenance layer with the verified snapshot.
-        for table in &manifest.tables {
-            let prov = provenance(table);
-            let old: Vec<TypedValue> = {
-                let mut q =
-                    tx.prepare(&format!("SELECT \"pk\" FROM {prov} WHERE \"scope_id\" = ?"))?;
-                let out = q
-                    .query_map([scope], |r| {
-                        Ok(from_sql(&table.primary_key().spec, r.get_ref(0)?))
-                    })?
-                    .collect::<Result<Vec<_>, _>>()?
-                    .into_iter()
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| integrity("a stored key does not match its type"))?;
-                out
-            };
-            tx.execute(
-                &format!("DELETE FROM {prov} WHERE \"scope_id\" = ?"),
-                [scope],
-            )?;
-            for pk in old {
-                let kept = rows
-                    .iter()
-                    .any(|(t, k, ..)| *t == table.table_id && *k == pk.to_wire_text());
-                let remaining: i64 = tx.query_row(
-                    &format!("SELECT count(*) FROM {prov} WHERE \"pk\" = ?"),
-                    [to_sql(&pk)],
-                    |r| r.get(0),
-                )?;
-                if !kept && remaining == 0 {
-                    tx.execute(
-                        &format!(
-                            "DELETE FROM {} WHERE {} = ?",
-                            quote_ident(&table.name),
-                            quote_ident(&table.primary_key().name)
-                        ),
-                        [to_sql(&pk)],
-                    )?;
-                    tx.execute(
-                        r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
-                        params![table.table_id, pk.to_wire_text()],
-                    )?;
-                }
-            }
-        }
+        release_scope(&tx, manifest, scope, &|table_id, pk| {
+            rows.iter().any(|(t, k, ..)| t == table_id && k == pk)
+        })?;
         for (table_id, pk, row, version, digest) in &rows {
             let table = manifest.table(table_id).expect("checked above");
             let row = Json::parse(row).map_err(|_| integrity("a staged row"))?;

@@ -373,3 +373,49 @@ fn a_rebuild_replaces_the_scope_only_after_its_final_checksum_verifies() {
         "sync_integrity_failure"
     );
 }
+
+#[test]
+fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
+    let m = docs();
+    let mut db = Storage::open_in_memory().unwrap();
+    db.install(&m).unwrap();
+    db.apply_pull(
+        &m,
+        &page(
+            &[
+                upsert(&m, "user:a", 1, "shared", "v1"),
+                upsert(&m, "user:b", 1, "shared", "v1"),
+                upsert(&m, "user:b", 2, "only b", "v2"),
+            ],
+            Some(&[
+                ("user:a", scope_hex(&m, "user:a", &[(1, "shared", "v1")])),
+                (
+                    "user:b",
+                    scope_hex(&m, "user:b", &[(1, "shared", "v1"), (2, "only b", "v2")]),
+                ),
+            ]),
+            &[("user:a", "ca"), ("user:b", "cb")],
+        ),
+        &assigned(),
+    )
+    .unwrap();
+    let only_a: BTreeSet<String> = ["user:a".to_owned()].into();
+    let removal = |removed: &str| {
+        Json::parse(&format!(
+            r#"{{"changes":[],"scope_updates":{{"added":[],"removed":["{removed}"]}},"scope_cursor_updates":{{}},"rebuild_scopes":[],"has_more":false,"checksums":{{"user:a":{{"algorithm":"sha256","digest":"{}"}}}}}}"#,
+            scope_hex(&m, "user:a", &[(1, "shared", "v1")])
+        ))
+        .unwrap()
+    };
+    // Claiming to remove a scope that is still assigned is refused as a whole.
+    assert!(db.apply_pull(&m, &removal("user:a"), &assigned()).is_err());
+    assert_eq!(titles(&db).len(), 2);
+    let applied = db.apply_pull(&m, &removal("user:b"), &only_a).unwrap();
+    assert_eq!(applied.verified, only_a);
+    assert_eq!(titles(&db), [(1, "shared".into())]);
+    assert_eq!(db.scope_state("user:b").unwrap(), None);
+    assert_eq!(
+        db.scope_state("user:a").unwrap(),
+        Some((Some("ca".into()), false))
+    );
+}
