@@ -14,7 +14,7 @@ use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::migration::quote_ident;
 use synchro_protocol::value::TypedValue;
 
-use crate::storage::{from_sql, to_sql, Storage, StorageError};
+use crate::storage::{from_sql, to_sql, write_row, Storage, StorageError};
 
 /// Client tables the engine keeps beside the plan's `_synchro_schema` and provenance.
 pub(crate) const METADATA_DDL: &[&str] = &[
@@ -67,6 +67,27 @@ fn provenance(table: &Table) -> String {
     quote_ident(&format!("_synchro_provenance:{}", table.table_id))
 }
 
+/// Deletes a row no scope justifies any more, with its version and digest.
+fn forget_row(
+    conn: &rusqlite::Connection,
+    table: &Table,
+    pk: &TypedValue,
+) -> Result<(), StorageError> {
+    conn.execute(
+        &format!(
+            "DELETE FROM {} WHERE {} = ?",
+            quote_ident(&table.name),
+            quote_ident(&table.primary_key().name)
+        ),
+        [to_sql(pk)],
+    )?;
+    conn.execute(
+        r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
+        params![table.table_id, pk.to_wire_text()],
+    )?;
+    Ok(())
+}
+
 /// Removes every provenance edge of `scope`, and every row that no other scope justifies
 /// any more unless `kept(table_id, pk_wire_text)` says it is about to be written again.
 fn release_scope(
@@ -100,18 +121,7 @@ fn release_scope(
                 |r| r.get(0),
             )?;
             if remaining == 0 && !kept(&table.table_id, &pk.to_wire_text()) {
-                tx.execute(
-                    &format!(
-                        "DELETE FROM {} WHERE {} = ?",
-                        quote_ident(&table.name),
-                        quote_ident(&table.primary_key().name)
-                    ),
-                    [to_sql(&pk)],
-                )?;
-                tx.execute(
-                    r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
-                    params![table.table_id, pk.to_wire_text()],
-                )?;
+                forget_row(tx, table, &pk)?;
             }
         }
     }
@@ -257,21 +267,7 @@ impl Storage {
             let prov = provenance(c.table);
             match &c.upsert {
                 Some((values, version, digest)) => {
-                    let columns: Vec<String> = c
-                        .table
-                        .fields
-                        .iter()
-                        .map(|f| quote_ident(&f.name))
-                        .collect();
-                    tx.execute(
-                        &format!(
-                            "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
-                            quote_ident(&c.table.name),
-                            columns.join(", "),
-                            vec!["?"; columns.len()].join(", ")
-                        ),
-                        rusqlite::params_from_iter(values.iter().map(|(_, v)| to_sql(v))),
-                    )?;
+                    write_row(&tx, c.table, values.iter().map(|(_, v)| to_sql(v)))?;
                     tx.execute(
                         r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
                         params![c.table.table_id, c.pk_text, version, digest.to_vec()],
@@ -294,18 +290,7 @@ impl Storage {
                         |r| r.get(0),
                     )?;
                     if remaining == 0 {
-                        tx.execute(
-                            &format!(
-                                "DELETE FROM {} WHERE {} = ?",
-                                quote_ident(&c.table.name),
-                                quote_ident(&c.table.primary_key().name)
-                            ),
-                            [to_sql(&c.pk)],
-                        )?;
-                        tx.execute(
-                            r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
-                            params![c.table.table_id, c.pk_text],
-                        )?;
+                        forget_row(&tx, c.table, &c.pk)?;
                     }
                 }
             }
@@ -511,22 +496,12 @@ impl Storage {
             let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
                 .map_err(|_| integrity("a staged key does not match its type"))?;
             let mut values = Vec::with_capacity(table.fields.len());
-            let mut columns = Vec::with_capacity(table.fields.len());
             for f in &table.fields {
                 let v = TypedValue::from_wire(&f.spec, row.get(&f.field_id).unwrap_or(&Json::Null))
                     .map_err(|_| integrity("a value does not match its field"))?;
                 values.push(to_sql(&v));
-                columns.push(quote_ident(&f.name));
             }
-            tx.execute(
-                &format!(
-                    "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
-                    quote_ident(&table.name),
-                    columns.join(", "),
-                    vec!["?"; columns.len()].join(", ")
-                ),
-                rusqlite::params_from_iter(values),
-            )?;
+            write_row(&tx, table, values)?;
             tx.execute(
                 r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
                 params![table_id, pk, version, digest],

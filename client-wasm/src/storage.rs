@@ -133,6 +133,24 @@ fn same(a: &Value, b: ValueRef<'_>) -> bool {
     }
 }
 
+/// Inserts or replaces one row of `table`; `values` are in the order of its fields.
+pub(crate) fn write_row(
+    conn: &Connection,
+    table: &Table,
+    values: impl IntoIterator<Item = Value>,
+) -> rusqlite::Result<usize> {
+    let columns: Vec<String> = table.fields.iter().map(|f| quote_ident(&f.name)).collect();
+    conn.execute(
+        &format!(
+            "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
+            quote_ident(&table.name),
+            columns.join(", "),
+            vec!["?"; columns.len()].join(", ")
+        ),
+        params_from_iter(values),
+    )
+}
+
 /// A local database.
 pub struct Storage {
     conn: Connection,
@@ -227,7 +245,6 @@ impl Storage {
         row: &[(String, TypedValue)],
     ) -> Result<(), StorageError> {
         let table = Self::table(manifest, table_id)?;
-        let mut columns = Vec::with_capacity(table.fields.len());
         let mut values = Vec::with_capacity(table.fields.len());
         for field in &table.fields {
             let value = row
@@ -242,7 +259,6 @@ impl Storage {
                 .map_err(|_| StorageError::InvalidValue {
                     field_id: field.field_id.clone(),
                 })?;
-            columns.push(quote_ident(&field.name));
             values.push(to_sql(value));
         }
         if row.len() != table.fields.len() {
@@ -250,13 +266,7 @@ impl Storage {
                 field_id: "(unknown field)".into(),
             });
         }
-        let sql = format!(
-            "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
-            quote_ident(&table.name),
-            columns.join(", "),
-            vec!["?"; columns.len()].join(", ")
-        );
-        self.conn.execute(&sql, params_from_iter(values))?;
+        write_row(&self.conn, table, values)?;
         Ok(())
     }
 
