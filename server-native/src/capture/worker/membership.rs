@@ -53,6 +53,26 @@ pub(super) async fn reevaluate_relation(
     Ok((effects, changed))
 }
 
+/// Evaluates a rule for the rows that exist now and returns each one's validated scope set
+/// (a row that no longer exists is in no scope and is not evaluated).
+async fn evaluate<'a>(
+    db: &Client,
+    eval: &Eval,
+    rows: impl Iterator<Item = &'a EvalRow>,
+    fanout: i64,
+) -> Result<HashMap<&'a str, Vec<String>>> {
+    let existing: Vec<&str> = rows
+        .filter(|(_, _, exists)| *exists)
+        .map(|(pk, ..)| pk.as_str())
+        .collect();
+    let args = existing
+        .iter()
+        .map(|pk| key_argument(pk))
+        .collect::<Result<Vec<_>>>()?;
+    let evaluated = eval.run(db, &existing, &args).await?;
+    scope_sets(&existing, &evaluated, fanout)
+}
+
 /// Each evaluated row's scope set from `(pk, scope)` result rows: a null, empty or blank
 /// scope, a row that was not asked for, or more scopes than the fanout bound fails the
 /// evaluation (never an empty or truncated set). Duplicates count once.
@@ -90,17 +110,7 @@ pub(super) async fn stage_rows(
     rows: &[&EvalRow],
 ) -> Result<()> {
     let pks: Vec<&str> = rows.iter().map(|(pk, ..)| pk.as_str()).collect();
-    let existing: Vec<&str> = rows
-        .iter()
-        .filter(|(_, _, exists)| *exists)
-        .map(|(pk, ..)| pk.as_str())
-        .collect();
-    let args = existing
-        .iter()
-        .map(|pk| key_argument(pk))
-        .collect::<Result<Vec<_>>>()?;
-    let evaluated = eval.run(db, &existing, &args).await?;
-    let scopes = scope_sets(&existing, &evaluated, fanout)?;
+    let scopes = evaluate(db, eval, rows.iter().copied(), fanout).await?;
     let (mut s_pks, mut s_scopes) = (Vec::new(), Vec::new());
     for (pk, set) in &scopes {
         for s in set {
@@ -281,20 +291,10 @@ pub(super) async fn membership_diff(
     rows: &[(String, String, bool)],
 ) -> Result<(usize, std::collections::BTreeSet<String>)> {
     let pks: Vec<&str> = rows.iter().map(|(pk, ..)| pk.as_str()).collect();
-    let existing: Vec<&str> = rows
-        .iter()
-        .filter(|(_, _, exists)| *exists)
-        .map(|(pk, ..)| pk.as_str())
-        .collect();
-    let args = existing
-        .iter()
-        .map(|pk| key_argument(pk))
-        .collect::<Result<Vec<_>>>()?;
-    let evaluated = eval.run(db, &existing, &args).await?;
+    let mut new_scopes = evaluate(db, eval, rows.iter(), fanout).await?;
     let old_edges = db
         .query(&statements.old_edges, &[&reg.relation_id, &pks])
         .await?;
-    let mut new_scopes = scope_sets(&existing, &evaluated, fanout)?;
     let mut old_scopes: HashMap<String, Vec<String>> = HashMap::new();
     for r in &old_edges {
         old_scopes.entry(r.get(0)).or_default().push(r.get(1));
