@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rusqlite::{params, OptionalExtension};
-use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
+use synchro_protocol::digest::{row_digest, row_digest_of_values, scope_digest, RowIdentity};
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::migration::quote_ident;
@@ -18,9 +18,9 @@ use crate::storage::{from_sql, to_sql, write_row, Storage, StorageError};
 
 /// Client tables the engine keeps beside the plan's `_synchro_schema` and provenance.
 pub(crate) const METADATA_DDL: &[&str] = &[
-    r#"CREATE TABLE "_synchro_scopes" ("scope_id" TEXT NOT NULL PRIMARY KEY, "cursor" TEXT, "pending_cursor" TEXT, "rebuild" INTEGER NOT NULL DEFAULT 1 CHECK ("rebuild" IN (0, 1))) STRICT, WITHOUT ROWID"#,
-    r#"CREATE TABLE "_synchro_rows" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "server_version" TEXT NOT NULL, "digest" BLOB NOT NULL CHECK (length("digest") = 32), PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
-    r#"CREATE TABLE "_synchro_rebuild_rows" ("scope_id" TEXT NOT NULL, "table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "row" TEXT NOT NULL, "server_version" TEXT NOT NULL, "digest" BLOB NOT NULL CHECK (length("digest") = 32), PRIMARY KEY ("scope_id", "table_id", "pk")) STRICT, WITHOUT ROWID"#,
+    r#"CREATE TABLE IF NOT EXISTS "_synchro_scopes" ("scope_id" TEXT NOT NULL PRIMARY KEY, "cursor" TEXT, "pending_cursor" TEXT, "rebuild" INTEGER NOT NULL DEFAULT 1 CHECK ("rebuild" IN (0, 1))) STRICT, WITHOUT ROWID"#,
+    r#"CREATE TABLE IF NOT EXISTS "_synchro_rows" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "server_version" TEXT NOT NULL, "digest" BLOB NOT NULL CHECK (length("digest") = 32), PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
+    r#"CREATE TABLE IF NOT EXISTS "_synchro_rebuild_rows" ("scope_id" TEXT NOT NULL, "table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "row" TEXT NOT NULL, "server_version" TEXT NOT NULL, "digest" BLOB NOT NULL CHECK (length("digest") = 32), PRIMARY KEY ("scope_id", "table_id", "pk")) STRICT, WITHOUT ROWID"#,
 ];
 
 /// What applying one page did.
@@ -86,6 +86,62 @@ fn forget_row(
         params![table.table_id, pk.to_wire_text()],
     )?;
     Ok(())
+}
+
+/// Recomputes every stored row digest under `manifest` from the local values (row digests
+/// bind the schema hash). A migration without rebuild runs this in its DDL transaction, so
+/// the rows kept in place verify under the target schema without being downloaded again.
+/// Returns the number of rows.
+pub(crate) fn redigest_rows(
+    tx: &rusqlite::Transaction<'_>,
+    manifest: &Manifest,
+) -> Result<u64, StorageError> {
+    let hash = manifest.schema_hash();
+    let mut count = 0;
+    for table in &manifest.tables {
+        let columns: Vec<String> = table.fields.iter().map(|f| quote_ident(&f.name)).collect();
+        let pk_index = table
+            .fields
+            .iter()
+            .position(|f| f.field_id == table.primary_key_field_id)
+            .expect("a validated table has its primary key");
+        let mut rows = tx.prepare(&format!(
+            "SELECT {} FROM {}",
+            columns.join(", "),
+            quote_ident(&table.name)
+        ))?;
+        let mut version = tx.prepare(
+            r#"SELECT "server_version" FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
+        )?;
+        let mut update = tx.prepare(
+            r#"UPDATE "_synchro_rows" SET "digest" = ? WHERE "table_id" = ? AND "pk" = ?"#,
+        )?;
+        let mut cursor = rows.query([])?;
+        while let Some(r) = cursor.next()? {
+            let mut values = Vec::with_capacity(table.fields.len());
+            for (i, f) in table.fields.iter().enumerate() {
+                values.push(from_sql(&f.spec, r.get_ref(i)?).ok_or_else(|| {
+                    StorageError::Corrupt {
+                        table_id: table.table_id.clone(),
+                        field_id: f.field_id.clone(),
+                    }
+                })?);
+            }
+            let pk = values[pk_index].to_wire_text();
+            // A row the server never sent (local intent only) has no digest to carry.
+            let Some(v): Option<String> = version
+                .query_row(params![table.table_id, pk], |r| r.get(0))
+                .optional()?
+            else {
+                continue;
+            };
+            let d = row_digest_of_values(&hash, table, &values, &v)
+                .map_err(|_| integrity("a stored row cannot be digested"))?;
+            update.execute(params![d.digest.to_vec(), table.table_id, pk])?;
+            count += 1;
+        }
+    }
+    Ok(count)
 }
 
 /// Removes every provenance edge of `scope`, and every row that no other scope justifies
@@ -522,6 +578,30 @@ impl Storage {
         )?;
         tx.commit()?;
         Ok(true)
+    }
+
+    /// Releases scopes the server no longer assigns (connect's `scope_updates.removed`):
+    /// their provenance, the rows nothing else justifies, their staged rebuild rows and
+    /// their cursor state, in one transaction.
+    pub fn release_scopes(
+        &mut self,
+        manifest: &Manifest,
+        scopes: &[String],
+    ) -> Result<(), StorageError> {
+        let tx = self.conn_mut().transaction()?;
+        for scope in scopes {
+            release_scope(&tx, manifest, scope, &|_, _| false)?;
+            tx.execute(
+                r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
+                [scope],
+            )?;
+            tx.execute(
+                r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
+                [scope],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// A scope's installed cursor and whether it must rebuild.

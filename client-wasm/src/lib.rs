@@ -1,16 +1,18 @@
 //! # synchro-client
 //!
 //! The client engine: a local SQLite database materialized from the server's schema
-//! manifest, kept in sync through verified pulls. This first part is the storage layer
-//! (issue 6, item 1): every value is bound and read by the manifest's logical type exactly as
-//! spec 000 "Portable To SQLite Mapping" says, and a database is installed from a manifest
-//! through the hash-bound migration plan of `synchro-protocol` in one transaction.
+//! manifest, kept in sync through verified pulls and rebuilds, migrated through a durable
+//! journal. One code path: rusqlite natively, and the same rusqlite over sqlite-wasm-rs with
+//! the OPFS VFS in the browser.
 //!
-//! It builds natively over rusqlite today; the browser build (the same rusqlite code over
-//! sqlite-wasm-rs and the OPFS VFS) comes next.
+//! - [`storage`]: typed values per spec 000 "Portable To SQLite Mapping", install, the
+//!   application's local-table ladder.
+//! - [`apply`]: verified application of pull and rebuild pages.
+//! - [`engine`]: identity, the migration journal, the connect / rebuild / pull loop.
 #![warn(missing_docs)]
 
-#[cfg(not(target_arch = "wasm32"))]
 pub mod apply;
+pub mod engine;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod http;
 pub mod storage;

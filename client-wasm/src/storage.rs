@@ -16,7 +16,7 @@
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params_from_iter, Connection, OptionalExtension};
 use synchro_protocol::manifest::{Manifest, Table};
-use synchro_protocol::migration::{quote_ident, MigrationPlan};
+use synchro_protocol::migration::{quote_ident, MigrationPlan, RESERVED_PREFIX};
 use synchro_protocol::types::{FieldSpec, PortableType};
 use synchro_protocol::value::{Scalar, TypedValue};
 
@@ -151,6 +151,24 @@ pub(crate) fn write_row(
     )
 }
 
+/// Every schema object that belongs to synchro: `_synchro_` objects and the synced tables
+/// with their indexes and triggers.
+/// One `sqlite_schema` row: type, name, table name, SQL.
+type SchemaObject = (String, String, String, Option<String>);
+
+fn protected_schema(conn: &Connection, synced: &[String]) -> rusqlite::Result<Vec<SchemaObject>> {
+    let mut q =
+        conn.prepare("SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY type, name")?;
+    let all = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<rusqlite::Result<Vec<SchemaObject>>>()?;
+    let protected = |n: &str| n.starts_with(RESERVED_PREFIX) || synced.iter().any(|s| s == n);
+    Ok(all
+        .into_iter()
+        .filter(|(_, name, tbl, _)| protected(name) || protected(tbl))
+        .collect())
+}
+
 /// A local database.
 pub struct Storage {
     conn: Connection,
@@ -228,6 +246,42 @@ impl Storage {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Evolves the application's own local-only tables with `ladder`: rung `i` (1-based)
+    /// takes `PRAGMA user_version` from `i - 1` to `i` in its own transaction, together with
+    /// the version bump. A database from a newer ladder (a version above `ladder.len()`) is
+    /// refused untouched, and a rung that creates, alters or drops a synced table or
+    /// anything named `_synchro_` is rolled back with its error. Returns the version after.
+    pub fn migrate_local(&mut self, ladder: &[&str]) -> Result<u32, StorageError> {
+        let mut version: u32 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version as usize > ladder.len() {
+            return Err(StorageError::Schema(format!(
+                "the local tables are at version {version}, newer than this application's {}",
+                ladder.len()
+            )));
+        }
+        let synced: Vec<String> = self
+            .active_schema()?
+            .map(|m| m.tables.iter().map(|t| t.name.clone()).collect())
+            .unwrap_or_default();
+        while (version as usize) < ladder.len() {
+            let tx = self.conn.transaction()?;
+            let before = protected_schema(&tx, &synced)?;
+            tx.execute_batch(ladder[version as usize])?;
+            if protected_schema(&tx, &synced)? != before {
+                return Err(StorageError::Schema(format!(
+                    "local migration {} changes a synced or synchro table",
+                    version + 1
+                )));
+            }
+            version += 1;
+            tx.pragma_update(None, "user_version", version)?;
+            tx.commit()?;
+        }
+        Ok(version)
     }
 
     fn table<'m>(manifest: &'m Manifest, table_id: &str) -> Result<&'m Table, StorageError> {

@@ -7,60 +7,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{start_server, wait_ready, Env};
 use serde_json::{json, Value};
 use synchro_server::auth::mint;
 use synchro_server::registry::{register, RegisterRequest};
 
 const SECRET: &str = "server-crash-secret-0123456789abc";
 const OWNERS: [&str; 3] = ["alice", "bob", "carol"];
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server(env: &Env, port: u16) -> Server {
-    Server(
-        Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-            .args([
-                "serve",
-                "--database-url",
-                &env.cluster.url("synchro_dev_adapter", "app"),
-                "--worker-url",
-                &env.cluster.url("synchro_dev_worker", "app"),
-                "--jwt-secret",
-                SECRET,
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .env("SYNCHRO_LOG", "error")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
-
-async fn wait_ready(http: &reqwest::Client, base: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(r) = http.get(format!("{base}/ready")).send().await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "the server never became ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn post(http: &reqwest::Client, base: &str, token: &str, path: &str, body: Value) -> Value {
     let r = http
@@ -112,7 +67,7 @@ async fn kill_9_of_the_server_during_writes_loses_and_duplicates_nothing() {
         .port();
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let mut server = start_server(&env, port);
+    let mut server = start_server(&env, port, SECRET);
     // Ready means bootstrapped (the 300 seeded rows) with a live capture leader.
     wait_ready(&http, &base).await;
 
@@ -145,7 +100,7 @@ async fn kill_9_of_the_server_during_writes_loses_and_duplicates_nothing() {
         tokio::time::sleep(Duration::from_millis(120)).await;
         server.0.kill().unwrap(); // SIGKILL
         server.0.wait().unwrap();
-        server = start_server(&env, port);
+        server = start_server(&env, port, SECRET);
     }
     for w in writers {
         w.await.unwrap();

@@ -119,3 +119,62 @@ pub async fn docs_digest_from_source(env: &Env, owner: &str) -> String {
         .digest,
     )
 }
+
+/// A `synchro-server serve` process (HTTP and capture in one); killed when dropped.
+pub struct Server(pub std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the real server binary on `port` against `env`'s cluster.
+pub fn start_server(env: &Env, port: u16, secret: &str) -> Server {
+    Server(
+        std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args([
+                "serve",
+                "--database-url",
+                &env.cluster.url("synchro_dev_adapter", "app"),
+                "--worker-url",
+                &env.cluster.url("synchro_dev_worker", "app"),
+                "--jwt-secret",
+                secret,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .env("SYNCHRO_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (up to 60 s) until `GET /ready` answers 200.
+pub async fn wait_ready(http: &reqwest::Client, base: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/ready")).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A free local TCP port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -1,0 +1,472 @@
+//! The client engine (`synchro-client`) against the real server binary on real PostgreSQL:
+//! a native client syncs two scopes, survives a server restart and a reopen, refuses a
+//! tampered row and rebuilds only the scope whose terminal checksum was tampered with, and
+//! upgrades across Class 2 (replace, nothing downloaded again), Class 3 (rebuild_local of
+//! the announced scopes) and Class 4 (unsupported: local data and local-only rows kept).
+
+mod common;
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use common::{free_port, start_server, wait_ready, Env, Server};
+use synchro_client::engine::{Client, Response, Transport, TransportError};
+use synchro_client::http::HttpTransport;
+use synchro_client::storage::Storage;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::state::ClientState;
+use synchro_server::auth::mint;
+use synchro_server::publish::{load_lineage, publish};
+use synchro_server::registry::{register, RegisterRequest};
+
+const SECRET: &str = "client-engine-secret-0123456789ab";
+
+/// What the proxy does to the next responses, and what it saw.
+#[derive(Default)]
+struct Tamper {
+    /// Alter one value of the next pull page's first upsert (its checksum kept).
+    row_value: bool,
+    /// Alter the next terminal checksum of this scope.
+    terminal: Option<String>,
+    /// Scopes of every rebuild request.
+    rebuilds: Vec<String>,
+}
+
+/// The real HTTP transport with a hand on the responses (the server is not mocked).
+struct Proxy {
+    inner: HttpTransport,
+    tamper: Rc<RefCell<Tamper>>,
+}
+
+fn member<'a>(j: &'a mut Json, name: &str) -> Option<&'a mut Json> {
+    match j {
+        Json::Object(m) => m.iter_mut().find(|(k, _)| k == name).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+impl Transport for Proxy {
+    async fn post(&self, path: &str, body: String) -> Result<Response, TransportError> {
+        if path == "/sync/rebuild" {
+            let req = Json::parse(&body).unwrap();
+            let scope = req.get("scope_id").and_then(Json::as_str).unwrap();
+            if req.get("continuation").is_none() {
+                self.tamper.borrow_mut().rebuilds.push(scope.to_owned());
+            }
+        }
+        let mut r = self.inner.post(path, body).await?;
+        if path != "/sync/pull" || r.status != 200 {
+            return Ok(r);
+        }
+        let mut t = self.tamper.borrow_mut();
+        if t.row_value {
+            if let Some(Json::Array(changes)) = member(&mut r.body, "changes") {
+                if let Some(c) = changes.iter_mut().find(|c| c.get("row").is_some()) {
+                    if let Some(Json::Object(row)) = member(c, "row") {
+                        row.last_mut().unwrap().1 = Json::String("tampered".into());
+                        t.row_value = false;
+                    }
+                }
+            }
+        }
+        if let Some(scope) = t.terminal.clone() {
+            if let Some(sum) = member(&mut r.body, "checksums").and_then(|c| member(c, &scope)) {
+                let digest = member(sum, "digest").unwrap();
+                let flipped: String = digest
+                    .as_str()
+                    .unwrap()
+                    .chars()
+                    .map(|c| if c == '0' { '1' } else { '0' })
+                    .collect();
+                *digest = Json::String(flipped);
+                t.terminal = None;
+            }
+        }
+        Ok(r)
+    }
+}
+
+struct Stack {
+    env: Env,
+    port: u16,
+    base: String,
+    server: Option<Server>,
+    tamper: Rc<RefCell<Tamper>>,
+    dir: std::path::PathBuf,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        let env = Env::installed().await;
+        env.as_app_owner(
+            "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
+             INSERT INTO app.docs SELECT g, (ARRAY['alice', 'bob'])[1 + g % 2], (ARRAY['red', 'blue', 'green'])[1 + g % 3], 'seed ' || g
+               FROM generate_series(1, 60) g",
+        )
+        .await;
+        let mut op = env.login("synchro_dev_operator").await;
+        register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
+            .await
+            .unwrap();
+        env.admin
+            .batch_execute(
+                "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
+                 GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+            )
+            .await
+            .unwrap();
+        // Two scopes per row: its owner's and its team's. Alice also has team:red.
+        op.batch_execute(
+            "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+             BEGIN ATOMIC
+               SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
+               UNION ALL SELECT 'team:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id;
+             END;
+             REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
+             GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
+             SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');
+             SELECT synchro.synchro_grant_user_scope('alice', 'team:red');",
+        )
+        .await
+        .unwrap();
+        publish(&mut op).await.unwrap();
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let server = start_server(&env, port, SECRET);
+        wait_ready(&reqwest::Client::new(), &base).await;
+        let dir = std::env::temp_dir().join(format!(
+            "synchro-client-engine-{}-{port}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Stack {
+            env,
+            port,
+            base,
+            server: Some(server),
+            tamper: Rc::default(),
+            dir,
+        }
+    }
+
+    fn restart(&mut self) {
+        self.server = None;
+        self.server = Some(start_server(&self.env, self.port, SECRET));
+    }
+
+    /// Opens alice's client over the database file (creating it with the local ladder).
+    fn client(&self) -> Client<Proxy> {
+        let mut storage = Storage::open(self.dir.join("alice.db")).unwrap();
+        storage
+            .migrate_local(&[
+                "CREATE TABLE drafts (id INTEGER PRIMARY KEY, body TEXT NOT NULL)",
+                "ALTER TABLE drafts ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",
+            ])
+            .unwrap();
+        let token = mint(SECRET.as_bytes(), "alice", 3600);
+        let transport = Proxy {
+            inner: HttpTransport::new(self.base.clone(), move || token.clone()),
+            tamper: self.tamper.clone(),
+        };
+        Client::open(storage, transport, || *b"0123456789abcdef").unwrap()
+    }
+
+    async fn source_rows(&self) -> Vec<(i64, String, String, Option<String>)> {
+        self.env
+            .admin
+            .query(
+                "SELECT id, owner, team, title FROM app.docs WHERE owner = 'alice' OR team = 'red' ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect()
+    }
+
+    async fn sql(&self, sql: &str) {
+        self.env.admin.batch_execute(sql).await.unwrap();
+    }
+}
+
+fn local_rows<T: Transport>(c: &Client<T>) -> Vec<(i64, String, String, Option<String>)> {
+    let conn = c.storage().connection();
+    let mut q = conn
+        .prepare("SELECT id, owner, team, title FROM docs ORDER BY id")
+        .unwrap();
+    let rows = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    rows
+}
+
+fn drafts<T: Transport>(c: &Client<T>) -> Vec<(i64, String, i64)> {
+    let conn = c.storage().connection();
+    let mut q = conn
+        .prepare("SELECT id, body, pinned FROM drafts ORDER BY id")
+        .unwrap();
+    let rows = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    rows
+}
+
+/// Syncs until the local table equals alice's view of the source (capture is asynchronous).
+async fn converge(s: &Stack, c: &mut Client<Proxy>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let report = c.sync_once().await.unwrap();
+        assert_eq!(
+            report.verified,
+            BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()]),
+            "every terminal page verifies both scopes"
+        );
+        if local_rows(c) == s.source_rows().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the client never converged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_scopes_restart_reopen_and_tampering() {
+    let mut s = Stack::start().await;
+    let mut c = s.client();
+    assert_eq!(c.state(), ClientState::Fresh);
+    c.storage()
+        .connection()
+        .execute("INSERT INTO drafts (id, body) VALUES (1, 'local only')", [])
+        .unwrap();
+
+    // First sync: install, rebuild both scopes, pull.
+    let first = c.sync_once().await.unwrap();
+    assert_eq!(first.action, "replace");
+    assert_eq!(
+        first.rebuilt,
+        BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()])
+    );
+    assert_eq!(local_rows(&c), s.source_rows().await);
+    assert!(!local_rows(&c).is_empty());
+    assert_eq!(c.state(), ClientState::Idle);
+    assert_eq!(c.journal_phase().unwrap(), None);
+
+    // Incremental changes, including one that moves a row out of both scopes.
+    s.sql(
+        "UPDATE app.docs SET title = 'edited' WHERE id IN (2, 3);
+         UPDATE app.docs SET owner = 'bob', team = 'blue' WHERE id = 4;
+         DELETE FROM app.docs WHERE id = 6;
+         INSERT INTO app.docs VALUES (100, 'alice', 'green', NULL), (101, 'bob', 'red', 'x')",
+    )
+    .await;
+    converge(&s, &mut c).await;
+
+    // The server goes away: a retryable network error, nothing lost.
+    s.server = None;
+    let before = local_rows(&c);
+    let e = c.sync_once().await.unwrap_err();
+    assert_eq!((e.code(), e.retryable()), ("network_error", true));
+    assert_eq!(c.state(), ClientState::Idle);
+    assert_eq!(local_rows(&c), before);
+    s.sql("UPDATE app.docs SET title = 'while down' WHERE id = 8")
+        .await;
+    s.restart();
+    wait_ready(&reqwest::Client::new(), &s.base).await;
+    converge(&s, &mut c).await;
+
+    // The client process restarts: same identity, no rebuild, still verified.
+    let id = c.client_id().to_owned();
+    drop(c);
+    let mut c = s.client();
+    assert_eq!(c.client_id(), id);
+    let again = c.sync_once().await.unwrap();
+    assert_eq!((again.action.as_str(), again.rebuilt.len()), ("none", 0));
+    assert_eq!(local_rows(&c), s.source_rows().await);
+
+    // A tampered row: the whole page is refused and nothing of it is applied.
+    let before = local_rows(&c);
+    s.sql("UPDATE app.docs SET title = 'tamper target' WHERE id = 10")
+        .await;
+    // Wait until the change is pullable, then tamper with the page that carries it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        s.tamper.borrow_mut().row_value = true;
+        match c.sync_once().await {
+            Err(e) => {
+                assert_eq!(e.code(), "sync_integrity_failure");
+                break;
+            }
+            Ok(_) => {
+                assert_eq!(local_rows(&c), before, "nothing arrived yet");
+                assert!(Instant::now() < deadline, "the change never arrived");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(!s.tamper.borrow().row_value, "the proxy altered a row");
+    assert_eq!(
+        local_rows(&c),
+        before,
+        "nothing of the tampered page applied"
+    );
+    assert_eq!(c.state(), ClientState::Idle);
+    converge(&s, &mut c).await;
+
+    // A tampered terminal checksum: only that scope rebuilds, then both verify.
+    s.tamper.borrow_mut().rebuilds.clear();
+    s.tamper.borrow_mut().terminal = Some("team:red".into());
+    let report = c.sync_once().await.unwrap();
+    assert_eq!(report.rebuilt, BTreeSet::from(["team:red".to_owned()]));
+    assert_eq!(s.tamper.borrow().rebuilds, ["team:red"]);
+    assert!(report.verified.contains("team:red") && report.verified.contains("user:alice"));
+    assert_eq!(local_rows(&c), s.source_rows().await);
+    assert_eq!(drafts(&c), [(1, "local only".to_owned(), 0)]);
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+/// Publishes a Class 4 successor of the current manifest that removes `field` from `docs`,
+/// through the server's own manifest insertion function.
+async fn publish_class_4_without(s: &Stack, field: &str) {
+    let op = s.env.login("synchro_dev_operator").await;
+    let current = load_lineage(&op).await.unwrap().current().unwrap().clone();
+    let mut body: serde_json::Value = serde_json::from_str(&current.canonical_body()).unwrap();
+    let version = current.schema_version + 1;
+    body["schema_version"] = version.into();
+    body["parent_schema"] =
+        serde_json::json!({"version": current.schema_version, "hash": current.schema_hash_hex()});
+    body["transition_class"] = "class_4".into();
+    body["compatibility_floor"] = version.into();
+    for t in body["tables"].as_array_mut().unwrap() {
+        if t["name"] == "docs" {
+            t["fields"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|f| f["name"] != field);
+        }
+    }
+    let child = Manifest::parse(&body.to_string()).unwrap();
+    op.execute(
+        "SELECT synchro.synchro_insert_manifest($1, $2, $3, $4, $5, 'class_4', $6)",
+        &[
+            &(version as i64),
+            &child.schema_hash_hex(),
+            &child.canonical_body(),
+            &(current.schema_version as i64),
+            &current.schema_hash_hex(),
+            &(version as i64),
+        ],
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
+    let s = Stack::start().await;
+    let mut c = s.client();
+    c.storage()
+        .connection()
+        .execute(
+            "INSERT INTO drafts (id, body, pinned) VALUES (7, 'keep me', 1)",
+            [],
+        )
+        .unwrap();
+    c.sync_once().await.unwrap();
+    assert_eq!(local_rows(&c), s.source_rows().await);
+    let v1 = c.manifest().unwrap().schema_version;
+
+    // Class 2: a new, empty table. Replace in place; nothing is downloaded again.
+    s.env
+        .as_app_owner("CREATE TABLE app.tags (id text PRIMARY KEY, label text)")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "tags", "multi_scope"))
+        .await
+        .unwrap();
+    publish(&mut op).await.unwrap();
+    s.tamper.borrow_mut().rebuilds.clear();
+    let report = c.sync_once().await.unwrap();
+    assert_eq!(report.action, "replace");
+    assert_eq!(c.manifest().unwrap().schema_version, v1 + 1);
+    assert!(
+        s.tamper.borrow().rebuilds.is_empty(),
+        "no rebuild: {report:?} {:?}",
+        s.tamper.borrow().rebuilds
+    );
+    assert_eq!(report.pulled_changes, 0, "no data downloaded again");
+    assert_eq!(local_rows(&c), s.source_rows().await);
+    let tags: i64 = c
+        .storage()
+        .connection()
+        .query_row("SELECT count(*) FROM tags", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(tags, 0);
+    assert_eq!(c.journal_phase().unwrap(), None);
+
+    // Class 3: a new table that already has rows. Once the server has materialized it,
+    // connect answers rebuild_local and exactly the announced scopes rebuild.
+    s.env
+        .as_app_owner(
+            "CREATE TABLE app.notes (id bigint PRIMARY KEY, body text);
+             INSERT INTO app.notes VALUES (1, 'existing')",
+        )
+        .await;
+    register(
+        &op,
+        &RegisterRequest::synced("app", "notes", "single_scope"),
+    )
+    .await
+    .unwrap();
+    publish(&mut op).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let report = loop {
+        s.tamper.borrow_mut().rebuilds.clear();
+        let r = c.sync_once().await.unwrap();
+        if r.action == "rebuild_local" {
+            break r;
+        }
+        assert_eq!(r.action, "none", "until the table is materialized");
+        assert!(
+            Instant::now() < deadline,
+            "the Class 3 manifest never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!report.affected.is_empty());
+    assert_eq!(report.rebuilt, report.affected);
+    let requested: BTreeSet<String> = s.tamper.borrow().rebuilds.iter().cloned().collect();
+    assert_eq!(requested, report.affected);
+    assert_eq!(c.manifest().unwrap().schema_version, v1 + 2);
+    assert_eq!(
+        c.journal_phase().unwrap(),
+        None,
+        "the journal is cleared last"
+    );
+    assert_eq!(local_rows(&c), s.source_rows().await);
+
+    // Class 4: a field the client has is removed. The client enters upgrade_required and
+    // keeps its data, its schema and its local-only rows, also across a reopen.
+    publish_class_4_without(&s, "title").await;
+    let before = local_rows(&c);
+    let e = c.sync_once().await.unwrap_err();
+    assert_eq!((e.code(), e.retryable()), ("upgrade_required", false));
+    assert_eq!(c.state(), ClientState::UpgradeRequired);
+    assert_eq!(c.manifest().unwrap().schema_version, v1 + 2);
+    assert_eq!(local_rows(&c), before);
+    drop(c);
+    let mut c = s.client();
+    assert_eq!(c.state(), ClientState::UpgradeRequired);
+    assert_eq!(c.sync_once().await.unwrap_err().code(), "upgrade_required");
+    assert_eq!(local_rows(&c), before);
+    assert_eq!(drafts(&c), [(7, "keep me".to_owned(), 1)]);
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
