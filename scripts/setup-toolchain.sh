@@ -120,6 +120,13 @@ else
     apt_install postgresql
 fi
 
+# --- c3. clang for SQLite's C source in the wasm32 client build (sqlite-wasm-rs) -----------
+if command -v clang-22 >/dev/null && command -v llvm-ar-22 >/dev/null; then
+    log "clang-22 and llvm-ar-22 present"
+else
+    apt_install clang-22 llvm-22
+fi
+
 # --- d. wasm-opt from the npm binaryen package ----------------------------------------------
 WASM_OPT=$TOOLS/binaryen/node_modules/.bin/wasm-opt
 have_binaryen=$(node -p "require('$TOOLS/binaryen/node_modules/binaryen/package.json').version" 2>/dev/null || true)
@@ -174,6 +181,7 @@ EOF
     printf 'export SYNCHRO_WASM_TOOLCHAIN=%q\n' "$WASM_TOOLCHAIN"
     printf 'export WASM_OPT=%q\n' "$WASM_OPT"
     echo 'export CHROMEDRIVER=/usr/bin/chromedriver'
+    echo 'export CC_wasm32_unknown_unknown=clang-22 AR_wasm32_unknown_unknown=llvm-ar-22'
     echo 'export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner'
     printf 'export WASM_BINDGEN_TEST_WEBDRIVER_JSON=%q\n' "$TOOLS/webdriver.json"
     echo 'export WASM_BINDGEN_TEST_TIMEOUT=300'

@@ -52,11 +52,15 @@ step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets --features synchro-protocol/bench -- -D warnings
 if [ -z "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
     # Debian's wasm toolchain has no clippy; the native lint covers the shared code then.
-    step clippy-wasm32 cargo clippy -p synchro-protocol --target wasm32-unknown-unknown --features bench -- -D warnings
+    step clippy-wasm32 cargo clippy -p synchro-protocol -p synchro-client --target wasm32-unknown-unknown --features synchro-protocol/bench -- -D warnings
 fi
 step test-native cargo test --workspace
 step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
 step test-wasm-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
+# The client's storage, materialization, verification and journal tests on OPFS in a
+# dedicated worker of headless Chromium (OPFS has no node equivalent).
+CLIENT_WASM_TESTS=(-p synchro-client --target wasm32-unknown-unknown --test storage --test apply --test journal --test browser_api)
+step test-client-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${CLIENT_WASM_TESTS[*]}"
 step build-wasm scripts/build-wasm.sh
 step test-parity-node node --test protocol/js-tests/
 step conformance cargo run -q --release -p synchro-protocol --bin synchro-conformance -- \

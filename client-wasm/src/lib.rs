@@ -9,6 +9,8 @@
 //!   application's local-table ladder.
 //! - [`apply`]: verified application of pull and rebuild pages.
 //! - [`engine`]: identity, the migration journal, the connect / rebuild / pull loop.
+//! - `http` (native): the reqwest transport; `wasm` (browser): OPFS, the fetch transport and
+//!   the JavaScript API (`SynchroClient`).
 #![warn(missing_docs)]
 
 pub mod apply;
@@ -16,3 +18,5 @@ pub mod engine;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod http;
 pub mod storage;
+#[cfg(target_arch = "wasm32")]
+pub mod wasm;

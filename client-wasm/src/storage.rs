@@ -23,8 +23,9 @@ use synchro_protocol::value::{Scalar, TypedValue};
 /// Storage failures, each with a stable code.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    /// SQLite refused an operation.
-    #[error("local database error: {0}")]
+    /// SQLite refused an operation. The message never repeats the statement text (which
+    /// can hold values).
+    #[error("local database error: {}", describe(.0))]
     Sqlite(#[from] rusqlite::Error),
     /// A stored value does not match its declared field.
     #[error(
@@ -56,6 +57,15 @@ pub enum StorageError {
     /// Protocol-level failure (manifest or migration plan).
     #[error(transparent)]
     Protocol(#[from] synchro_protocol::Error),
+}
+
+fn describe(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqlInputError { msg, offset, .. } => {
+            format!("{msg} (at offset {offset} of the statement)")
+        }
+        other => other.to_string(),
+    }
 }
 
 impl StorageError {

@@ -5,6 +5,11 @@
 
 #[path = "../../protocol/tests/common/mod.rs"]
 mod common;
+#[path = "support/target.rs"]
+mod target;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);
 
 use std::collections::BTreeSet;
 
@@ -132,10 +137,11 @@ fn titles(db: &Storage) -> Vec<(i64, String)> {
         .unwrap()
 }
 
-#[test]
-fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests() {
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests() {
     let m = docs();
-    let mut db = Storage::open_in_memory().unwrap();
+    let mut db = target::fresh("t").await;
     db.install(&m).unwrap();
     // Page 1 (not terminal): cursors stay pending.
     let p1 = page(
@@ -197,10 +203,11 @@ fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests() {
     assert_eq!(titles(&db), [(2, "two".into())]);
 }
 
-#[test]
-fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
     let m = docs();
-    let mut db = Storage::open_in_memory().unwrap();
+    let mut db = target::fresh("t").await;
     db.install(&m).unwrap();
     let good = |id| upsert(&m, "user:a", id, "ok", "v1");
     // A row whose value was changed after its checksum: the whole page is refused.
@@ -276,10 +283,11 @@ fn rebuild_page(records: &[String], last: Option<(String, &str)>) -> Json {
     .unwrap()
 }
 
-#[test]
-fn a_rebuild_replaces_the_scope_only_after_its_final_checksum_verifies() {
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_rebuild_replaces_the_scope_only_after_its_final_checksum_verifies() {
     let m = docs();
-    let mut db = Storage::open_in_memory().unwrap();
+    let mut db = target::fresh("t").await;
     db.install(&m).unwrap();
     db.apply_pull(
         &m,
@@ -374,10 +382,11 @@ fn a_rebuild_replaces_the_scope_only_after_its_final_checksum_verifies() {
     );
 }
 
-#[test]
-fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
     let m = docs();
-    let mut db = Storage::open_in_memory().unwrap();
+    let mut db = target::fresh("t").await;
     db.install(&m).unwrap();
     db.apply_pull(
         &m,

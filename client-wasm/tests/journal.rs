@@ -9,6 +9,11 @@
 
 #[path = "../../protocol/tests/common/mod.rs"]
 mod common;
+#[path = "support/target.rs"]
+mod target;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);
 #[path = "support/fake.rs"]
 mod fake;
 
@@ -18,7 +23,6 @@ use std::path::PathBuf;
 use common::{field, manifest, table};
 use fake::{Fake, Row};
 use synchro_client::engine::{Client, Failpoint};
-use synchro_client::storage::Storage;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::state::ClientState;
 
@@ -74,21 +78,13 @@ fn note(scope: &str, id: i64) -> Row {
     }
 }
 
-fn temp_db(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("synchro-journal-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}.db"));
-    let _ = std::fs::remove_file(&path);
-    path
-}
-
 const LADDER: &[&str] = &["CREATE TABLE drafts (id INTEGER PRIMARY KEY, body TEXT NOT NULL)"];
 
 fn open(
     path: &PathBuf,
     server: &Fake,
 ) -> Result<Client<Fake>, synchro_client::engine::ClientError> {
-    let mut storage = Storage::open(path).unwrap();
+    let mut storage = target::open(path);
     storage.migrate_local(LADDER).unwrap();
     Client::open(storage, server.clone(), || [7; 16])
 }
@@ -138,7 +134,7 @@ struct Durable {
 }
 
 fn inspect(path: &PathBuf) -> Durable {
-    let s = Storage::open(path).unwrap();
+    let s = target::open(path);
     let conn = s.connection();
     let rebuild = {
         let mut q = conn
@@ -168,7 +164,8 @@ fn inspect(path: &PathBuf) -> Durable {
     }
 }
 
-#[tokio::test]
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 async fn every_interruption_leaves_source_with_journal_or_target_with_markers() {
     let cases = [
         (Failpoint::AfterJournal, "source"),
@@ -179,7 +176,7 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
         (Failpoint::BeforeJournalClear, "target-rebuilt"),
     ];
     for (failpoint, expect) in cases {
-        let path = temp_db(&format!("{failpoint:?}"));
+        let path = target::fresh_path(&format!("{failpoint:?}")).await;
         let (server, mut c) = at_v1(&path).await;
         c.set_failpoint(failpoint);
         let e = c.sync_once().await.unwrap_err();
@@ -194,8 +191,7 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
                     (1, Some("pending")),
                     "{failpoint:?}"
                 );
-                let tables: i64 = Storage::open(&path)
-                    .unwrap()
+                let tables: i64 = target::open(&path)
                     .connection()
                     .query_row(
                         "SELECT count(*) FROM sqlite_schema WHERE name = 'notes'",
@@ -271,20 +267,20 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
             "{failpoint:?}: scope a only, its 6 rows in pages of 2"
         );
         drop(st);
-        let _ = std::fs::remove_file(&path);
+        target::remove(&path);
     }
 }
 
-#[tokio::test]
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 async fn an_inconsistent_journal_blocks_without_a_request() {
-    let path = temp_db("inconsistent");
+    let path = target::fresh_path("inconsistent").await;
     let (server, mut c) = at_v1(&path).await;
     c.set_failpoint(Failpoint::AfterJournal);
     c.sync_once().await.unwrap_err();
     drop(c);
     // The pending journal's source is not the active schema any more.
-    Storage::open(&path)
-        .unwrap()
+    target::open(&path)
         .connection()
         .execute(
             r#"UPDATE "_synchro_journal" SET "source_body" = "target_body""#,
@@ -300,12 +296,13 @@ async fn an_inconsistent_journal_blocks_without_a_request() {
     assert_eq!(server.0.borrow().requests.len(), before);
     let d = inspect(&path);
     assert_eq!((d.version, d.drafts, d.docs), (1, 3, 4));
-    let _ = std::fs::remove_file(&path);
+    target::remove(&path);
 }
 
-#[tokio::test]
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 async fn a_new_migration_carries_over_unfinished_rebuilds() {
-    let path = temp_db("carry");
+    let path = target::fresh_path("carry").await;
     let (server, mut c) = at_v1(&path).await;
     c.set_failpoint(Failpoint::AfterDdlCommit);
     c.sync_once().await.unwrap_err();
@@ -351,13 +348,14 @@ async fn a_new_migration_carries_over_unfinished_rebuilds() {
     let r = c.sync_once().await.unwrap();
     assert_eq!(r.rebuilt, BTreeSet::from(["a".to_owned()]));
     assert_eq!(c.journal_phase().unwrap(), None);
-    let _ = std::fs::remove_file(&path);
+    target::remove(&path);
 }
 
-#[test]
-fn the_local_ladder_is_contiguous_transactional_and_refuses_newer_databases() {
-    let path = temp_db("ladder");
-    let mut s = Storage::open(&path).unwrap();
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn the_local_ladder_is_contiguous_transactional_and_refuses_newer_databases() {
+    let path = target::fresh_path("ladder").await;
+    let mut s = target::open(&path);
     s.install(&v1()).unwrap();
     assert_eq!(
         s.migrate_local(&["CREATE TABLE cache (k TEXT PRIMARY KEY)"])
@@ -402,7 +400,7 @@ fn the_local_ladder_is_contiguous_transactional_and_refuses_newer_databases() {
     );
     drop(s);
     // An older application (a shorter ladder) refuses the newer database untouched.
-    let mut s = Storage::open(&path).unwrap();
+    let mut s = target::open(&path);
     let e = s
         .migrate_local(&["CREATE TABLE cache (k TEXT PRIMARY KEY)"])
         .unwrap_err();
@@ -412,5 +410,5 @@ fn the_local_ladder_is_contiguous_transactional_and_refuses_newer_databases() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, 2);
-    let _ = std::fs::remove_file(&path);
+    target::remove(&path);
 }

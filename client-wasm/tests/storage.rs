@@ -4,6 +4,11 @@
 
 #[path = "../../protocol/tests/common/mod.rs"]
 mod common;
+#[path = "support/target.rs"]
+mod target;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);
 
 use common::{decimal, field, manifest, table};
 use synchro_client::storage::{Storage, StorageError};
@@ -66,12 +71,10 @@ fn row(id: i64) -> Vec<(String, TypedValue)> {
     ]
 }
 
-#[test]
-fn every_type_round_trips_through_its_declared_storage_class() {
-    let dir = std::env::temp_dir().join(format!("synchro-client-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("kinds.db");
-    let _ = std::fs::remove_file(&path);
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn every_type_round_trips_through_its_declared_storage_class() {
+    let path = target::fresh_path("kinds").await;
     let m = kinds();
     let mut db = Storage::open(&path).unwrap();
     assert!(db.active_schema().unwrap().is_none());
@@ -128,13 +131,14 @@ fn every_type_round_trips_through_its_declared_storage_class() {
             "9223372036854775807"
         ]
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    target::remove(&path);
 }
 
-#[test]
-fn install_is_all_or_nothing_and_happens_once() {
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn install_is_all_or_nothing_and_happens_once() {
     let m = kinds();
-    let mut db = Storage::open_in_memory().unwrap();
+    let mut db = target::fresh("t").await;
     // A name clash makes the install fail midway: nothing of it remains.
     db.connection()
         .execute_batch("CREATE TABLE kinds (x)")
@@ -156,10 +160,11 @@ fn install_is_all_or_nothing_and_happens_once() {
     assert_eq!(again.code(), "local_schema_error");
 }
 
-#[test]
-fn values_that_do_not_fit_are_refused_on_write_and_detected_on_read() {
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn values_that_do_not_fit_are_refused_on_write_and_detected_on_read() {
     let m = kinds();
-    let mut db = Storage::open_in_memory().unwrap();
+    let mut db = target::fresh("t").await;
     db.install(&m).unwrap();
     // A 64-bit value for the int field: refused before anything is written.
     let mut bad = row(1);

@@ -1,0 +1,297 @@
+//! The browser build: SQLite on the OPFS sync-access-handle pool VFS (in a dedicated
+//! worker), a `fetch` transport, and the JavaScript API.
+//!
+//! ```js
+//! const db = await SynchroClient.open("app.db", "https://sync.example.com", async () => token, []);
+//! db.subscribe((tables) => render(tables));
+//! db.onProgress((p) => console.log(p.phase, p.rows));
+//! const report = await db.sync();           // connect, migrate, rebuild, pull — all verified
+//! const rows = db.query("SELECT * FROM docs WHERE id = ?", [1n]);
+//! ```
+//!
+//! Every failure is thrown as an `Error` with a stable `code` (`network_error`,
+//! `sync_integrity_failure`, `upgrade_required`, `local_state_inconsistent`, a server error
+//! code such as `unauthorized`, ...) and `retryable`. Messages never carry values, keys,
+//! tokens or identifiers.
+
+use js_sys::{Array, Function, Object, Promise, Reflect, Uint8Array};
+use rusqlite::types::ValueRef;
+use sqlite_wasm_vfs::sahpool::{install, OpfsSAHPoolCfgBuilder, OpfsSAHPoolUtil};
+use synchro_protocol::json::Json;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
+
+use crate::engine::{Client, ClientError, Response, Transport, TransportError};
+use crate::storage::{Storage, StorageError};
+
+thread_local! {
+    static OPFS: std::cell::RefCell<Option<OpfsSAHPoolUtil>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Installs the OPFS pool VFS as SQLite's default (once per worker). Must run in a
+/// dedicated worker of a secure context.
+pub async fn install_opfs() -> Result<(), StorageError> {
+    if OPFS.with(|o| o.borrow().is_some()) {
+        return Ok(());
+    }
+    let cfg = OpfsSAHPoolCfgBuilder::new().directory(".synchro").build();
+    let util = install::<sqlite_wasm_rs::WasmOsCallback>(&cfg, true)
+        .await
+        .map_err(|_| opfs_unavailable())?;
+    OPFS.with(|o| *o.borrow_mut() = Some(util));
+    Ok(())
+}
+
+fn opfs_unavailable() -> StorageError {
+    StorageError::Schema("the OPFS storage could not be opened".into())
+}
+
+/// Makes room for at least `files` OPFS files (each database takes two: itself and its
+/// rollback journal). The pool starts with six.
+pub async fn ensure_opfs_capacity(files: usize) -> Result<(), StorageError> {
+    install_opfs().await?;
+    let util = OPFS
+        .with(|o| o.borrow().clone())
+        .ok_or_else(opfs_unavailable)?;
+    util.ensure_capacity(files)
+        .await
+        .map_err(|_| opfs_unavailable())
+}
+
+/// Opens (or creates) the database `name` on OPFS.
+pub async fn open_opfs(name: &str) -> Result<Storage, StorageError> {
+    install_opfs().await?;
+    Storage::open(name)
+}
+
+/// `fetch` from the worker, with a bearer token from a JS provider (a function returning a
+/// string or a promise of one) asked on every request.
+pub struct FetchTransport {
+    base: String,
+    token: Function,
+}
+
+async fn js_await(v: JsValue) -> Result<JsValue, JsValue> {
+    if v.is_instance_of::<Promise>() {
+        JsFuture::from(v.unchecked_into::<Promise>()).await
+    } else {
+        Ok(v)
+    }
+}
+
+impl FetchTransport {
+    /// A transport to `base` with `token` as the provider.
+    pub fn new(base: &str, token: Function) -> FetchTransport {
+        FetchTransport {
+            base: base.trim_end_matches('/').to_owned(),
+            token,
+        }
+    }
+
+    async fn send(&self, path: &str, body: String) -> Result<(u16, String), JsValue> {
+        let token = js_await(self.token.call0(&JsValue::NULL)?).await?;
+        let token = token
+            .as_string()
+            .ok_or_else(|| JsValue::from_str("the token provider must return a string"))?;
+        let init = web_sys::RequestInit::new();
+        init.set_method("POST");
+        init.set_body(&JsValue::from_str(&body));
+        let headers = web_sys::Headers::new()?;
+        headers.set("content-type", "application/json")?;
+        headers.set("authorization", &format!("Bearer {token}"))?;
+        init.set_headers(&headers);
+        let request =
+            web_sys::Request::new_with_str_and_init(&format!("{}{path}", self.base), &init)?;
+        let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+        let response: web_sys::Response = JsFuture::from(global.fetch_with_request(&request))
+            .await?
+            .unchecked_into();
+        let text = JsFuture::from(response.text()?).await?;
+        Ok((response.status(), text.as_string().unwrap_or_default()))
+    }
+}
+
+impl Transport for FetchTransport {
+    async fn post(&self, path: &str, body: String) -> Result<Response, TransportError> {
+        let (status, text) = self
+            .send(path, body)
+            .await
+            .map_err(|_| TransportError("fetch failed".into()))?;
+        let body = Json::parse(&text)
+            .map_err(|_| TransportError(format!("HTTP {status} with a body that is not JSON")))?;
+        Ok(Response { status, body })
+    }
+}
+
+fn js_error(code: &str, message: &str, retryable: bool) -> JsValue {
+    let e = js_sys::Error::new(message);
+    let _ = Reflect::set(&e, &"code".into(), &code.into());
+    let _ = Reflect::set(&e, &"retryable".into(), &retryable.into());
+    e.into()
+}
+
+fn client_error(e: ClientError) -> JsValue {
+    js_error(e.code(), &e.to_string(), e.retryable())
+}
+
+fn storage_error(e: StorageError) -> JsValue {
+    js_error(e.code(), &e.to_string(), false)
+}
+
+fn random16() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+    if let Ok(crypto) = global.crypto() {
+        let _ = crypto.get_random_values_with_u8_array(&mut out);
+    }
+    out
+}
+
+fn set(o: &Object, k: &str, v: JsValue) {
+    let _ = Reflect::set(o, &k.into(), &v);
+}
+
+fn strings(items: impl IntoIterator<Item = String>) -> Array {
+    items.into_iter().map(JsValue::from).collect()
+}
+
+/// A synchro database in the browser.
+#[wasm_bindgen]
+pub struct SynchroClient {
+    inner: Client<FetchTransport>,
+}
+
+#[wasm_bindgen]
+impl SynchroClient {
+    /// Opens the database `name` on OPFS, evolves the application's local-only tables with
+    /// `localMigrations` (SQL per version, 1..N), reads the durable migration journal, and
+    /// returns a client for the server at `url` whose bearer tokens come from `tokenProvider`.
+    pub async fn open(
+        name: String,
+        url: String,
+        #[wasm_bindgen(js_name = tokenProvider)] token_provider: Function,
+        #[wasm_bindgen(js_name = localMigrations)] local_migrations: Option<Vec<String>>,
+    ) -> Result<SynchroClient, JsValue> {
+        let mut storage = open_opfs(&name).await.map_err(storage_error)?;
+        let ladder = local_migrations.unwrap_or_default();
+        let ladder: Vec<&str> = ladder.iter().map(String::as_str).collect();
+        storage.migrate_local(&ladder).map_err(storage_error)?;
+        let inner = Client::open(storage, FetchTransport::new(&url, token_provider), random16)
+            .map_err(client_error)?;
+        Ok(SynchroClient { inner })
+    }
+
+    /// The engine state (`fresh`, `idle`, `upgrade_required`, ...).
+    pub fn state(&self) -> String {
+        self.inner.state().as_str().to_owned()
+    }
+
+    /// One verified round: connect, migrate, rebuild, pull. Resolves to
+    /// `{action, affected, rebuilt, pullPages, pulledChanges, verified}`.
+    pub async fn sync(&mut self) -> Result<JsValue, JsValue> {
+        let r = self.inner.sync_once().await.map_err(client_error)?;
+        let o = Object::new();
+        set(&o, "action", r.action.into());
+        set(&o, "affected", strings(r.affected).into());
+        set(&o, "rebuilt", strings(r.rebuilt).into());
+        set(&o, "pullPages", (r.pull_pages as f64).into());
+        set(&o, "pulledChanges", (r.pulled_changes as f64).into());
+        set(&o, "verified", strings(r.verified).into());
+        Ok(o.into())
+    }
+
+    /// Runs a read-only query; rows come back as objects keyed by column name (INTEGER as a
+    /// number when it is a safe integer, otherwise a BigInt; BLOB as Uint8Array). Writes to
+    /// synced tables go through the engine, never through this.
+    pub fn query(&self, sql: String, params: Option<Array>) -> Result<Array, JsValue> {
+        let conn = self.inner.storage().connection();
+        let mut statement = conn
+            .prepare(&sql)
+            .map_err(|e| storage_error(StorageError::Sqlite(e)))?;
+        if !statement.readonly() {
+            return Err(js_error(
+                "invalid_request",
+                "query runs read-only statements only",
+                false,
+            ));
+        }
+        let mut values = Vec::new();
+        for p in params.map(|a| a.to_vec()).unwrap_or_default() {
+            values.push(if p.is_null() || p.is_undefined() {
+                rusqlite::types::Value::Null
+            } else if let Some(b) = p.as_bool() {
+                rusqlite::types::Value::Integer(i64::from(b))
+            } else if let Some(s) = p.as_string() {
+                rusqlite::types::Value::Text(s)
+            } else if p.is_bigint() {
+                let v = i64::try_from(p.unchecked_into::<js_sys::BigInt>()).map_err(|_| {
+                    js_error("invalid_value", "a BigInt parameter is out of range", false)
+                })?;
+                rusqlite::types::Value::Integer(v)
+            } else if let Some(f) = p.as_f64() {
+                rusqlite::types::Value::Real(f)
+            } else if p.is_instance_of::<Uint8Array>() {
+                rusqlite::types::Value::Blob(p.unchecked_into::<Uint8Array>().to_vec())
+            } else {
+                return Err(js_error(
+                    "invalid_value",
+                    "an unsupported parameter type",
+                    false,
+                ));
+            });
+        }
+        let names: Vec<String> = statement.column_names().map(str::to_owned).collect();
+        let mut rows = statement
+            .query(rusqlite::params_from_iter(values))
+            .map_err(|e| storage_error(StorageError::Sqlite(e)))?;
+        let out = Array::new();
+        while let Some(r) = rows
+            .next()
+            .map_err(|e| storage_error(StorageError::Sqlite(e)))?
+        {
+            let o = Object::new();
+            for (i, name) in names.iter().enumerate() {
+                let v = match r
+                    .get_ref(i)
+                    .map_err(|e| storage_error(StorageError::Sqlite(e)))?
+                {
+                    ValueRef::Null => JsValue::NULL,
+                    ValueRef::Integer(i) if i.unsigned_abs() < (1 << 53) => (i as f64).into(),
+                    ValueRef::Integer(i) => js_sys::BigInt::from(i).into(),
+                    ValueRef::Real(f) => f.into(),
+                    ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+                    ValueRef::Blob(b) => Uint8Array::from(b).into(),
+                };
+                set(&o, name, v);
+            }
+            out.push(&o);
+        }
+        Ok(out)
+    }
+
+    /// Calls `callback(tables)` with the names of the synced tables each committed page
+    /// changed.
+    pub fn subscribe(&mut self, callback: Function) {
+        self.inner.subscribe(move |tables| {
+            let _ = callback.call1(&JsValue::NULL, &strings(tables.iter().cloned()));
+        });
+    }
+
+    /// Calls `callback({phase, scope, pages, rows})` after every page of a pull or rebuild.
+    #[wasm_bindgen(js_name = onProgress)]
+    pub fn on_progress(&mut self, callback: Function) {
+        self.inner.on_progress(move |p| {
+            let o = Object::new();
+            set(&o, "phase", p.phase.into());
+            set(
+                &o,
+                "scope",
+                p.scope.clone().map_or(JsValue::NULL, JsValue::from),
+            );
+            set(&o, "pages", (p.pages as f64).into());
+            set(&o, "rows", (p.rows as f64).into());
+            let _ = callback.call1(&JsValue::NULL, &o);
+        });
+    }
+}
