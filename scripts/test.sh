@@ -49,10 +49,11 @@ wasm_cargo() {
 WASM_TESTS=(-p synchro-protocol --target wasm32-unknown-unknown --test vectors --test negative_controls --test tokens)
 
 step fmt cargo fmt --all --check
-step clippy cargo clippy --workspace --all-targets --features synchro-protocol/bench -- -D warnings
+step clippy cargo clippy --workspace --all-targets --features synchro-protocol/bench,synchro-client/bench -- -D warnings
 if [ -z "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
     # Debian's wasm toolchain has no clippy; the native lint covers the shared code then.
-    step clippy-wasm32 cargo clippy -p synchro-protocol -p synchro-client --target wasm32-unknown-unknown --features synchro-protocol/bench -- -D warnings
+    step clippy-wasm32 cargo clippy -p synchro-protocol --target wasm32-unknown-unknown --features bench -- -D warnings
+    step clippy-wasm32-client cargo clippy -p synchro-client --target wasm32-unknown-unknown --lib --tests --features bench -- -D warnings
 fi
 step test-native cargo test --workspace
 step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"

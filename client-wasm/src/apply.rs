@@ -14,7 +14,7 @@ use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::migration::quote_ident;
 use synchro_protocol::value::TypedValue;
 
-use crate::storage::{from_sql, to_sql, write_row, Storage, StorageError};
+use crate::storage::{from_sql, run, to_sql, write_row, Storage, StorageError};
 
 /// Client tables the engine keeps beside the plan's `_synchro_schema` and provenance.
 pub(crate) const METADATA_DDL: &[&str] = &[
@@ -73,7 +73,8 @@ fn forget_row(
     table: &Table,
     pk: &TypedValue,
 ) -> Result<(), StorageError> {
-    conn.execute(
+    run(
+        conn,
         &format!(
             "DELETE FROM {} WHERE {} = ?",
             quote_ident(&table.name),
@@ -81,7 +82,8 @@ fn forget_row(
         ),
         [to_sql(pk)],
     )?;
-    conn.execute(
+    run(
+        conn,
         r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
         params![table.table_id, pk.to_wire_text()],
     )?;
@@ -166,7 +168,8 @@ fn release_scope(
                 .ok_or_else(|| integrity("a stored key does not match its type"))?;
             out
         };
-        tx.execute(
+        run(
+            tx,
             &format!("DELETE FROM {prov} WHERE \"scope_id\" = ?"),
             [scope],
         )?;
@@ -310,11 +313,13 @@ impl Storage {
         // Scopes no longer assigned: their provenance goes, and rows nothing else justifies.
         for scope in &removed {
             release_scope(&tx, manifest, scope, &|_, _| false)?;
-            tx.execute(
+            run(
+                &tx,
                 r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
                 [scope],
             )?;
-            tx.execute(
+            run(
+                &tx,
                 r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
                 [scope],
             )?;
@@ -324,11 +329,13 @@ impl Storage {
             match &c.upsert {
                 Some((values, version, digest)) => {
                     write_row(&tx, c.table, values.iter().map(|(_, v)| to_sql(v)))?;
-                    tx.execute(
+                    run(
+                        &tx,
                         r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
                         params![c.table.table_id, c.pk_text, version, digest.to_vec()],
                     )?;
-                    tx.execute(
+                    run(
+                        &tx,
                         &format!(
                             "INSERT OR IGNORE INTO {prov} (\"pk\", \"scope_id\") VALUES (?, ?)"
                         ),
@@ -336,7 +343,8 @@ impl Storage {
                     )?;
                 }
                 None => {
-                    tx.execute(
+                    run(
+                        &tx,
                         &format!("DELETE FROM {prov} WHERE \"pk\" = ? AND \"scope_id\" = ?"),
                         params![to_sql(&c.pk), c.scope],
                     )?;
@@ -356,19 +364,32 @@ impl Storage {
             ..Applied::default()
         };
         for (scope, cursor) in &cursors {
-            tx.execute(
+            run(
+                &tx,
                 r#"INSERT INTO "_synchro_scopes" ("scope_id", "pending_cursor") VALUES (?1, ?2)
                    ON CONFLICT ("scope_id") DO UPDATE SET "pending_cursor" = ?2"#,
                 params![scope, cursor],
             )?;
         }
         for scope in &listed_rebuild {
-            tx.execute(
+            run(
+                &tx,
                 r#"INSERT INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?1, 1)
                    ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = NULL, "pending_cursor" = NULL, "rebuild" = 1"#,
                 [scope],
             )?;
             out.rebuild.insert(scope.clone());
+        }
+        // Every stored row digest, read once for all terminal scopes (one scan per table
+        // instead of one query per row).
+        let mut stored: std::collections::HashMap<(String, String), Vec<u8>> =
+            std::collections::HashMap::new();
+        if !checksums.is_empty() {
+            let mut q = tx.prepare(r#"SELECT "table_id", "pk", "digest" FROM "_synchro_rows""#)?;
+            let mut rows = q.query([])?;
+            while let Some(r) = rows.next()? {
+                stored.insert((r.get(0)?, r.get(1)?), r.get(2)?);
+            }
         }
         for (scope, expected) in &checksums {
             // The scope's local rows: every provenance edge of the scope, with the verified
@@ -388,15 +409,9 @@ impl Storage {
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| integrity("a stored key does not match its type"))?;
                 for pk in pks {
-                    let digest: Option<Vec<u8>> = tx
-                        .query_row(
-                            r#"SELECT "digest" FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
-                            params![table.table_id, pk.to_wire_text()],
-                            |r| r.get(0),
-                        )
-                        .optional()?;
-                    let digest: [u8; 32] = digest
-                        .and_then(|d| d.try_into().ok())
+                    let digest: [u8; 32] = stored
+                        .get(&(table.table_id.clone(), pk.to_wire_text()))
+                        .and_then(|d| d.as_slice().try_into().ok())
                         .ok_or_else(|| integrity("a provenance edge without its row"))?;
                     entries.push((
                         RowIdentity::new(table, &pk)
@@ -408,7 +423,8 @@ impl Storage {
             let local = scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
                 .map_err(|_| integrity("the scope digest cannot be computed"))?;
             if local.digest == *expected {
-                tx.execute(
+                run(
+                    &tx,
                     r#"INSERT INTO "_synchro_scopes" ("scope_id", "cursor", "rebuild") VALUES (?1, ?2, 0)
                        ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = coalesce("pending_cursor", ?2, "cursor"),
                            "pending_cursor" = NULL, "rebuild" = 0"#,
@@ -416,7 +432,8 @@ impl Storage {
                 )?;
                 out.verified.insert(scope.clone());
             } else {
-                tx.execute(
+                run(
+                    &tx,
                     r#"INSERT INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?1, 1)
                        ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = NULL, "pending_cursor" = NULL, "rebuild" = 1"#,
                     [scope],
@@ -481,13 +498,15 @@ impl Storage {
         }
         let tx = self.conn_mut().transaction()?;
         if first {
-            tx.execute(
+            run(
+                &tx,
                 r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
                 [scope],
             )?;
         }
         for (table_id, pk, row, version, digest) in &staged {
-            tx.execute(
+            run(
+                &tx,
                 r#"INSERT OR REPLACE INTO "_synchro_rebuild_rows" VALUES (?, ?, ?, ?, ?, ?)"#,
                 params![scope, table_id, pk, row, version, digest.to_vec()],
             )?;
@@ -529,12 +548,14 @@ impl Storage {
         }
         let local = scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
             .map_err(|_| integrity("the scope digest cannot be computed"))?;
-        tx.execute(
+        run(
+            &tx,
             r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
             [scope],
         )?;
         if local.digest != expected {
-            tx.execute(
+            run(
+                &tx,
                 r#"INSERT INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?1, 1)
                    ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = NULL, "pending_cursor" = NULL, "rebuild" = 1"#,
                 [scope],
@@ -558,11 +579,13 @@ impl Storage {
                 values.push(to_sql(&v));
             }
             write_row(&tx, table, values)?;
-            tx.execute(
+            run(
+                &tx,
                 r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
                 params![table_id, pk, version, digest],
             )?;
-            tx.execute(
+            run(
+                &tx,
                 &format!(
                     "INSERT OR IGNORE INTO {} (\"pk\", \"scope_id\") VALUES (?, ?)",
                     provenance(table)
@@ -571,7 +594,8 @@ impl Storage {
             )?;
         }
         let cursor = page.get("final_scope_cursor").and_then(Json::as_str);
-        tx.execute(
+        run(
+            &tx,
             r#"INSERT INTO "_synchro_scopes" ("scope_id", "cursor", "rebuild") VALUES (?1, ?2, 0)
                ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = ?2, "pending_cursor" = NULL, "rebuild" = 0"#,
             params![scope, cursor],
@@ -591,11 +615,13 @@ impl Storage {
         let tx = self.conn_mut().transaction()?;
         for scope in scopes {
             release_scope(&tx, manifest, scope, &|_, _| false)?;
-            tx.execute(
+            run(
+                &tx,
                 r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
                 [scope],
             )?;
-            tx.execute(
+            run(
+                &tx,
                 r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
                 [scope],
             )?;

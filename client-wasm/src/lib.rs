@@ -14,6 +14,8 @@
 #![warn(missing_docs)]
 
 pub mod apply;
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod engine;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod http;

@@ -143,6 +143,16 @@ fn same(a: &Value, b: ValueRef<'_>) -> bool {
     }
 }
 
+/// Executes `sql` through the connection's prepared-statement cache (the hot paths run
+/// the same few statements once per row).
+pub(crate) fn run<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
 /// Inserts or replaces one row of `table`; `values` are in the order of its fields.
 pub(crate) fn write_row(
     conn: &Connection,
@@ -150,7 +160,8 @@ pub(crate) fn write_row(
     values: impl IntoIterator<Item = Value>,
 ) -> rusqlite::Result<usize> {
     let columns: Vec<String> = table.fields.iter().map(|f| quote_ident(&f.name)).collect();
-    conn.execute(
+    run(
+        conn,
         &format!(
             "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
             quote_ident(&table.name),
