@@ -20,7 +20,7 @@ echo "=== browser (Chromium, OPFS)"
 wasm() { if [ -n "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then RUSTUP_TOOLCHAIN=$SYNCHRO_WASM_TOOLCHAIN cargo "$@"; else cargo "$@"; fi; }
 # wasm-bindgen-test prints console output only for failures unless asked (--nocapture).
 SYNCHRO_BENCH_ROWS=$rows SYNCHRO_BENCH_REPLACE_ROWS=$replace_rows WASM_BINDGEN_USE_BROWSER=1 \
-    wasm test -q --release -p synchro-client --features bench --target wasm32-unknown-unknown \
+    wasm test --release -p synchro-client --features bench --target wasm32-unknown-unknown \
     --test bench_browser -- --nocapture 2>&1 | grep -E "^(synchro|verified|raw|ratio|Class)|FAIL|panicked"
 
 echo "=== end to end (items workload, real server, native client)"

@@ -380,15 +380,27 @@ impl Storage {
             )?;
             out.rebuild.insert(scope.clone());
         }
-        // Every stored row digest, read once for all terminal scopes (one scan per table
-        // instead of one query per row).
-        let mut stored: std::collections::HashMap<(String, String), Vec<u8>> =
-            std::collections::HashMap::new();
+        // Every stored row digest of each table, read once for all terminal scopes (one
+        // scan per table instead of one query per row).
+        let mut stored: BTreeMap<&str, std::collections::HashMap<String, [u8; 32]>> =
+            BTreeMap::new();
         if !checksums.is_empty() {
-            let mut q = tx.prepare(r#"SELECT "table_id", "pk", "digest" FROM "_synchro_rows""#)?;
-            let mut rows = q.query([])?;
-            while let Some(r) = rows.next()? {
-                stored.insert((r.get(0)?, r.get(1)?), r.get(2)?);
+            for table in &manifest.tables {
+                let mut q = tx.prepare_cached(
+                    r#"SELECT "pk", "digest" FROM "_synchro_rows" WHERE "table_id" = ?"#,
+                )?;
+                let mut rows = q.query([&table.table_id])?;
+                let mut map = std::collections::HashMap::new();
+                while let Some(r) = rows.next()? {
+                    let digest: [u8; 32] = r
+                        .get_ref(1)?
+                        .as_blob()
+                        .ok()
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or_else(|| integrity("a stored digest is malformed"))?;
+                    map.insert(r.get(0)?, digest);
+                }
+                stored.insert(table.table_id.as_str(), map);
             }
         }
         for (scope, expected) in &checksums {
@@ -408,10 +420,11 @@ impl Storage {
                     .into_iter()
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| integrity("a stored key does not match its type"))?;
+                let digests = &stored[table.table_id.as_str()];
                 for pk in pks {
-                    let digest: [u8; 32] = stored
-                        .get(&(table.table_id.clone(), pk.to_wire_text()))
-                        .and_then(|d| d.as_slice().try_into().ok())
+                    let digest: [u8; 32] = digests
+                        .get(&pk.to_wire_text())
+                        .copied()
                         .ok_or_else(|| integrity("a provenance edge without its row"))?;
                     entries.push((
                         RowIdentity::new(table, &pk)

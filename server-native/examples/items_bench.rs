@@ -167,6 +167,19 @@ async fn main() -> Result<()> {
         rows as f64 / fresh_secs
     );
 
+    // Where a round goes when nothing changed: connect plus one terminal pull page.
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        fresh.sync_once().await?;
+        idle.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    idle.sort_by(f64::total_cmp);
+    println!(
+        "idle round (connect + terminal pull of the {rows}-row scope, nothing changed): median {:.1} ms",
+        idle[2]
+    );
+
     // (b) Commit-to-visible latency over single-row updates.
     let mut latencies = Vec::with_capacity(updates);
     for i in 0..updates {

@@ -135,6 +135,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0020_manifest_activation.sql",
         sql: include_str!("../migrations/0020_manifest_activation.sql"),
     },
+    Migration {
+        version: 21,
+        name: "0021_scope_keys.sql",
+        sql: include_str!("../migrations/0021_scope_keys.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -25,6 +25,7 @@
 pub mod auth;
 pub mod capture;
 pub mod dev;
+pub mod digest_cache;
 pub mod events;
 pub mod http;
 pub mod install;

@@ -457,20 +457,97 @@ pub(crate) async fn pull(
     Ok(Json::Object(body))
 }
 
-/// The scope digest of a scope's current membership in the current projection.
+/// The scope digest of a scope's current membership in the current projection. Row
+/// digests come from [`crate::digest_cache`]; only rows not digested before are read in
+/// full (in the same snapshot) and digested.
 pub(crate) async fn scope_checksum(
     db: &impl tokio_postgres::GenericClient,
     manifest: &synchro_protocol::manifest::Manifest,
     scope: &str,
 ) -> Result<Checksum, ApiError> {
-    let rows = db
+    let schema_hash = manifest.schema_hash();
+    let keys = db
         .query(
-            "SELECT table_id, pk, row_json, server_version FROM synchro.synchro_scope_rows($1)",
+            "SELECT table_id, pk, server_version FROM synchro.synchro_scope_keys($1)",
             &[&scope],
         )
         .await
         .map_err(|_| ApiError::unavailable())?;
-    digest_columns(manifest, scope, &rows, 0)
+    let cache_keys: Vec<_> = keys
+        .iter()
+        .map(|r| crate::digest_cache::key(&schema_hash, r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let cached = crate::digest_cache::get_many(&cache_keys);
+    let mut entries = Vec::with_capacity(keys.len());
+    let (mut missing_tables, mut missing_pks) = (Vec::new(), Vec::new());
+    for (r, digest) in keys.iter().zip(&cached) {
+        let (table_id, pk): (&str, &str) = (r.get(0), r.get(1));
+        match digest {
+            Some(d) => {
+                let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
+                let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+                    .map_err(|_| ApiError::integrity())?;
+                entries.push((
+                    RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?,
+                    *d,
+                ));
+            }
+            None => {
+                missing_tables.push(table_id.to_owned());
+                missing_pks.push(pk.to_owned());
+            }
+        }
+    }
+    if !missing_pks.is_empty() {
+        let rows = db
+            .query(
+                "SELECT table_id, pk, row_json, server_version FROM synchro.synchro_scope_rows_of($1, $2, $3)",
+                &[&scope, &missing_tables, &missing_pks],
+            )
+            .await
+            .map_err(|_| ApiError::unavailable())?;
+        if rows.len() != missing_pks.len() {
+            return Err(ApiError::integrity());
+        }
+        let mut fresh = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let (identity, digest) = row_entry(manifest, r, 0)?;
+            fresh.push((
+                crate::digest_cache::key(&schema_hash, r.get(0), r.get(1), r.get(3)),
+                digest,
+            ));
+            entries.push((identity, digest));
+        }
+        crate::digest_cache::put_many(fresh);
+    }
+    let d = scope_digest(&schema_hash, scope, &mut entries, false)
+        .map_err(|_| ApiError::integrity())?;
+    Ok(Checksum(d.digest))
+}
+
+/// The row identity and digest of a row whose columns `first..first + 4` are
+/// `(table_id, pk, row_json, server_version)`.
+fn row_entry(
+    manifest: &synchro_protocol::manifest::Manifest,
+    r: &tokio_postgres::Row,
+    first: usize,
+) -> Result<(RowIdentity, [u8; 32]), ApiError> {
+    let (table_id, pk, row_json, version): (&str, &str, &str, &str) = (
+        r.get(first),
+        r.get(first + 1),
+        r.get(first + 2),
+        r.get(first + 3),
+    );
+    let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
+    let pk = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+        .map_err(|_| ApiError::integrity())?;
+    let row = Json::parse(row_json).map_err(|_| ApiError::integrity())?;
+    let d = row_digest(manifest, table_id, &pk.to_wire(), &row, version)
+        .map_err(|_| ApiError::integrity())?;
+    Ok((
+        RowIdentity::new(table, &pk).map_err(|_| ApiError::integrity())?,
+        d.digest,
+    ))
 }
 
 /// The scope digest over rows whose columns `first..first + 4` are `(table_id, pk,
@@ -483,22 +560,7 @@ pub(crate) fn digest_columns(
 ) -> Result<Checksum, ApiError> {
     let mut entries = Vec::with_capacity(rows.len());
     for r in rows {
-        let (table_id, pk, row_json, version): (String, String, String, String) = (
-            r.get(first),
-            r.get(first + 1),
-            r.get(first + 2),
-            r.get(first + 3),
-        );
-        let table = manifest.table(&table_id).ok_or_else(ApiError::integrity)?;
-        let pk = TypedValue::from_wire_text(&table.primary_key().spec, &pk)
-            .map_err(|_| ApiError::integrity())?;
-        let row = Json::parse(&row_json).map_err(|_| ApiError::integrity())?;
-        let d = row_digest(manifest, &table_id, &pk.to_wire(), &row, &version)
-            .map_err(|_| ApiError::integrity())?;
-        entries.push((
-            RowIdentity::new(table, &pk).map_err(|_| ApiError::integrity())?,
-            d.digest,
-        ));
+        entries.push(row_entry(manifest, r, first)?);
     }
     let d = scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
         .map_err(|_| ApiError::integrity())?;

@@ -7,7 +7,7 @@
 mod common;
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -248,8 +248,41 @@ async fn two_scopes_restart_reopen_and_tampering() {
         .execute("INSERT INTO drafts (id, body) VALUES (1, 'local only')", [])
         .unwrap();
 
+    let changed: Rc<RefCell<BTreeSet<String>>> = Rc::default();
+    let progress: Rc<RefCell<Vec<(String, Option<String>, u64)>>> = Rc::default();
+    {
+        let changed = changed.clone();
+        c.subscribe(move |tables| changed.borrow_mut().extend(tables.iter().cloned()));
+        let progress = progress.clone();
+        c.on_progress(move |p| {
+            progress
+                .borrow_mut()
+                .push((p.phase.to_owned(), p.scope.clone(), p.rows))
+        });
+    }
+
     // First sync: install, rebuild both scopes, pull.
     let first = c.sync_once().await.unwrap();
+    assert_eq!(*changed.borrow(), BTreeSet::from(["docs".to_owned()]));
+    let rebuilt_rows: u64 = progress
+        .borrow()
+        .iter()
+        .filter(|(phase, _, _)| phase == "rebuild")
+        .fold(BTreeMap::new(), |mut m, (_, scope, rows)| {
+            m.insert(scope.clone(), *rows);
+            m
+        })
+        .values()
+        .sum();
+    assert_eq!(
+        rebuilt_rows as usize,
+        s.source_rows().await.len() + 10,
+        "progress counts every rebuilt row (the 10 red docs of alice are in both scopes)"
+    );
+    assert!(progress
+        .borrow()
+        .iter()
+        .any(|(phase, _, _)| phase == "pull"));
     assert_eq!(first.action, "replace");
     assert_eq!(
         first.rebuilt,
