@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use common::{free_port, start_server, wait_ready, Env, Server};
-use synchro_client::engine::{Client, Response, Transport, TransportError};
+use synchro_client::engine::{Client, Progress, Response, Transport, TransportError};
 use synchro_client::http::HttpTransport;
 use synchro_client::storage::Storage;
 use synchro_protocol::json::Json;
@@ -249,16 +249,12 @@ async fn two_scopes_restart_reopen_and_tampering() {
         .unwrap();
 
     let changed: Rc<RefCell<BTreeSet<String>>> = Rc::default();
-    let progress: Rc<RefCell<Vec<(String, Option<String>, u64)>>> = Rc::default();
+    let progress: Rc<RefCell<Vec<Progress>>> = Rc::default();
     {
         let changed = changed.clone();
         c.subscribe(move |tables| changed.borrow_mut().extend(tables.iter().cloned()));
         let progress = progress.clone();
-        c.on_progress(move |p| {
-            progress
-                .borrow_mut()
-                .push((p.phase.to_owned(), p.scope.clone(), p.rows))
-        });
+        c.on_progress(move |p| progress.borrow_mut().push(p.clone()));
     }
 
     // First sync: install, rebuild both scopes, pull.
@@ -267,9 +263,9 @@ async fn two_scopes_restart_reopen_and_tampering() {
     let rebuilt_rows: u64 = progress
         .borrow()
         .iter()
-        .filter(|(phase, _, _)| phase == "rebuild")
-        .fold(BTreeMap::new(), |mut m, (_, scope, rows)| {
-            m.insert(scope.clone(), *rows);
+        .filter(|p| p.phase == "rebuild")
+        .fold(BTreeMap::new(), |mut m, p| {
+            m.insert(p.scope.clone(), p.rows);
             m
         })
         .values()
@@ -279,10 +275,7 @@ async fn two_scopes_restart_reopen_and_tampering() {
         s.source_rows().await.len() + 10,
         "progress counts every rebuilt row (the 10 red docs of alice are in both scopes)"
     );
-    assert!(progress
-        .borrow()
-        .iter()
-        .any(|(phase, _, _)| phase == "pull"));
+    assert!(progress.borrow().iter().any(|p| p.phase == "pull"));
     assert_eq!(first.action, "replace");
     assert_eq!(
         first.rebuilt,
