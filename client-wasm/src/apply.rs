@@ -67,25 +67,38 @@ fn provenance(table: &Table) -> String {
     quote_ident(&format!("_synchro_provenance:{}", table.table_id))
 }
 
-/// Deletes a row no scope justifies any more, with its version and digest.
+/// Keys (table ID, key wire text) of rows with unresolved local intent: their visible row
+/// is the application's until the intent resolves; only the server layer changes.
+type Pending = std::collections::HashSet<(String, String)>;
+
+fn has_intent(pending: &Pending, table: &Table, pk_text: &str) -> bool {
+    !pending.is_empty() && pending.contains(&(table.table_id.clone(), pk_text.to_owned()))
+}
+
+/// Deletes a row no scope justifies any more, with its version and digest (the visible row
+/// stays while it has unresolved local intent).
 fn forget_row(
     conn: &rusqlite::Connection,
     table: &Table,
     pk: &TypedValue,
+    pending: &Pending,
 ) -> Result<(), StorageError> {
-    run(
-        conn,
-        &format!(
-            "DELETE FROM {} WHERE {} = ?",
-            quote_ident(&table.name),
-            quote_ident(&table.primary_key().name)
-        ),
-        [to_sql(pk)],
-    )?;
+    let pk_text = pk.to_wire_text();
+    if !has_intent(pending, table, &pk_text) {
+        run(
+            conn,
+            &format!(
+                "DELETE FROM {} WHERE {} = ?",
+                quote_ident(&table.name),
+                quote_ident(&table.primary_key().name)
+            ),
+            [to_sql(pk)],
+        )?;
+    }
     run(
         conn,
         r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
-        params![table.table_id, pk.to_wire_text()],
+        params![table.table_id, pk_text],
     )?;
     Ok(())
 }
@@ -99,6 +112,7 @@ pub(crate) fn redigest_rows(
     manifest: &Manifest,
 ) -> Result<u64, StorageError> {
     let hash = manifest.schema_hash();
+    let pending = crate::queue::pending_keys(tx)?;
     let mut count = 0;
     for table in &manifest.tables {
         let columns: Vec<String> = table.fields.iter().map(|f| quote_ident(&f.name)).collect();
@@ -130,7 +144,12 @@ pub(crate) fn redigest_rows(
                 })?);
             }
             let pk = values[pk_index].to_wire_text();
-            // A row the server never sent (local intent only) has no digest to carry.
+            // A row with unresolved intent shows local values, not the server's: its old
+            // digest stays, so its scope fails the next terminal check and rebuilds after the
+            // push (push first). A row the server never sent has no digest to carry.
+            if has_intent(&pending, table, &pk) {
+                continue;
+            }
             let Some(v): Option<String> = version
                 .query_row(params![table.table_id, pk], |r| r.get(0))
                 .optional()?
@@ -153,6 +172,7 @@ fn release_scope(
     manifest: &Manifest,
     scope: &str,
     kept: &dyn Fn(&str, &str) -> bool,
+    pending: &Pending,
 ) -> Result<(), StorageError> {
     for table in &manifest.tables {
         let prov = provenance(table);
@@ -180,10 +200,32 @@ fn release_scope(
                 |r| r.get(0),
             )?;
             if remaining == 0 && !kept(&table.table_id, &pk.to_wire_text()) {
-                forget_row(tx, table, &pk)?;
+                forget_row(tx, table, &pk, pending)?;
             }
         }
     }
+    Ok(())
+}
+
+/// Takes away a scope the server no longer assigns: its provenance, the rows nothing else
+/// justifies, its staged rebuild rows and its cursor state.
+fn drop_scope(
+    tx: &rusqlite::Transaction<'_>,
+    manifest: &Manifest,
+    scope: &str,
+    pending: &Pending,
+) -> Result<(), StorageError> {
+    release_scope(tx, manifest, scope, &|_, _| false, pending)?;
+    run(
+        tx,
+        r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
+        [scope],
+    )?;
+    run(
+        tx,
+        r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
+        [scope],
+    )?;
     Ok(())
 }
 
@@ -310,25 +352,18 @@ impl Storage {
             return Err(integrity("a removed scope is still assigned"));
         }
         let tx = self.conn_mut().transaction()?;
+        let pending = crate::queue::pending_keys(&tx)?;
         // Scopes no longer assigned: their provenance goes, and rows nothing else justifies.
         for scope in &removed {
-            release_scope(&tx, manifest, scope, &|_, _| false)?;
-            run(
-                &tx,
-                r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
-                [scope],
-            )?;
-            run(
-                &tx,
-                r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
-                [scope],
-            )?;
+            drop_scope(&tx, manifest, scope, &pending)?;
         }
         for c in &changes {
             let prov = provenance(c.table);
             match &c.upsert {
                 Some((values, version, digest)) => {
-                    write_row(&tx, c.table, values.iter().map(|(_, v)| to_sql(v)))?;
+                    if !has_intent(&pending, c.table, &c.pk_text) {
+                        write_row(&tx, c.table, values.iter().map(|(_, v)| to_sql(v)))?;
+                    }
                     run(
                         &tx,
                         r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
@@ -354,7 +389,7 @@ impl Storage {
                         |r| r.get(0),
                     )?;
                     if remaining == 0 {
-                        forget_row(&tx, c.table, &c.pk)?;
+                        forget_row(&tx, c.table, &c.pk, &pending)?;
                     }
                 }
             }
@@ -577,9 +612,14 @@ impl Storage {
             return Err(integrity("the rebuild checksum does not match its rows"));
         }
         // Replace the scope's provenance layer with the verified snapshot.
-        release_scope(&tx, manifest, scope, &|table_id, pk| {
-            rows.iter().any(|(t, k, ..)| t == table_id && k == pk)
-        })?;
+        let pending = crate::queue::pending_keys(&tx)?;
+        release_scope(
+            &tx,
+            manifest,
+            scope,
+            &|table_id, pk| rows.iter().any(|(t, k, ..)| t == table_id && k == pk),
+            &pending,
+        )?;
         for (table_id, pk, row, version, digest) in &rows {
             let table = manifest.table(table_id).expect("checked above");
             let row = Json::parse(row).map_err(|_| integrity("a staged row"))?;
@@ -591,7 +631,9 @@ impl Storage {
                     .map_err(|_| integrity("a value does not match its field"))?;
                 values.push(to_sql(&v));
             }
-            write_row(&tx, table, values)?;
+            if !has_intent(&pending, table, pk) {
+                write_row(&tx, table, values)?;
+            }
             run(
                 &tx,
                 r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
@@ -626,18 +668,9 @@ impl Storage {
         scopes: &[String],
     ) -> Result<(), StorageError> {
         let tx = self.conn_mut().transaction()?;
+        let pending = crate::queue::pending_keys(&tx)?;
         for scope in scopes {
-            release_scope(&tx, manifest, scope, &|_, _| false)?;
-            run(
-                &tx,
-                r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
-                [scope],
-            )?;
-            run(
-                &tx,
-                r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
-                [scope],
-            )?;
+            drop_scope(&tx, manifest, scope, &pending)?;
         }
         tx.commit()?;
         Ok(())

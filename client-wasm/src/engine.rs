@@ -180,6 +180,22 @@ pub struct SyncReport {
 }
 
 type Listener = Box<dyn FnMut(&BTreeSet<String>)>;
+type Random = Box<dyn FnMut() -> [u8; 16]>;
+type Clock = Box<dyn Fn() -> u64>;
+
+/// Milliseconds since the Unix epoch from the platform clock.
+fn system_ms() -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now() as u64
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+}
 type ProgressFn = Box<dyn FnMut(&Progress)>;
 
 /// A local database kept in sync with one server.
@@ -193,6 +209,8 @@ pub struct Client<T: Transport> {
     failpoint: Failpoint,
     progress: Option<ProgressFn>,
     listeners: Vec<Listener>,
+    random: Random,
+    clock: Clock,
 }
 
 /// The persisted journal.
@@ -294,10 +312,10 @@ impl<T: Transport> Client<T> {
     pub fn open(
         mut storage: Storage,
         transport: T,
-        random: impl FnOnce() -> [u8; 16],
+        mut random: impl FnMut() -> [u8; 16] + 'static,
     ) -> Result<Client<T>, ClientError> {
         let tx = storage.conn_mut().transaction()?;
-        for ddl in CLIENT_DDL {
+        for ddl in CLIENT_DDL.iter().chain(crate::queue::QUEUE_DDL) {
             tx.execute_batch(ddl)?;
         }
         let existing: Option<(String, i64)> = tx
@@ -335,6 +353,8 @@ impl<T: Transport> Client<T> {
             failpoint: Failpoint::None,
             progress: None,
             listeners: Vec::new(),
+            random: Box::new(random),
+            clock: Box::new(system_ms),
         };
         client.recover()?;
         Ok(client)
@@ -373,6 +393,38 @@ impl<T: Transport> Client<T> {
     /// Arms an injected interruption (tests).
     pub fn set_failpoint(&mut self, failpoint: Failpoint) {
         self.failpoint = failpoint;
+    }
+
+    /// Replaces the clock used for mutation IDs (milliseconds since the Unix epoch).
+    pub fn set_clock(&mut self, clock: impl Fn() -> u64 + 'static) {
+        self.clock = Box::new(clock);
+    }
+
+    /// Writes to a synced table and queues the intent in one transaction (spec 000
+    /// "Authored-Schema Queued Mutations"); returns the mutation ID (a UUIDv7 from the
+    /// injected clock and randomness). The intent is authored under the active schema.
+    pub fn write(&mut self, write: &crate::queue::LocalWrite<'_>) -> Result<String, ClientError> {
+        let manifest = self
+            .manifest
+            .clone()
+            .ok_or(ClientError::Blocked("no schema is installed"))?;
+        if self.journal_phase()?.as_deref() == Some("pending") {
+            return Err(ClientError::Blocked(
+                "a pending migration must finish before local writes",
+            ));
+        }
+        let now = (self.clock)();
+        let ids = (
+            crate::queue::uuid_v7(now, (self.random)()),
+            crate::queue::uuid_v7(now, (self.random)()),
+        );
+        let id = self.storage.write_local(&manifest, write, ids)?;
+        let name = manifest
+            .table(write.table_id)
+            .map(|t| t.name.clone())
+            .unwrap_or_default();
+        self.notify(BTreeSet::from([name]));
+        Ok(id)
     }
 
     /// Reports progress of pulls and rebuilds.
@@ -628,7 +680,10 @@ impl<T: Transport> Client<T> {
                 fail(Failpoint::InsideDdl)?;
             }
         }
-        for statement in crate::apply::METADATA_DDL {
+        for statement in crate::apply::METADATA_DDL
+            .iter()
+            .chain(crate::queue::QUEUE_DDL)
+        {
             tx.execute_batch(statement)?;
         }
         // Row digests bind the schema hash: the rows kept in place are digested again.

@@ -19,6 +19,7 @@ pub mod bench;
 pub mod engine;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod http;
+pub mod queue;
 pub mod storage;
 #[cfg(target_arch = "wasm32")]
 pub mod wasm;

@@ -262,7 +262,10 @@ impl Storage {
         for statement in plan.render() {
             tx.execute_batch(&statement)?;
         }
-        for statement in crate::apply::METADATA_DDL {
+        for statement in crate::apply::METADATA_DDL
+            .iter()
+            .chain(crate::queue::QUEUE_DDL)
+        {
             tx.execute_batch(statement)?;
         }
         tx.commit()?;

@@ -23,7 +23,9 @@ use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
 use crate::engine::{Client, ClientError, Response, Transport, TransportError};
+use crate::queue::{LocalWrite, Operation};
 use crate::storage::{Storage, StorageError};
+use synchro_protocol::value::TypedValue;
 
 thread_local! {
     static OPFS: std::cell::RefCell<Option<OpfsSAHPoolUtil>> = const { std::cell::RefCell::new(None) };
@@ -265,6 +267,110 @@ impl SynchroClient {
                 };
                 set(&o, name, v);
             }
+            out.push(&o);
+        }
+        Ok(out)
+    }
+
+    /// Writes to the synced table `table` and queues the intent in one transaction.
+    /// `operation` is `insert`, `update` or `delete`; `pk` and the values of `columns` (an
+    /// object keyed by field name, in the order the fields should be recorded; a `null` is
+    /// a present null) are wire values (int64 and decimal as strings). Resolves to the
+    /// mutation ID.
+    pub fn write(
+        &mut self,
+        table: String,
+        operation: String,
+        pk: JsValue,
+        columns: JsValue,
+    ) -> Result<String, JsValue> {
+        let bad = |what: &str| js_error("invalid_value", what, false);
+        let manifest = self
+            .inner
+            .manifest()
+            .cloned()
+            .ok_or_else(|| js_error("local_schema_error", "no schema is installed", false))?;
+        let t = manifest
+            .tables
+            .iter()
+            .find(|t| t.name == table)
+            .ok_or_else(|| js_error("unknown_table", "no such synced table", false))?;
+        let to_json = |v: &JsValue| -> Result<Json, JsValue> {
+            let text = js_sys::JSON::stringify(v)
+                .map_err(|_| bad("a value is not JSON"))?
+                .as_string()
+                .ok_or_else(|| bad("a value is not JSON"))?;
+            Json::parse(&text).map_err(|_| bad("a value is not JSON"))
+        };
+        let key = TypedValue::from_wire(&t.primary_key().spec, &to_json(&pk)?)
+            .map_err(|_| bad("the key does not match its type"))?;
+        let mut values = Vec::new();
+        if !columns.is_undefined() && !columns.is_null() {
+            let Json::Object(members) = to_json(&columns)? else {
+                return Err(bad("columns must be an object"));
+            };
+            for (name, value) in members {
+                let f = t
+                    .fields
+                    .iter()
+                    .find(|f| f.name == name)
+                    .ok_or_else(|| bad("no such field"))?;
+                let v = TypedValue::from_wire(&f.spec, &value)
+                    .map_err(|_| bad("a value does not match its field"))?;
+                values.push((f.field_id.clone(), v));
+            }
+        }
+        let operation = match operation.as_str() {
+            "insert" => Operation::Insert,
+            "update" => Operation::Update,
+            "delete" => Operation::Delete,
+            _ => return Err(bad("operation must be insert, update or delete")),
+        };
+        let table_id = t.table_id.clone();
+        self.inner
+            .write(&LocalWrite {
+                table_id: &table_id,
+                operation,
+                pk: &key,
+                columns: &values,
+            })
+            .map_err(client_error)
+    }
+
+    /// Every queued mutation in local order with its state (`pending`, `applied`,
+    /// `conflict`, `rejected_terminal`), for inspection.
+    pub fn mutations(&self) -> Result<Array, JsValue> {
+        let out = Array::new();
+        for m in self.inner.storage().mutations().map_err(storage_error)? {
+            let o = Object::new();
+            set(&o, "mutationId", m.mutation_id.into());
+            set(&o, "batchId", m.batch_id.into());
+            set(&o, "localOrder", (m.local_order as f64).into());
+            set(&o, "tableId", m.table_id.into());
+            set(
+                &o,
+                "pk",
+                js_sys::JSON::parse(&m.pk).unwrap_or(JsValue::NULL),
+            );
+            set(&o, "operation", m.operation.into());
+            set(
+                &o,
+                "baseVersion",
+                m.base_version.map_or(JsValue::NULL, JsValue::from),
+            );
+            set(&o, "clientVersion", (m.client_version as f64).into());
+            set(
+                &o,
+                "columns",
+                js_sys::JSON::parse(&m.columns).unwrap_or(JsValue::NULL),
+            );
+            set(&o, "authoredSchema", {
+                let a = Object::new();
+                set(&a, "version", (m.authored.0 as f64).into());
+                set(&a, "hash", m.authored.1.into());
+                a.into()
+            });
+            set(&o, "state", m.state.into());
             out.push(&o);
         }
         Ok(out)

@@ -40,6 +40,18 @@ async fn open_query_and_typed_errors() {
     assert_eq!(member(&e, "retryable"), true);
     assert_eq!(db.state(), "fresh", "nothing changed");
 
+    // Writes need an installed schema; the queue is empty and inspectable.
+    let e = db
+        .write(
+            "docs".into(),
+            "insert".into(),
+            JsValue::from_str("1"),
+            JsValue::NULL,
+        )
+        .unwrap_err();
+    assert_eq!(member(&e, "code"), "local_schema_error");
+    assert_eq!(db.mutations().unwrap().length(), 0);
+
     // Queries are read-only; values come back typed.
     let e = db
         .query("INSERT INTO notes VALUES (1, 'x', 0, NULL)".into(), None)

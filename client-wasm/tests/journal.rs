@@ -23,8 +23,10 @@ use std::path::PathBuf;
 use common::{field, manifest, table};
 use fake::{Fake, Row};
 use synchro_client::engine::{Client, Failpoint};
+use synchro_client::queue::{LocalWrite, Operation};
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::state::ClientState;
+use synchro_protocol::value::{Scalar, TypedValue};
 
 fn docs_table() -> String {
     table(
@@ -86,7 +88,11 @@ fn open(
 ) -> Result<Client<Fake>, synchro_client::engine::ClientError> {
     let mut storage = target::open(path);
     storage.migrate_local(LADDER).unwrap();
-    Client::open(storage, server.clone(), || [7; 16])
+    let mut n = 0u8;
+    Client::open(storage, server.clone(), move || {
+        n = n.wrapping_add(1);
+        [n; 16]
+    })
 }
 
 /// A v1 client with two scopes, three local-only rows, synced; the server then moves to v2.
@@ -112,6 +118,20 @@ async fn at_v1(path: &PathBuf) -> (Fake, Client<Fake>) {
     }
     let r = c.sync_once().await.unwrap();
     assert_eq!(r.action, "replace");
+    // Offline intent that every step must keep: an update of a row of the affected scope
+    // and an insert of a row the server has never seen.
+    let one = TypedValue::from_scalar(Scalar::Int64(1)).unwrap();
+    let nine = TypedValue::from_scalar(Scalar::Int64(9)).unwrap();
+    let queued = TypedValue::from_scalar(Scalar::String("queued".into())).unwrap();
+    for (operation, pk) in [(Operation::Update, &one), (Operation::Insert, &nine)] {
+        c.write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation,
+            pk,
+            columns: &[("f2".into(), queued.clone())],
+        })
+        .unwrap();
+    }
     {
         let mut st = server.0.borrow_mut();
         let next = v2(&st.lineage[0]);
@@ -178,6 +198,8 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
     for (failpoint, expect) in cases {
         let path = target::fresh_path(&format!("{failpoint:?}")).await;
         let (server, mut c) = at_v1(&path).await;
+        let queue = c.storage().mutations().unwrap();
+        assert_eq!(queue.len(), 2);
         c.set_failpoint(failpoint);
         let e = c.sync_once().await.unwrap_err();
         assert_eq!(e.code(), "injected", "{failpoint:?}");
@@ -222,8 +244,13 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
         assert_eq!(d.rebuild, markers, "{failpoint:?}");
         assert_eq!(
             (d.drafts, d.docs),
-            (3, 4),
+            (3, 5),
             "local-only and synced rows kept: {failpoint:?}"
+        );
+        assert_eq!(
+            target::open(&path).mutations().unwrap(),
+            queue,
+            "every queued mutation intact: {failpoint:?}"
         );
 
         // Restart: recovery reads the journal before any request, then the next round
@@ -248,7 +275,17 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
             d.rebuild,
             [("a".to_owned(), false), ("b".to_owned(), false)]
         );
-        assert_eq!((d.drafts, d.docs), (3, 4));
+        assert_eq!((d.drafts, d.docs), (3, 5));
+        assert_eq!(c.storage().mutations().unwrap(), queue, "{failpoint:?}");
+        let title: String = c
+            .storage()
+            .connection()
+            .query_row("SELECT title FROM docs WHERE id = 1", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            title, "queued",
+            "the rebuild kept the intent: {failpoint:?}"
+        );
         let notes: i64 = c
             .storage()
             .connection()
@@ -295,7 +332,8 @@ async fn an_inconsistent_journal_blocks_without_a_request() {
     );
     assert_eq!(server.0.borrow().requests.len(), before);
     let d = inspect(&path);
-    assert_eq!((d.version, d.drafts, d.docs), (1, 3, 4));
+    assert_eq!((d.version, d.drafts, d.docs), (1, 3, 5));
+    assert_eq!(target::open(&path).mutations().unwrap().len(), 2);
     target::remove(&path);
 }
 

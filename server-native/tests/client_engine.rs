@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 use common::{free_port, start_server, wait_ready, Env, Server};
 use synchro_client::engine::{Client, Progress, Response, Transport, TransportError};
 use synchro_client::http::HttpTransport;
+use synchro_client::queue::{LocalWrite, Operation};
 use synchro_client::storage::Storage;
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::state::ClientState;
+use synchro_protocol::value::{Scalar, TypedValue};
 use synchro_server::auth::mint;
 use synchro_server::publish::{load_lineage, publish};
 use synchro_server::registry::{register, RegisterRequest};
@@ -481,6 +483,35 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
 
     // Class 4: a field the client has is removed. The client enters upgrade_required and
     // keeps its data, its schema and its local-only rows, also across a reopen.
+    // Offline intent authored under the current schema.
+    let docs = c
+        .manifest()
+        .unwrap()
+        .tables
+        .iter()
+        .find(|t| t.name == "docs")
+        .unwrap()
+        .clone();
+    let title_id = docs
+        .fields
+        .iter()
+        .find(|f| f.name == "title")
+        .unwrap()
+        .field_id
+        .clone();
+    let two = TypedValue::from_scalar(Scalar::Int64(2)).unwrap();
+    c.write(&LocalWrite {
+        table_id: &docs.table_id,
+        operation: Operation::Update,
+        pk: &two,
+        columns: &[(
+            title_id,
+            TypedValue::from_scalar(Scalar::String("offline".into())).unwrap(),
+        )],
+    })
+    .unwrap();
+    let queue = c.storage().mutations().unwrap();
+    assert_eq!(queue.len(), 1);
     publish_class_4_without(&s, "title").await;
     let before = local_rows(&c);
     let e = c.sync_once().await.unwrap_err();
@@ -494,5 +525,6 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     assert_eq!(c.sync_once().await.unwrap_err().code(), "upgrade_required");
     assert_eq!(local_rows(&c), before);
     assert_eq!(drafts(&c), [(7, "keep me".to_owned(), 1)]);
+    assert_eq!(c.storage().mutations().unwrap(), queue, "the queue is kept");
     let _ = std::fs::remove_dir_all(&s.dir);
 }

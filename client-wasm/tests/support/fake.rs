@@ -222,7 +222,11 @@ impl State {
                     ("removed", Json::Array(vec![])),
                 ]),
             ),
-            ("changes", Json::Array(vec![])),
+            // Every row again, every time: re-sending a row is always valid.
+            (
+                "changes",
+                Json::Array(self.rows.iter().map(|r| self.record(r)).collect()),
+            ),
             ("has_more", Json::Bool(false)),
             ("scope_cursor_updates", obj(cursors)),
             ("rebuild_scopes", Json::Array(vec![])),

@@ -1,0 +1,289 @@
+//! The durable mutation queue (spec 000 "Authored-Schema Queued Mutations"), natively and in
+//! Chromium on OPFS: a local write changes the visible row and appends its mutation in one
+//! transaction, with presence kept apart from null, the authored schema, the base version,
+//! the per-row client version and the local order; a refused write leaves neither; pull and
+//! rebuild never overwrite a row with unresolved intent while still verifying the scope.
+
+#[path = "../../protocol/tests/common/mod.rs"]
+mod common;
+#[path = "support/fake.rs"]
+mod fake;
+#[path = "support/target.rs"]
+mod target;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);
+
+use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::rc::Rc;
+
+use common::{field, manifest, table};
+use fake::{Fake, Row};
+use synchro_client::engine::Client;
+use synchro_client::queue::{LocalWrite, Operation};
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::types::PortableType;
+use synchro_protocol::value::{Scalar, TypedValue};
+
+fn v1() -> Manifest {
+    manifest(
+        1,
+        None,
+        "initial",
+        1,
+        &[table(
+            "tbl_docs",
+            "docs",
+            "multi_scope",
+            &[
+                field("f1", "id", "int64", false, false),
+                field("f2", "title", "string", true, true),
+                field("f3", "body", "string", true, true),
+            ],
+            &[],
+        )],
+    )
+}
+
+fn doc(id: i64, title: &str, version: &str) -> Row {
+    Row {
+        scope: "a".into(),
+        table_id: "tbl_docs".into(),
+        pk: id.to_string(),
+        row: format!(r#"{{"f1":"{id}","f2":"{title}","f3":null}}"#),
+        version: version.into(),
+    }
+}
+
+fn key(id: i64) -> TypedValue {
+    TypedValue::from_scalar(Scalar::Int64(id)).unwrap()
+}
+
+fn text(s: Option<&str>) -> TypedValue {
+    match s {
+        Some(s) => TypedValue::from_scalar(Scalar::String(s.into())).unwrap(),
+        None => TypedValue::null(PortableType::String),
+    }
+}
+
+/// A synced client over a fake server holding docs 1 and 2 in scope `a`.
+async fn synced() -> (Fake, Client<Fake>) {
+    let server = Fake::default();
+    {
+        let mut st = server.0.borrow_mut();
+        st.lineage = vec![v1()];
+        st.scopes = BTreeSet::from(["a".to_owned()]);
+        st.rows = vec![doc(1, "one", "10"), doc(2, "two", "20")];
+    }
+    let counter = Rc::new(Cell::new(0u8));
+    let c2 = counter.clone();
+    let mut c = Client::open(target::fresh("queue").await, server.clone(), move || {
+        c2.set(c2.get().wrapping_add(1));
+        [c2.get(); 16]
+    })
+    .unwrap();
+    c.set_clock(|| 1_764_000_000_000);
+    c.sync_once().await.unwrap();
+    (server, c)
+}
+
+fn title(c: &Client<Fake>, id: i64) -> Option<Option<String>> {
+    c.storage()
+        .connection()
+        .query_row("SELECT title FROM docs WHERE id = ?", [id], |r| r.get(0))
+        .ok()
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_write_and_its_intent_commit_together() {
+    let (_server, mut c) = synced().await;
+    let pk3 = key(3);
+    let id_insert = c
+        .write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation: Operation::Insert,
+            pk: &pk3,
+            columns: &[("f3".into(), text(Some("b"))), ("f2".into(), text(None))],
+        })
+        .unwrap();
+    let pk1 = key(1);
+    c.write(&LocalWrite {
+        table_id: "tbl_docs",
+        operation: Operation::Update,
+        pk: &pk1,
+        columns: &[("f2".into(), text(Some("edited")))],
+    })
+    .unwrap();
+    c.write(&LocalWrite {
+        table_id: "tbl_docs",
+        operation: Operation::Update,
+        pk: &pk1,
+        columns: &[("f3".into(), text(None))],
+    })
+    .unwrap();
+    let pk2 = key(2);
+    c.write(&LocalWrite {
+        table_id: "tbl_docs",
+        operation: Operation::Delete,
+        pk: &pk2,
+        columns: &[],
+    })
+    .unwrap();
+
+    // The visible rows.
+    assert_eq!(title(&c, 3), Some(None));
+    assert_eq!(title(&c, 1), Some(Some("edited".into())));
+    assert_eq!(title(&c, 2), None);
+
+    // The queue: order, operations, presence vs null, base versions, client versions,
+    // authored schema, one open batch, UUIDv7 IDs from the injected clock.
+    let m = c.storage().mutations().unwrap();
+    assert_eq!(m.len(), 4);
+    assert_eq!(m[0].mutation_id, id_insert);
+    let ops: Vec<&str> = m.iter().map(|m| m.operation.as_str()).collect();
+    assert_eq!(ops, ["insert", "update", "update", "delete"]);
+    assert_eq!(
+        m.iter().map(|m| m.local_order).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(
+        m[0].columns, r#"[{"field_id":"f3","value":"b"},{"field_id":"f2","value":null}]"#,
+        "the application's order, a null kept as present"
+    );
+    assert_eq!(m[1].columns, r#"[{"field_id":"f2","value":"edited"}]"#);
+    assert_eq!(m[3].columns, "[]");
+    assert_eq!(
+        m.iter().map(|m| m.base_version.clone()).collect::<Vec<_>>(),
+        [
+            None,
+            Some("10".into()),
+            Some("10".into()),
+            Some("20".into())
+        ]
+    );
+    assert_eq!(
+        m.iter().map(|m| m.client_version).collect::<Vec<_>>(),
+        [1, 1, 2, 1]
+    );
+    let v = v1();
+    assert!(m
+        .iter()
+        .all(|m| m.authored == (1, v.schema_hash_hex()) && m.state == "pending"));
+    assert!(m.iter().all(|x| x.batch_id == m[0].batch_id));
+    let ids: BTreeSet<&str> = m.iter().map(|m| m.mutation_id.as_str()).collect();
+    assert_eq!(ids.len(), 4);
+    for id in ids {
+        let hex: String = id.chars().filter(|c| *c != '-').collect();
+        assert_eq!(id.len(), 36);
+        // 1_764_000_000_000 ms as 48-bit hex (python3: format(1764000000000, "012x")).
+        assert_eq!(&hex[..12], "019ab697e800", "48-bit millisecond timestamp");
+        assert_eq!(&hex[12..13], "7", "version 7");
+        assert!(
+            matches!(&hex[16..17], "8" | "9" | "a" | "b"),
+            "RFC 9562 variant"
+        );
+    }
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_refused_write_leaves_neither_row_nor_intent() {
+    let (_server, mut c) = synced().await;
+    let pk1 = key(1);
+    let int = TypedValue::from_scalar(Scalar::Int64(5)).unwrap();
+    for (operation, columns) in [
+        // A value of the wrong type.
+        (Operation::Update, vec![("f2".to_owned(), int.clone())]),
+        // The key field is not a column, and an unknown field is refused.
+        (Operation::Update, vec![("f1".to_owned(), key(9))]),
+        (
+            Operation::Update,
+            vec![("nope".to_owned(), text(Some("x")))],
+        ),
+        // A field given twice.
+        (
+            Operation::Update,
+            vec![
+                ("f2".to_owned(), text(Some("a"))),
+                ("f2".to_owned(), text(Some("b"))),
+            ],
+        ),
+        // An insert of an existing row.
+        (Operation::Insert, vec![]),
+    ] {
+        let e = c
+            .write(&LocalWrite {
+                table_id: "tbl_docs",
+                operation,
+                pk: &pk1,
+                columns: &columns,
+            })
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_value", "{operation:?} {columns:?}");
+    }
+    let pk9 = key(9);
+    let e = c
+        .write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation: Operation::Delete,
+            pk: &pk9,
+            columns: &[],
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), "local_schema_error");
+    assert_eq!(title(&c, 1), Some(Some("one".into())));
+    assert!(c.storage().mutations().unwrap().is_empty());
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
+    let (server, mut c) = synced().await;
+    let pk1 = key(1);
+    c.write(&LocalWrite {
+        table_id: "tbl_docs",
+        operation: Operation::Update,
+        pk: &pk1,
+        columns: &[("f2".into(), text(Some("mine")))],
+    })
+    .unwrap();
+    let pk2 = key(2);
+    c.write(&LocalWrite {
+        table_id: "tbl_docs",
+        operation: Operation::Delete,
+        pk: &pk2,
+        columns: &[],
+    })
+    .unwrap();
+    // Someone else changes both rows on the server.
+    server.0.borrow_mut().rows = vec![doc(1, "theirs", "11"), doc(2, "back", "21")];
+    let r = c.sync_once().await.unwrap();
+    assert!(r.verified.contains("a"), "the server layer still verifies");
+    assert_eq!(title(&c, 1), Some(Some("mine".into())), "intent kept");
+    assert_eq!(title(&c, 2), None, "the local delete kept");
+    let version: String = c
+        .storage()
+        .connection()
+        .query_row(
+            r#"SELECT "server_version" FROM "_synchro_rows" WHERE "pk" = '"1"'"#,
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, "11", "the server layer moved on");
+    // A rebuild of the scope keeps the intent too.
+    c.storage()
+        .connection()
+        .execute(
+            r#"UPDATE "_synchro_scopes" SET "rebuild" = 1, "cursor" = NULL"#,
+            [],
+        )
+        .unwrap();
+    let r = c.sync_once().await.unwrap();
+    assert_eq!(r.rebuilt, BTreeSet::from(["a".to_owned()]));
+    assert_eq!(title(&c, 1), Some(Some("mine".into())));
+    assert_eq!(title(&c, 2), None);
+    assert_eq!(c.storage().mutations().unwrap().len(), 2);
+}
