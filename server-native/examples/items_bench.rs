@@ -109,6 +109,7 @@ async fn main() -> Result<()> {
         cursor_keys: Keyring::new("k1", &[7; 32])?,
         config: Config::default(),
         events: Default::default(),
+        membership_db: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

@@ -33,6 +33,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Minimum client runtime (SemVer); clients below it get 426.
     pub min_client_version: Option<String>,
+    /// Push bounds (each violation is 400 before any work).
+    pub push_limits: crate::push::PushLimits,
 }
 
 impl Default for Config {
@@ -40,6 +42,7 @@ impl Default for Config {
         Config {
             max_body_bytes: 1_048_576,
             min_client_version: None,
+            push_limits: crate::push::PushLimits::default(),
         }
     }
 }
@@ -63,6 +66,10 @@ pub struct AppState {
     pub config: Config,
     /// Wakes change-notification streams (`POST /sync/events`).
     pub events: crate::events::Notifier,
+    /// A connection as the capture worker's login, which push uses to evaluate a written
+    /// row's scopes with the membership function as its owner (in a transaction that is
+    /// always rolled back). Without one, push answers 503 `push_unavailable`.
+    pub membership_db: Option<tokio::sync::Mutex<Client>>,
 }
 
 /// A fixed set of connections handed out one transaction at a time: a free one if any,
@@ -100,6 +107,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sync/connect", post(connect))
         .route("/sync/pull", post(pull))
         .route("/sync/rebuild", post(rebuild))
+        .route("/sync/push", post(push))
         .route("/sync/events", post(events))
         .route("/ready", get(ready))
         .with_state(state)
@@ -137,6 +145,13 @@ impl ApiError {
             "the service is temporarily unavailable",
             true,
         )
+    }
+
+    /// 503 `temporary_unavailable` with a `reason`.
+    pub(crate) fn unavailable_because(reason: &str) -> ApiError {
+        let mut e = ApiError::unavailable();
+        e.extra = vec![("reason".into(), Json::String(reason.to_owned()))];
+        e
     }
 
     pub(crate) fn integrity() -> ApiError {
@@ -364,6 +379,19 @@ async fn pull(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body
         };
         let parsed = crate::pull::parse(&req)?;
         let body = crate::pull::pull(&state, &user_id, parsed).await?;
+        Ok::<_, ApiError>(json_response(StatusCode::OK, &body))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn push(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let (req, user_id) = match preamble(&state, &headers, body).await? {
+            Ok(v) => v,
+            Err(response) => return Ok(response),
+        };
+        let body = crate::push::push(&state, &user_id, &req).await?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &body))
     }
     .await;

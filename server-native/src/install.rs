@@ -140,6 +140,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0021_scope_keys.sql",
         sql: include_str!("../migrations/0021_scope_keys.sql"),
     },
+    Migration {
+        version: 22,
+        name: "0022_push.sql",
+        sql: include_str!("../migrations/0022_push.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

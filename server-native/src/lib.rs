@@ -33,6 +33,7 @@ pub mod logging;
 pub mod pg_harness;
 pub mod publish;
 pub mod pull;
+pub mod push;
 pub mod rebuild;
 pub mod registry;
 pub mod retention;

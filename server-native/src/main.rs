@@ -221,6 +221,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             worker_url,
             cursor_secret,
         } => {
+            // The worker login also evaluates written rows' scopes for push.
+            let membership_db = match &worker_url {
+                Some(url) => Some(connect_db(url).await?),
+                None => None,
+            };
             if let Some(url) = worker_url {
                 tokio::spawn(capture_loop(url));
             }
@@ -237,10 +242,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let config = Config {
                 max_body_bytes,
                 min_client_version,
+                ..Config::default()
             };
             let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
             serve(
-                (db, snapshot_db, assignment_db),
+                (db, snapshot_db, assignment_db, membership_db),
                 synchro_server::events::Notifier::listen(database_url.clone()),
                 jwt_secret.as_bytes(),
                 cursor_root.as_bytes(),
@@ -295,10 +301,11 @@ type Connections = (
     tokio_postgres::Client,
     Vec<tokio_postgres::Client>,
     Option<tokio_postgres::Client>,
+    Option<tokio_postgres::Client>,
 );
 
 async fn serve(
-    (db, snapshot_db, assignment_db): Connections,
+    (db, snapshot_db, assignment_db, membership_db): Connections,
     events: synchro_server::events::Notifier,
     secret: &[u8],
     cursor_root: &[u8],
@@ -317,6 +324,7 @@ async fn serve(
         auth: Authenticator::hs256(secret)?,
         config,
         events,
+        membership_db: membership_db.map(tokio::sync::Mutex::new),
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
     // Small responses must not wait for delayed ACKs.
@@ -381,7 +389,12 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
         connect_db(&url_for("synchro_dev_adapter")).await?,
     ];
     serve(
-        (adapter, snapshot, Some(assignment)),
+        (
+            adapter,
+            snapshot,
+            Some(assignment),
+            Some(connect_db(&url_for("synchro_dev_worker")).await?),
+        ),
         synchro_server::events::Notifier::listen(url_for("synchro_dev_adapter")),
         secret.as_bytes(),
         secret.as_bytes(),

@@ -72,6 +72,7 @@ async fn start(config: Config) -> Server {
         auth: Authenticator::hs256(SECRET).unwrap(),
         config,
         events: Default::default(),
+        membership_db: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -149,6 +150,7 @@ async fn connect_dispatch_errors_generations_and_canaries() {
     let s = start(Config {
         max_body_bytes: 4096,
         min_client_version: None,
+        ..Config::default()
     })
     .await;
     let token = mint(SECRET, USER, 3600);
@@ -412,6 +414,7 @@ async fn a_client_below_the_minimum_runtime_must_upgrade() {
     let s = start(Config {
         max_body_bytes: 4096,
         min_client_version: Some("2.0.0".into()),
+        ..Config::default()
     })
     .await;
     let token = mint(SECRET, "runtime-user", 3600);
@@ -541,6 +544,7 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
         auth: Authenticator::hs256(SECRET).unwrap(),
         config: Config::default(),
         events: Default::default(),
+        membership_db: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -68,6 +68,7 @@ async fn stack() -> Stack {
         events: synchro_server::events::Notifier::listen(
             env.cluster.url("synchro_dev_adapter", "app"),
         ),
+        membership_db: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

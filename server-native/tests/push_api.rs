@@ -1,0 +1,714 @@
+//! POST /sync/push through the real server binary on real PostgreSQL: compare-and-swap
+//! writes to the application table with row-bearing outcomes, conflicts instead of lost
+//! updates (also between two concurrent clients), exact replay of a completed batch (also
+//! after the client generation changed) without a second write, the schema and generation
+//! gates, every strict limit's 400, authorization by the row's scopes before and after the
+//! write, value and writability checks, and authored-schema compatibility after Class 2
+//! and Class 4 changes.
+
+mod common;
+
+use common::{free_port, start_server, wait_ready, Env, Server};
+use serde_json::{json, Value};
+use synchro_protocol::digest::row_digest;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::Manifest;
+use synchro_server::auth::mint;
+use synchro_server::publish::{load_lineage, publish};
+use synchro_server::registry::{register, RegisterRequest};
+
+const SECRET: &str = "push-api-secret-0123456789abcdefg";
+
+struct Stack {
+    env: Env,
+    base: String,
+    http: reqwest::Client,
+    _server: Server,
+}
+
+struct Session {
+    token: String,
+    client: String,
+    generation: u64,
+    schema: Value,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        let env = Env::installed().await;
+        env.as_app_owner(
+            "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
+             INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one'), (2, 'bob', 'blue', 'two'), (3, 'bob', 'red', 'three')",
+        )
+        .await;
+        let mut op = env.login("synchro_dev_operator").await;
+        register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
+            .await
+            .unwrap();
+        env.admin
+            .batch_execute(
+                "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
+                 GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+            )
+            .await
+            .unwrap();
+        op.batch_execute(
+            "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+             BEGIN ATOMIC
+               SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
+               UNION ALL SELECT 'team:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id;
+             END;
+             REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
+             GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
+             SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');
+             SELECT synchro.synchro_grant_user_scope('alice', 'team:red');",
+        )
+        .await
+        .unwrap();
+        publish(&mut op).await.unwrap();
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let server = start_server(&env, port, SECRET);
+        let http = reqwest::Client::new();
+        wait_ready(&http, &base).await;
+        Stack {
+            env,
+            base,
+            http,
+            _server: server,
+        }
+    }
+
+    async fn post(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(token, path, body.to_string()).await
+    }
+
+    async fn post_raw(&self, token: &str, path: &str, body: String) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {token}"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
+    async fn session(&self, user: &str, client: &str) -> Session {
+        let token = mint(SECRET.as_bytes(), user, 3600);
+        let (st, v) = self
+            .post(
+                &token,
+                "/sync/connect",
+                &json!({"protocol_version": 3, "client_id": client, "schema": {"version": 0, "hash": ""}}),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+        Session {
+            token,
+            client: client.into(),
+            generation: v["client_generation"].as_u64().unwrap(),
+            schema: json!({"version": v["schema"]["version"], "hash": v["schema"]["hash"]}),
+        }
+    }
+
+    async fn manifest(&self) -> Manifest {
+        let db = self.env.login("synchro_dev_adapter").await;
+        load_lineage(&db).await.unwrap().current().unwrap().clone()
+    }
+
+    async fn push(&self, s: &Session, batch: &str, mutations: Vec<Value>) -> (u16, Value) {
+        self.post(
+            &s.token,
+            "/sync/push",
+            &json!({"protocol_version": 3, "client_id": s.client, "client_generation": s.generation,
+                    "schema": s.schema, "batch_id": batch, "mutations": mutations}),
+        )
+        .await
+    }
+
+    async fn source(&self, id: i64) -> Option<(String, String, Option<String>, i64)> {
+        self.env
+            .admin
+            .query_opt(
+                "SELECT d.owner, d.team, d.title, coalesce(v.version, 0)
+                   FROM app.docs d LEFT JOIN synchro.source_versions v ON v.pk = d.id::text
+                  WHERE d.id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+    }
+
+    /// The current server version of a row as pull would report it (the projection's when
+    /// the row has not been written since bootstrap).
+    async fn version(&self, id: i64) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Some(r) = self
+                .env
+                .admin
+                .query_opt(
+                    "SELECT server_version FROM synchro.projection_rows WHERE pk = $1",
+                    &[&format!("\"{id}\"")],
+                )
+                .await
+                .unwrap()
+            {
+                return r.get(0);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "row {id} never captured"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn field(m: &Manifest, name: &str) -> String {
+    m.tables[0]
+        .fields
+        .iter()
+        .find(|f| f.name == name)
+        .unwrap()
+        .field_id
+        .clone()
+}
+
+fn mutation(
+    m: &Manifest,
+    id: &str,
+    op: &str,
+    pk: i64,
+    base: Option<&str>,
+    columns: &[(&str, Value)],
+) -> Value {
+    json!({
+        "mutation_id": id, "table_id": m.tables[0].table_id, "pk": pk.to_string(), "operation": op,
+        "base_version": base, "client_version": 1, "local_order": 1,
+        "columns": columns.iter().map(|(f, v)| json!({"field_id": field(m, f), "value": v})).collect::<Vec<_>>(),
+        "authored_schema": {"version": m.schema_version, "hash": m.schema_hash_hex()},
+    })
+}
+
+/// Checks a row-bearing outcome's checksum against its row, independently of the server.
+fn verify_row(m: &Manifest, pk: i64, o: &Value) {
+    let d = row_digest(
+        m,
+        &m.tables[0].table_id,
+        &Json::String(pk.to_string()),
+        &Json::parse(&o["row"].to_string()).unwrap(),
+        o["server_version"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        o["row_checksum"]["digest"].as_str().unwrap(),
+        hex::encode(d.digest),
+        "{o}"
+    );
+}
+
+#[tokio::test]
+async fn compare_and_swap_outcomes_replay_and_gates() {
+    let s = Stack::start().await;
+    let m = s.manifest().await;
+    let alice = s.session("alice", "c1").await;
+
+    // Insert, then update from its version: both applied, row-bearing, in the source.
+    let (st, v) = s
+        .push(
+            &alice,
+            "b1",
+            vec![mutation(
+                &m,
+                "m1",
+                "insert",
+                100,
+                None,
+                &[
+                    ("owner", json!("alice")),
+                    ("team", json!("green")),
+                    ("title", json!("new")),
+                ],
+            )],
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let o = &v["outcomes"][0];
+    assert_eq!(
+        (o["mutation_id"].as_str(), o["status"].as_str()),
+        (Some("m1"), Some("applied")),
+        "{v}"
+    );
+    verify_row(&m, 100, o);
+    let v1 = o["server_version"].as_str().unwrap().to_owned();
+    let (owner, team, title, version) = s.source(100).await.unwrap();
+    assert_eq!(
+        (
+            owner.as_str(),
+            team.as_str(),
+            title.as_deref(),
+            version.to_string()
+        ),
+        ("alice", "green", Some("new"), v1.clone())
+    );
+    let (_, v) = s
+        .push(
+            &alice,
+            "b2",
+            vec![mutation(
+                &m,
+                "m2",
+                "update",
+                100,
+                Some(&v1),
+                &[("title", json!("edited"))],
+            )],
+        )
+        .await;
+    let o = &v["outcomes"][0];
+    assert_eq!(o["status"], "applied", "{v}");
+    verify_row(&m, 100, o);
+    let v2 = o["server_version"].as_str().unwrap().to_owned();
+    assert_ne!(v1, v2);
+
+    // A stale base version: a conflict carrying the current row, nothing overwritten.
+    let stale = vec![mutation(
+        &m,
+        "m3",
+        "update",
+        100,
+        Some(&v1),
+        &[("title", json!("lost?"))],
+    )];
+    let (_, v) = s.push(&alice, "b3", stale.clone()).await;
+    let o = &v["outcomes"][0];
+    assert_eq!(
+        (o["status"].as_str(), o["code"].as_str()),
+        (Some("conflict"), Some("version_conflict")),
+        "{v}"
+    );
+    assert_eq!(o["server_version"].as_str(), Some(v2.as_str()));
+    verify_row(&m, 100, o);
+    assert_eq!(s.source(100).await.unwrap().2.as_deref(), Some("edited"));
+
+    // Exact replay of a completed batch: the stored outcomes, no second write.
+    let before = s.source(100).await;
+    let (st, again) = s
+        .push(
+            &alice,
+            "b2",
+            vec![mutation(
+                &m,
+                "m2",
+                "update",
+                100,
+                Some(&v1),
+                &[("title", json!("edited"))],
+            )],
+        )
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        again["outcomes"][0]["server_version"].as_str(),
+        Some(v2.as_str())
+    );
+    assert_eq!(s.source(100).await, before, "no second write");
+    // The same batch ID with different content is refused.
+    let (st, e) = s.push(&alice, "b2", stale.clone()).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    // A mutation ID already executed returns its stored outcome in a new batch.
+    let (_, v) = s.push(&alice, "b4", stale.clone()).await;
+    assert_eq!(v["outcomes"][0]["status"], "conflict");
+
+    // A new generation: the old batch still replays; new work with the old generation is 409.
+    let (st, renewed) = s
+        .post(
+            &alice.token,
+            "/sync/connect",
+            &json!({"protocol_version": 3, "client_id": "c1", "client_generation": alice.generation + 100, "schema": alice.schema}),
+        )
+        .await;
+    assert_eq!(st, 200, "{renewed}");
+    assert_ne!(
+        renewed["client_generation"].as_u64(),
+        Some(alice.generation)
+    );
+    let (st, replay) = s
+        .push(
+            &alice,
+            "b2",
+            vec![mutation(
+                &m,
+                "m2",
+                "update",
+                100,
+                Some(&v1),
+                &[("title", json!("edited"))],
+            )],
+        )
+        .await;
+    assert_eq!((st, replay.clone()), (200, again.clone()));
+    let (st, e) = s
+        .push(
+            &alice,
+            "b5",
+            vec![mutation(&m, "m5", "delete", 100, Some(&v2), &[])],
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("client_generation_expired")),
+        "{e}"
+    );
+    let alice = Session {
+        generation: renewed["client_generation"].as_u64().unwrap(),
+        ..alice
+    };
+    // Schema gate.
+    let wrong = Session {
+        token: alice.token.clone(),
+        client: alice.client.clone(),
+        generation: alice.generation,
+        schema: json!({"version": 1, "hash": "00".repeat(32)}),
+    };
+    let (st, e) = s
+        .push(
+            &wrong,
+            "b6",
+            vec![mutation(&m, "m6", "delete", 100, Some(&v2), &[])],
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (422, Some("schema_mismatch")),
+        "{e}"
+    );
+    assert!(e["error"]["current_schema"].is_object());
+
+    // Values and writability.
+    let (_, v) = s
+        .push(
+            &alice,
+            "b7",
+            vec![
+                mutation(&m, "m7", "update", 100, Some(&v2), &[("title", json!(5))]),
+                mutation(&m, "m8", "update", 100, Some(&v2), &[("id", json!("7"))]),
+                mutation(&m, "m9", "insert", 101, None, &[("team", json!("red"))]),
+            ],
+        )
+        .await;
+    let codes: Vec<&str> = v["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codes,
+        ["invalid_value", "not_writable", "constraint_violation"],
+        "{v}"
+    );
+    assert!(
+        v.to_string().find("\"7\"").is_none(),
+        "no values in outcomes"
+    );
+
+    // Authorization by the row's scopes, before and after.
+    let (_, v) = s
+        .push(
+            &alice,
+            "b8",
+            vec![
+                // Bob's row in no scope of alice's.
+                mutation(
+                    &m,
+                    "m10",
+                    "update",
+                    2,
+                    Some(&s.version(2).await),
+                    &[("title", json!("mine"))],
+                ),
+                // A new row that would land outside her scopes.
+                mutation(
+                    &m,
+                    "m11",
+                    "insert",
+                    102,
+                    None,
+                    &[("owner", json!("bob")), ("team", json!("blue"))],
+                ),
+                // Moving her row out of her scopes.
+                mutation(
+                    &m,
+                    "m12",
+                    "update",
+                    100,
+                    Some(&v2),
+                    &[("owner", json!("bob"))],
+                ),
+                // Bob's row in team:red, which alice has: allowed.
+                mutation(
+                    &m,
+                    "m13",
+                    "update",
+                    3,
+                    Some(&s.version(3).await),
+                    &[("title", json!("by alice"))],
+                ),
+            ],
+        )
+        .await;
+    let statuses: Vec<(&str, Option<&str>)> = v["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["status"].as_str().unwrap(), o["code"].as_str()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("rejected_terminal", Some("forbidden")),
+            ("rejected_terminal", Some("forbidden")),
+            ("rejected_terminal", Some("forbidden")),
+            ("applied", None)
+        ],
+        "{v}"
+    );
+    assert!(
+        v["outcomes"][0].get("row").is_none(),
+        "nothing of a forbidden row is revealed"
+    );
+    assert_eq!(s.source(2).await.unwrap().2.as_deref(), Some("two"));
+    assert!(s.source(102).await.is_none());
+    assert_eq!(s.source(100).await.unwrap().0, "alice");
+    assert_eq!(s.source(3).await.unwrap().2.as_deref(), Some("by alice"));
+}
+
+#[tokio::test]
+async fn every_limit_is_a_400_before_any_work() {
+    let s = Stack::start().await;
+    let m = s.manifest().await;
+    let alice = s.session("alice", "c1").await;
+    let one = |id: &str| {
+        mutation(
+            &m,
+            id,
+            "insert",
+            500,
+            None,
+            &[("owner", json!("alice")), ("team", json!("red"))],
+        )
+    };
+    let many: Vec<Value> = (0..1001).map(|i| one(&format!("m{i}"))).collect();
+    let wide: Vec<(&str, Value)> = (0..257).map(|_| ("title", json!("x"))).collect();
+    let mut wide_m = one("w");
+    wide_m["columns"] = json!(wide
+        .iter()
+        .enumerate()
+        .map(|(i, (_, v))| json!({"field_id": format!("f{i}"), "value": v}))
+        .collect::<Vec<_>>());
+    let mut big = one("big");
+    big["columns"][0]["value"] = json!("x".repeat(70_000));
+    for (what, mutations) in [
+        ("no mutations", vec![]),
+        ("1001 mutations", many),
+        ("257 columns", vec![wide_m]),
+        ("a 70 kB mutation", vec![big]),
+    ] {
+        let (st, e) = s.push(&alice, "limits", mutations).await;
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{what}"
+        );
+    }
+    // A body over 1 MiB.
+    let body = json!({"protocol_version": 3, "client_id": "c1", "client_generation": alice.generation,
+                      "schema": alice.schema, "batch_id": "huge", "mutations": [one("h")], "pad": "x".repeat(1_100_000)});
+    let (st, e) = s
+        .post_raw(&alice.token, "/sync/push", body.to_string())
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    assert!(s.source(500).await.is_none(), "nothing written");
+    let batches: i64 = s
+        .env
+        .admin
+        .query_one("SELECT count(*) FROM synchro.push_batches", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(batches, 0);
+}
+
+#[tokio::test]
+async fn two_clients_editing_one_row_concurrently_lose_no_update() {
+    let s = Stack::start().await;
+    let m = s.manifest().await;
+    let a = s.session("alice", "phone").await;
+    let b = s.session("alice", "laptop").await;
+    let base = s.version(1).await;
+    for round in 0..5 {
+        let base = if round == 0 {
+            base.clone()
+        } else {
+            s.source(1).await.unwrap().3.to_string()
+        };
+        let (batch_a, batch_b) = (format!("a{round}"), format!("b{round}"));
+        let (ra, rb) = tokio::join!(
+            s.push(
+                &a,
+                &batch_a,
+                vec![mutation(
+                    &m,
+                    &format!("a{round}"),
+                    "update",
+                    1,
+                    Some(&base),
+                    &[("title", json!(format!("phone {round}")))]
+                )]
+            ),
+            s.push(
+                &b,
+                &batch_b,
+                vec![mutation(
+                    &m,
+                    &format!("b{round}"),
+                    "update",
+                    1,
+                    Some(&base),
+                    &[("title", json!(format!("laptop {round}")))]
+                )]
+            ),
+        );
+        let statuses = [
+            ra.1["outcomes"][0]["status"].clone(),
+            rb.1["outcomes"][0]["status"].clone(),
+        ];
+        let applied = statuses.iter().filter(|x| *x == "applied").count();
+        let conflicts = statuses.iter().filter(|x| *x == "conflict").count();
+        assert_eq!((applied, conflicts), (1, 1), "round {round}: {ra:?} {rb:?}");
+        let winner = if statuses[0] == "applied" {
+            format!("phone {round}")
+        } else {
+            format!("laptop {round}")
+        };
+        assert_eq!(
+            s.source(1).await.unwrap().2,
+            Some(winner),
+            "the applied write is the row"
+        );
+    }
+}
+
+#[tokio::test]
+async fn authored_schema_after_class_2_applies_and_after_class_4_is_incompatible() {
+    let s = Stack::start().await;
+    let v1 = s.manifest().await;
+    let alice = s.session("alice", "c1").await;
+    let base = s.version(1).await;
+    // Intent authored under v1, pushed after a Class 2 change (a new empty table).
+    s.env
+        .as_app_owner("CREATE TABLE app.tags (id text PRIMARY KEY)")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "tags", "multi_scope"))
+        .await
+        .unwrap();
+    publish(&mut op).await.unwrap();
+    let v2 = s.manifest().await;
+    assert_eq!(v2.schema_version, 2);
+    let current = Session {
+        schema: json!({"version": 2, "hash": v2.schema_hash_hex()}),
+        ..alice
+    };
+    let authored_v1 = mutation(
+        &v1,
+        "m1",
+        "update",
+        1,
+        Some(&base),
+        &[("title", json!("offline"))],
+    );
+    let (st, v) = s.push(&current, "b1", vec![authored_v1]).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcomes"][0]["status"], "applied", "{v}");
+    assert_eq!(s.source(1).await.unwrap().2.as_deref(), Some("offline"));
+
+    // A Class 4 manifest without `title`: intent authored under v1 that writes it is
+    // schema_incompatible, naming only the field.
+    let mut body: Value = serde_json::from_str(&v2.canonical_body()).unwrap();
+    body["schema_version"] = json!(3);
+    body["parent_schema"] = json!({"version": 2, "hash": v2.schema_hash_hex()});
+    body["transition_class"] = json!("class_4");
+    body["compatibility_floor"] = json!(3);
+    for t in body["tables"].as_array_mut().unwrap() {
+        if t["name"] == "docs" {
+            t["fields"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|f| f["name"] != "title");
+        }
+    }
+    let v3 = Manifest::parse(&body.to_string()).unwrap();
+    op.execute(
+        "SELECT synchro.synchro_insert_manifest(3, $1, $2, 2, $3, 'class_4', 3)",
+        &[
+            &v3.schema_hash_hex(),
+            &v3.canonical_body(),
+            &v2.schema_hash_hex(),
+        ],
+    )
+    .await
+    .unwrap();
+    let current = Session {
+        schema: json!({"version": 3, "hash": v3.schema_hash_hex()}),
+        ..current
+    };
+    let new_base = s.source(1).await.unwrap().3.to_string();
+    let m = mutation(
+        &v1,
+        "m2",
+        "update",
+        1,
+        Some(&new_base),
+        &[("title", json!("secret text")), ("owner", json!("alice"))],
+    );
+    let (st, v) = s.push(&current, "b2", vec![m]).await;
+    assert_eq!(st, 200, "{v}");
+    let o = &v["outcomes"][0];
+    assert_eq!(
+        (
+            o["status"].as_str(),
+            o["code"].as_str(),
+            o["retryable"].as_bool()
+        ),
+        (
+            Some("rejected_terminal"),
+            Some("schema_incompatible"),
+            Some(false)
+        ),
+        "{v}"
+    );
+    assert_eq!(o["incompatible_field_ids"], json!([field(&v1, "title")]));
+    assert_eq!(o["authored_schema"]["version"], 1);
+    assert_eq!(o["current_schema"]["version"], 3);
+    assert!(
+        !v.to_string().contains("secret text"),
+        "no values in the outcome"
+    );
+    assert_eq!(
+        s.source(1).await.unwrap().2.as_deref(),
+        Some("offline"),
+        "nothing written"
+    );
+}
