@@ -84,7 +84,10 @@ fn forget_row(
     pending: &Pending,
 ) -> Result<(), StorageError> {
     let pk_text = pk.to_wire_text();
-    if !has_intent(pending, table, &pk_text) {
+    if has_intent(pending, table, &pk_text) {
+        // The server no longer has the row: that is the state the intent falls back to.
+        crate::queue::set_shadow(conn, &table.table_id, &pk_text, None)?;
+    } else {
         run(
             conn,
             &format!(
@@ -361,7 +364,20 @@ impl Storage {
             let prov = provenance(c.table);
             match &c.upsert {
                 Some((values, version, digest)) => {
-                    if !has_intent(&pending, c.table, &c.pk_text) {
+                    if has_intent(&pending, c.table, &c.pk_text) {
+                        let row = Json::Object(
+                            values
+                                .iter()
+                                .map(|(f, v)| (f.clone(), v.to_wire()))
+                                .collect(),
+                        );
+                        crate::queue::set_shadow(
+                            &tx,
+                            &c.table.table_id,
+                            &c.pk_text,
+                            Some(&synchro_protocol::jcs::to_output_string(&row)),
+                        )?;
+                    } else {
                         write_row(&tx, c.table, values.iter().map(|(_, v)| to_sql(v)))?;
                     }
                     run(
@@ -620,9 +636,9 @@ impl Storage {
             &|table_id, pk| rows.iter().any(|(t, k, ..)| t == table_id && k == pk),
             &pending,
         )?;
-        for (table_id, pk, row, version, digest) in &rows {
+        for (table_id, pk, row_text, version, digest) in &rows {
             let table = manifest.table(table_id).expect("checked above");
-            let row = Json::parse(row).map_err(|_| integrity("a staged row"))?;
+            let row = Json::parse(row_text).map_err(|_| integrity("a staged row"))?;
             let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
                 .map_err(|_| integrity("a staged key does not match its type"))?;
             let mut values = Vec::with_capacity(table.fields.len());
@@ -631,7 +647,9 @@ impl Storage {
                     .map_err(|_| integrity("a value does not match its field"))?;
                 values.push(to_sql(&v));
             }
-            if !has_intent(&pending, table, pk) {
+            if has_intent(&pending, table, pk) {
+                crate::queue::set_shadow(&tx, table_id, pk, Some(row_text))?;
+            } else {
                 write_row(&tx, table, values)?;
             }
             run(

@@ -75,6 +75,8 @@ pub enum Failpoint {
     InsideRebuild,
     /// After every rebuild, before the journal is cleared.
     BeforeJournalClear,
+    /// After a push response arrived, before its outcomes are stored.
+    BeforeOutcomes,
 }
 
 /// Client failures, each with a stable [`ClientError::code`].
@@ -1071,10 +1073,55 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// Step 7 (push before rebuild). The queue arrives with offline writes (issue 7); until
-    /// then there is never queued intent and this returns at once.
+    /// Step 7 (push before rebuild): seals the open batch under the active schema and sends
+    /// every sealed batch in order until each has its outcomes, stored durably. A 422
+    /// `schema_mismatch` moves the batch's unresolved mutations, unchanged, into a successor
+    /// to be sealed after reconnecting; the error makes the round reconnect.
     async fn push_pending(&mut self) -> Result<(), ClientError> {
-        Ok(())
+        let Some(manifest) = self.manifest.clone() else {
+            return Ok(());
+        };
+        let generation = self.generation()?;
+        loop {
+            let rest = crate::queue::uuid_v7((self.clock)(), (self.random)());
+            self.storage
+                .seal((manifest.schema_version, manifest.schema_hash_hex()), &rest)?;
+            let batches = self.storage.sealed_batches()?;
+            if batches.is_empty() {
+                return Ok(());
+            }
+            for (batch_id, request) in batches {
+                let mut body = self.base_request(generation);
+                body.retain(|(k, _)| k != "schema");
+                body.push((
+                    "schema".into(),
+                    request.get("schema").cloned().unwrap_or(Json::Null),
+                ));
+                body.push(("batch_id".into(), Json::String(batch_id.clone())));
+                body.push((
+                    "mutations".into(),
+                    request.get("mutations").cloned().unwrap_or(Json::Null),
+                ));
+                let r = self.post("/sync/push", Json::Object(body)).await?;
+                if r.status == 200 {
+                    self.fail(Failpoint::BeforeOutcomes)?;
+                    self.storage
+                        .record_outcomes(&manifest, &batch_id, &r.body)?;
+                    continue;
+                }
+                let e = server_error(&r);
+                if matches!(&e, ClientError::Server { code, .. } if code == "schema_mismatch") {
+                    let successor = crate::queue::uuid_v7((self.clock)(), (self.random)());
+                    self.storage.supersede(&batch_id, &successor)?;
+                    let current = schema_json(Some(manifest.schema_ref()));
+                    if request.get("schema") != Some(&current) {
+                        // Sealed under an earlier schema: reseal under this one and go on.
+                        break;
+                    }
+                }
+                return Err(e);
+            }
+        }
     }
 
     /// One full round: recover or connect, execute the schema action, push, rebuild every

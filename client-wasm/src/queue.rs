@@ -31,7 +31,14 @@ pub(crate) const QUEUE_DDL: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS "_synchro_mutations" ("mutation_id" TEXT NOT NULL PRIMARY KEY, "batch_id" TEXT NOT NULL, "local_order" INTEGER NOT NULL UNIQUE, "table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "operation" TEXT NOT NULL CHECK ("operation" IN ('insert', 'update', 'delete')), "base_version" TEXT, "client_version" INTEGER NOT NULL, "columns" TEXT NOT NULL, "authored_version" INTEGER NOT NULL, "authored_hash" TEXT NOT NULL, "state" TEXT NOT NULL DEFAULT 'pending' CHECK ("state" IN ('pending', 'applied', 'conflict', 'rejected_terminal'))) STRICT"#,
     r#"CREATE INDEX IF NOT EXISTS "_synchro_mutations_row" ON "_synchro_mutations" ("table_id", "pk", "state")"#,
     r#"CREATE TABLE IF NOT EXISTS "_synchro_outcomes" ("mutation_id" TEXT NOT NULL PRIMARY KEY, "status" TEXT NOT NULL, "code" TEXT, "outcome" TEXT NOT NULL) STRICT"#,
+    // The latest server state of a row with unresolved intent (row: its values by field ID
+    // as wire JSON, or NULL when the server has no such row): what the visible row returns
+    // to when the intent ends in a conflict or a rejection.
+    r#"CREATE TABLE IF NOT EXISTS "_synchro_shadow" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "row" TEXT, PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
 ];
+
+/// Most mutations sealed into one batch (the server accepts up to 1,000).
+pub const MAX_BATCH: i64 = 100;
 
 /// A local write's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +179,26 @@ impl Storage {
         let pk_text = pk.to_wire_text();
         let tx = self.conn_mut().transaction()?;
         let exists = local_row_exists(&tx, table, pk)?;
+        // The server state to return to if this intent fails: kept from the first
+        // unresolved intent on the row.
+        let shadowed: bool = tx.query_row(
+            r#"SELECT count(*) > 0 FROM "_synchro_shadow" WHERE "table_id" = ? AND "pk" = ?"#,
+            params![table_id, pk_text],
+            |r| r.get(0),
+        )?;
+        if !shadowed {
+            let server_known: bool = tx.query_row(
+                r#"SELECT count(*) > 0 FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
+                params![table_id, pk_text],
+                |r| r.get(0),
+            )?;
+            let row = if server_known {
+                visible_row(&tx, table, pk)?
+            } else {
+                None
+            };
+            set_shadow(&tx, table_id, &pk_text, row.as_deref())?;
+        }
         match (operation, exists) {
             (Operation::Insert, true) => return Err(invalid(&key_field.field_id)),
             (Operation::Update | Operation::Delete, false) => {
@@ -310,29 +337,408 @@ impl Storage {
 
     /// Every queued mutation in local order (all states), for inspection.
     pub fn mutations(&self) -> Result<Vec<Mutation>, StorageError> {
-        let mut q = self.connection().prepare(
-            r#"SELECT "mutation_id", "batch_id", "local_order", "table_id", "pk", "operation", "base_version",
-                      "client_version", "columns", "authored_version", "authored_hash", "state"
-                 FROM "_synchro_mutations" ORDER BY "local_order""#,
+        self_mutations(self.connection(), None)
+    }
+}
+
+/// The visible row as `{field_id: wire}` JSON text, if it exists.
+pub(crate) fn visible_row(
+    conn: &rusqlite::Connection,
+    table: &Table,
+    pk: &TypedValue,
+) -> Result<Option<String>, StorageError> {
+    let columns: Vec<String> = table.fields.iter().map(|f| quote_ident(&f.name)).collect();
+    let mut q = conn.prepare_cached(&format!(
+        "SELECT {} FROM {} WHERE {} = ?",
+        columns.join(", "),
+        quote_ident(&table.name),
+        quote_ident(&table.primary_key().name)
+    ))?;
+    let mut rows = q.query([to_sql(pk)])?;
+    let Some(r) = rows.next()? else {
+        return Ok(None);
+    };
+    let mut members = Vec::with_capacity(table.fields.len());
+    for (i, f) in table.fields.iter().enumerate() {
+        let v = crate::storage::from_sql(&f.spec, r.get_ref(i)?).ok_or_else(|| {
+            StorageError::Corrupt {
+                table_id: table.table_id.clone(),
+                field_id: f.field_id.clone(),
+            }
+        })?;
+        members.push((f.field_id.clone(), v.to_wire()));
+    }
+    Ok(Some(to_output_string(&Json::Object(members))))
+}
+
+/// Records the server's latest state of a row that has unresolved intent (`None`: the
+/// server has no such row).
+pub(crate) fn set_shadow(
+    conn: &rusqlite::Connection,
+    table_id: &str,
+    pk: &str,
+    row: Option<&str>,
+) -> rusqlite::Result<()> {
+    run(
+        conn,
+        r#"INSERT OR REPLACE INTO "_synchro_shadow" VALUES (?, ?, ?)"#,
+        params![table_id, pk, row],
+    )?;
+    Ok(())
+}
+
+/// Writes `row` (`{field_id: wire}` JSON text) as the visible row, or deletes it.
+fn restore_visible(
+    conn: &rusqlite::Connection,
+    table: &Table,
+    pk: &TypedValue,
+    row: Option<&str>,
+) -> Result<(), StorageError> {
+    match row {
+        None => {
+            run(
+                conn,
+                &format!(
+                    "DELETE FROM {} WHERE {} = ?",
+                    quote_ident(&table.name),
+                    quote_ident(&table.primary_key().name)
+                ),
+                [to_sql(pk)],
+            )?;
+        }
+        Some(text) => {
+            let row = Json::parse(text).map_err(|_| StorageError::Verification("a shadow row"))?;
+            let mut values = Vec::with_capacity(table.fields.len());
+            for f in &table.fields {
+                let v = TypedValue::from_wire(&f.spec, row.get(&f.field_id).unwrap_or(&Json::Null))
+                    .map_err(|_| StorageError::Verification("a shadow row"))?;
+                values.push(to_sql(&v));
+            }
+            crate::storage::write_row(conn, table, values)?;
+        }
+    }
+    Ok(())
+}
+
+impl Storage {
+    /// Seals the open batch (at most [`MAX_BATCH`] mutations; later ones move to a new
+    /// open batch `rest_batch_id`) under the request schema `schema`. From now on its
+    /// request content never changes. Returns whether a batch was sealed.
+    pub(crate) fn seal(
+        &mut self,
+        schema: (u64, String),
+        rest_batch_id: &str,
+    ) -> Result<bool, StorageError> {
+        let tx = self.conn_mut().transaction()?;
+        let open: Option<(String, i64)> = tx
+            .query_row(
+                r#"SELECT "batch_id", "seq" FROM "_synchro_batches" WHERE "sealed" = 0"#,
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((batch_id, _)) = open else {
+            return Ok(false);
+        };
+        let mutations: Vec<Mutation> = self_mutations(&tx, Some(&batch_id))?;
+        if mutations.is_empty() {
+            return Ok(false);
+        }
+        if mutations.len() as i64 > MAX_BATCH {
+            run(
+                &tx,
+                r#"INSERT INTO "_synchro_batches" ("batch_id", "seq") VALUES (?, (SELECT max("seq") + 1 FROM "_synchro_batches"))"#,
+                [rest_batch_id],
+            )?;
+            for m in &mutations[MAX_BATCH as usize..] {
+                run(
+                    &tx,
+                    r#"UPDATE "_synchro_mutations" SET "batch_id" = ? WHERE "mutation_id" = ?"#,
+                    params![rest_batch_id, m.mutation_id],
+                )?;
+            }
+        }
+        let items: Vec<Json> = mutations
+            .iter()
+            .take(MAX_BATCH as usize)
+            .map(|m| m.to_wire())
+            .collect::<Result<_, _>>()?;
+        let request = Json::Object(vec![
+            (
+                "schema".into(),
+                Json::Object(vec![
+                    ("version".into(), Json::Number(schema.0.to_string())),
+                    ("hash".into(), Json::String(schema.1)),
+                ]),
+            ),
+            ("mutations".into(), Json::Array(items)),
+        ]);
+        run(
+            &tx,
+            r#"UPDATE "_synchro_batches" SET "sealed" = 1, "request" = ? WHERE "batch_id" = ?"#,
+            params![to_output_string(&request), batch_id],
         )?;
-        let out = q
-            .query_map([], |r| {
-                Ok(Mutation {
-                    mutation_id: r.get(0)?,
-                    batch_id: r.get(1)?,
-                    local_order: r.get(2)?,
-                    table_id: r.get(3)?,
-                    pk: r.get(4)?,
-                    operation: r.get(5)?,
-                    base_version: r.get(6)?,
-                    client_version: r.get(7)?,
-                    columns: r.get(8)?,
-                    authored: (r.get::<_, i64>(9)? as u64, r.get(10)?),
-                    state: r.get(11)?,
-                })
-            })?
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// Sealed batches still waiting for their outcomes, oldest first: (batch_id, request).
+    pub(crate) fn sealed_batches(&self) -> Result<Vec<(String, Json)>, StorageError> {
+        let mut q = self.connection().prepare(
+            r#"SELECT "batch_id", "request" FROM "_synchro_batches" WHERE "sealed" = 1 AND "completed" = 0 ORDER BY "seq""#,
+        )?;
+        let rows: Vec<(String, String)> = q
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
-        Ok(out)
+        rows.into_iter()
+            .map(|(b, r)| {
+                Json::parse(&r)
+                    .map(|j| (b, j))
+                    .map_err(|_| StorageError::Schema("a sealed batch does not parse".into()))
+            })
+            .collect()
+    }
+
+    /// After a request-level schema_mismatch: the sealed batch stays as it was (its request
+    /// is kept), and its unresolved mutations move, unchanged and with their IDs, into the
+    /// open batch (created as `successor` when there is none), to be sealed again under the
+    /// then-current schema.
+    pub(crate) fn supersede(
+        &mut self,
+        batch_id: &str,
+        successor: &str,
+    ) -> Result<(), StorageError> {
+        let tx = self.conn_mut().transaction()?;
+        let open: Option<String> = tx
+            .query_row(
+                r#"SELECT "batch_id" FROM "_synchro_batches" WHERE "sealed" = 0"#,
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let target = match open {
+            Some(b) => b,
+            None => {
+                run(
+                    &tx,
+                    r#"INSERT INTO "_synchro_batches" ("batch_id", "seq") VALUES (?, (SELECT max("seq") + 1 FROM "_synchro_batches"))"#,
+                    [successor],
+                )?;
+                successor.to_owned()
+            }
+        };
+        run(
+            &tx,
+            r#"UPDATE "_synchro_mutations" SET "batch_id" = ? WHERE "batch_id" = ? AND "state" = 'pending'"#,
+            params![target, batch_id],
+        )?;
+        run(
+            &tx,
+            r#"UPDATE "_synchro_batches" SET "completed" = 1 WHERE "batch_id" = ?"#,
+            [batch_id],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Stores a push response's outcomes durably, in one transaction: every outcome as
+    /// received, each mutation's state, the base_version of unsealed successors of an
+    /// applied row refreshed, and every row whose intent is now resolved returned to the
+    /// server's state when its last outcome was not applied. Row-bearing outcomes are
+    /// verified first; a response that does not match its batch changes nothing.
+    pub(crate) fn record_outcomes(
+        &mut self,
+        manifest: &Manifest,
+        batch_id: &str,
+        response: &Json,
+    ) -> Result<usize, StorageError> {
+        let integrity = StorageError::Verification;
+        let Some(Json::Array(outcomes)) = response.get("outcomes") else {
+            return Err(integrity("a push response lacks outcomes"));
+        };
+        let tx = self.conn_mut().transaction()?;
+        let batch = self_mutations(&tx, Some(batch_id))?;
+        if outcomes.len() != batch.len() {
+            return Err(integrity("the outcomes do not match the batch"));
+        }
+        let mut touched: Vec<(String, String, String, Option<String>)> = Vec::new();
+        for (m, o) in batch.iter().zip(outcomes) {
+            if o.get("mutation_id").and_then(Json::as_str) != Some(m.mutation_id.as_str()) {
+                return Err(integrity("the outcomes do not match the batch"));
+            }
+            let status = o.get("status").and_then(Json::as_str).unwrap_or("");
+            let state = match status {
+                "applied" | "conflict" | "rejected_terminal" => status,
+                _ => return Err(integrity("an unknown outcome status")),
+            };
+            // A row-bearing outcome must carry the digest of its row.
+            let mut server_row = None;
+            if let (Some(row), Some(version)) =
+                (o.get("row"), o.get("server_version").and_then(Json::as_str))
+            {
+                let expected = o
+                    .get("row_checksum")
+                    .and_then(|c| c.get("digest"))
+                    .and_then(Json::as_str)
+                    .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
+                    .ok_or_else(|| integrity("a row-bearing outcome lacks its checksum"))?;
+                let pk = Json::parse(&m.pk).map_err(|_| integrity("a queued key"))?;
+                let d =
+                    synchro_protocol::digest::row_digest(manifest, &m.table_id, &pk, row, version)
+                        .map_err(|_| integrity("an outcome row does not match its table"))?;
+                if d.digest != expected {
+                    return Err(integrity("an outcome row does not match its checksum"));
+                }
+                server_row = Some(to_output_string(row));
+            }
+            run(
+                &tx,
+                r#"INSERT OR REPLACE INTO "_synchro_outcomes" VALUES (?, ?, ?, ?)"#,
+                params![
+                    m.mutation_id,
+                    status,
+                    o.get("code").and_then(Json::as_str),
+                    to_output_string(o)
+                ],
+            )?;
+            run(
+                &tx,
+                r#"UPDATE "_synchro_mutations" SET "state" = ? WHERE "mutation_id" = ?"#,
+                params![state, m.mutation_id],
+            )?;
+            if status == "applied" {
+                if let Some(version) = o.get("server_version").and_then(Json::as_str) {
+                    // Only the server-owned base of unsealed successors may change.
+                    run(
+                        &tx,
+                        r#"UPDATE "_synchro_mutations" SET "base_version" = ?
+                            WHERE "table_id" = ? AND "pk" = ? AND "state" = 'pending'
+                              AND "batch_id" IN (SELECT "batch_id" FROM "_synchro_batches" WHERE "sealed" = 0)"#,
+                        params![version, m.table_id, m.pk],
+                    )?;
+                }
+            }
+            if status == "conflict" {
+                // The conflict names the server's current row (or none): that is the state
+                // to return to.
+                set_shadow(&tx, &m.table_id, &m.pk, server_row.as_deref())?;
+            }
+            touched.push((
+                m.table_id.clone(),
+                m.pk.clone(),
+                status.to_owned(),
+                server_row,
+            ));
+        }
+        run(
+            &tx,
+            r#"UPDATE "_synchro_batches" SET "completed" = 1 WHERE "batch_id" = ?"#,
+            [batch_id],
+        )?;
+        // Rows whose intent is now resolved.
+        let pending = pending_keys(&tx)?;
+        for (table_id, pk, status, _) in touched.iter().rev() {
+            if pending.contains(&(table_id.clone(), pk.clone())) {
+                continue;
+            }
+            let shadow: Option<Option<String>> = tx
+                .query_row(
+                    r#"SELECT "row" FROM "_synchro_shadow" WHERE "table_id" = ? AND "pk" = ?"#,
+                    params![table_id, pk],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(shadow) = shadow else { continue };
+            if status != "applied" {
+                let table = manifest
+                    .table(table_id)
+                    .ok_or_else(|| StorageError::UnknownTable(table_id.clone()))?;
+                let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+                    .map_err(|_| integrity("a queued key"))?;
+                restore_visible(&tx, table, &key, shadow.as_deref())?;
+            }
+            run(
+                &tx,
+                r#"DELETE FROM "_synchro_shadow" WHERE "table_id" = ? AND "pk" = ?"#,
+                params![table_id, pk],
+            )?;
+        }
+        tx.commit()?;
+        Ok(outcomes.len())
+    }
+
+    /// The stored outcome of a mutation, as received.
+    pub fn outcome(&self, mutation_id: &str) -> Result<Option<String>, StorageError> {
+        Ok(self
+            .connection()
+            .query_row(
+                r#"SELECT "outcome" FROM "_synchro_outcomes" WHERE "mutation_id" = ?"#,
+                [mutation_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+}
+
+fn self_mutations(
+    conn: &rusqlite::Connection,
+    batch_id: Option<&str>,
+) -> Result<Vec<Mutation>, StorageError> {
+    let mut q = conn.prepare(
+        r#"SELECT "mutation_id", "batch_id", "local_order", "table_id", "pk", "operation", "base_version",
+                  "client_version", "columns", "authored_version", "authored_hash", "state"
+             FROM "_synchro_mutations" WHERE ?1 IS NULL OR "batch_id" = ?1 ORDER BY "local_order""#,
+    )?;
+    let out = q
+        .query_map([batch_id], |r| {
+            Ok(Mutation {
+                mutation_id: r.get(0)?,
+                batch_id: r.get(1)?,
+                local_order: r.get(2)?,
+                table_id: r.get(3)?,
+                pk: r.get(4)?,
+                operation: r.get(5)?,
+                base_version: r.get(6)?,
+                client_version: r.get(7)?,
+                columns: r.get(8)?,
+                authored: (r.get::<_, i64>(9)? as u64, r.get(10)?),
+                state: r.get(11)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(out)
+}
+
+impl Mutation {
+    /// The mutation as sent in a push request.
+    fn to_wire(&self) -> Result<Json, StorageError> {
+        let bad = |_| StorageError::Schema("a queued mutation does not parse".into());
+        Ok(Json::Object(vec![
+            ("mutation_id".into(), Json::String(self.mutation_id.clone())),
+            ("table_id".into(), Json::String(self.table_id.clone())),
+            ("pk".into(), Json::parse(&self.pk).map_err(bad)?),
+            ("operation".into(), Json::String(self.operation.clone())),
+            (
+                "base_version".into(),
+                self.base_version.clone().map_or(Json::Null, Json::String),
+            ),
+            (
+                "client_version".into(),
+                Json::Number(self.client_version.to_string()),
+            ),
+            ("columns".into(), Json::parse(&self.columns).map_err(bad)?),
+            (
+                "authored_schema".into(),
+                Json::Object(vec![
+                    ("version".into(), Json::Number(self.authored.0.to_string())),
+                    ("hash".into(), Json::String(self.authored.1.clone())),
+                ]),
+            ),
+            (
+                "local_order".into(),
+                Json::Number(self.local_order.to_string()),
+            ),
+        ]))
     }
 }
 

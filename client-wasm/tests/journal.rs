@@ -247,11 +247,22 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
             (3, 5),
             "local-only and synced rows kept: {failpoint:?}"
         );
-        assert_eq!(
-            target::open(&path).mutations().unwrap(),
-            queue,
-            "every queued mutation intact: {failpoint:?}"
-        );
+        // Every queued mutation intact (pushed already when the interruption came after
+        // step 7, push first).
+        let kept: Vec<_> = target::open(&path)
+            .mutations()
+            .unwrap()
+            .into_iter()
+            .map(|m| {
+                let pushed = m.state == "applied";
+                assert!(pushed || m.state == "pending", "{failpoint:?}");
+                synchro_client::queue::Mutation {
+                    state: "pending".into(),
+                    ..m
+                }
+            })
+            .collect();
+        assert_eq!(kept, queue, "every queued mutation intact: {failpoint:?}");
 
         // Restart: recovery reads the journal before any request, then the next round
         // finishes the migration.
@@ -276,16 +287,30 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
             [("a".to_owned(), false), ("b".to_owned(), false)]
         );
         assert_eq!((d.drafts, d.docs), (3, 5));
-        assert_eq!(c.storage().mutations().unwrap(), queue, "{failpoint:?}");
-        let title: String = c
-            .storage()
-            .connection()
-            .query_row("SELECT title FROM docs WHERE id = 1", [], |r| r.get(0))
-            .unwrap();
+        // The same intent, now pushed (push first: before the rebuild).
+        let after = c.storage().mutations().unwrap();
+        let same = |m: &synchro_client::queue::Mutation| {
+            (m.mutation_id.clone(), m.columns.clone(), m.authored.clone())
+        };
         assert_eq!(
-            title, "queued",
-            "the rebuild kept the intent: {failpoint:?}"
+            after.iter().map(same).collect::<Vec<_>>(),
+            queue.iter().map(same).collect::<Vec<_>>(),
+            "{failpoint:?}"
         );
+        assert!(after.iter().all(|m| m.state == "applied"), "{failpoint:?}");
+        let st = server.0.borrow();
+        let requests = &st.requests[before..];
+        // (When the interruption came after step 7, the push was already done.)
+        if let (Some(rebuild), Some(push)) = (
+            requests.iter().position(|p| p == "/sync/rebuild"),
+            requests.iter().position(|p| p == "/sync/push"),
+        ) {
+            assert!(
+                push < rebuild,
+                "push before rebuild: {failpoint:?} {requests:?}"
+            );
+        }
+        drop(st);
         let notes: i64 = c
             .storage()
             .connection()

@@ -22,6 +22,7 @@ use common::{field, manifest, table};
 use fake::{Fake, Row};
 use synchro_client::engine::Client;
 use synchro_client::queue::{LocalWrite, Operation};
+use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::types::PortableType;
 use synchro_protocol::value::{Scalar, TypedValue};
@@ -257,14 +258,32 @@ async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
         columns: &[],
     })
     .unwrap();
-    // Someone else changes both rows on the server.
+    // Someone else changes both rows on the server; a pull page and a whole rebuild of the
+    // scope arrive while the intent is unresolved (pages built by the fake server, applied
+    // to the storage directly: the engine always pushes first).
     server.0.borrow_mut().rows = vec![doc(1, "theirs", "11"), doc(2, "back", "21")];
-    let r = c.sync_once().await.unwrap();
-    assert!(r.verified.contains("a"), "the server layer still verifies");
-    assert_eq!(title(&c, 1), Some(Some("mine".into())), "intent kept");
-    assert_eq!(title(&c, 2), None, "the local delete kept");
-    let version: String = c
-        .storage()
+    let manifest = c.manifest().unwrap().clone();
+    let mut storage = c.into_storage();
+    let page = server.0.borrow().pull();
+    let applied = storage
+        .apply_pull(&manifest, &page, &BTreeSet::from(["a".to_owned()]))
+        .unwrap();
+    assert!(
+        applied.verified.contains("a"),
+        "the server layer still verifies"
+    );
+    let title_in = |s: &synchro_client::storage::Storage, id: i64| -> Option<Option<String>> {
+        s.connection()
+            .query_row("SELECT title FROM docs WHERE id = ?", [id], |r| r.get(0))
+            .ok()
+    };
+    assert_eq!(
+        title_in(&storage, 1),
+        Some(Some("mine".into())),
+        "intent kept"
+    );
+    assert_eq!(title_in(&storage, 2), None, "the local delete kept");
+    let version: String = storage
         .connection()
         .query_row(
             r#"SELECT "server_version" FROM "_synchro_rows" WHERE "pk" = '"1"'"#,
@@ -273,17 +292,17 @@ async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
         )
         .unwrap();
     assert_eq!(version, "11", "the server layer moved on");
-    // A rebuild of the scope keeps the intent too.
-    c.storage()
-        .connection()
-        .execute(
-            r#"UPDATE "_synchro_scopes" SET "rebuild" = 1, "cursor" = NULL"#,
-            [],
-        )
-        .unwrap();
-    let r = c.sync_once().await.unwrap();
-    assert_eq!(r.rebuilt, BTreeSet::from(["a".to_owned()]));
-    assert_eq!(title(&c, 1), Some(Some("mine".into())));
-    assert_eq!(title(&c, 2), None);
-    assert_eq!(c.storage().mutations().unwrap().len(), 2);
+    let req = Json::parse(r#"{"scope_id":"a"}"#).unwrap();
+    let rebuild = server.0.borrow().rebuild(&req);
+    assert!(storage
+        .apply_rebuild(&manifest, "a", &rebuild, true)
+        .unwrap());
+    assert_eq!(title_in(&storage, 1), Some(Some("mine".into())));
+    assert_eq!(title_in(&storage, 2), None);
+    assert_eq!(storage.mutations().unwrap().len(), 2);
+    assert!(storage
+        .mutations()
+        .unwrap()
+        .iter()
+        .all(|m| m.state == "pending"));
 }

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use common::{free_port, start_server, wait_ready, Env, Server};
-use synchro_client::engine::{Client, Progress, Response, Transport, TransportError};
+use synchro_client::engine::{Client, Failpoint, Progress, Response, Transport, TransportError};
 use synchro_client::http::HttpTransport;
 use synchro_client::queue::{LocalWrite, Operation};
 use synchro_client::storage::Storage;
@@ -35,6 +35,10 @@ struct Tamper {
     terminal: Option<String>,
     /// Scopes of every rebuild request.
     rebuilds: Vec<String>,
+    /// Let the next push reach the server, then lose its response.
+    lose_push_response: bool,
+    /// Every request path, in order.
+    paths: Vec<String>,
 }
 
 /// The real HTTP transport with a hand on the responses (the server is not mocked).
@@ -59,7 +63,12 @@ impl Transport for Proxy {
                 self.tamper.borrow_mut().rebuilds.push(scope.to_owned());
             }
         }
+        self.tamper.borrow_mut().paths.push(path.to_owned());
         let mut r = self.inner.post(path, body).await?;
+        if path == "/sync/push" && std::mem::take(&mut self.tamper.borrow_mut().lose_push_response)
+        {
+            return Err(TransportError("the response was lost".into()));
+        }
         if path != "/sync/pull" || r.status != 200 {
             return Ok(r);
         }
@@ -162,7 +171,12 @@ impl Stack {
 
     /// Opens alice's client over the database file (creating it with the local ladder).
     fn client(&self) -> Client<Proxy> {
-        let mut storage = Storage::open(self.dir.join("alice.db")).unwrap();
+        self.client_named("alice.db")
+    }
+
+    /// Alice's client over its own database file (its own client ID).
+    fn client_named(&self, file: &str) -> Client<Proxy> {
+        let mut storage = Storage::open(self.dir.join(file)).unwrap();
         storage
             .migrate_local(&[
                 "CREATE TABLE drafts (id INTEGER PRIMARY KEY, body TEXT NOT NULL)",
@@ -174,7 +188,19 @@ impl Stack {
             inner: HttpTransport::new(self.base.clone(), move || token.clone()),
             tamper: self.tamper.clone(),
         };
-        Client::open(storage, transport, || *b"0123456789abcdef").unwrap()
+        // Deterministic randomness per file: the client ID, then mutation and batch IDs.
+        let seed = file
+            .bytes()
+            .fold(0u8, |a, b| a.wrapping_mul(31).wrapping_add(b));
+        let mut n = 0u8;
+        Client::open(storage, transport, move || {
+            n = n.wrapping_add(1);
+            let mut r = [seed; 16];
+            r[15] = n;
+            r[14] = n.wrapping_mul(7);
+            r
+        })
+        .unwrap()
     }
 
     async fn source_rows(&self) -> Vec<(i64, String, String, Option<String>)> {
@@ -526,5 +552,191 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     assert_eq!(local_rows(&c), before);
     assert_eq!(drafts(&c), [(7, "keep me".to_owned(), 1)]);
     assert_eq!(c.storage().mutations().unwrap(), queue, "the queue is kept");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+async fn source_title_and_version(s: &Stack, id: i64) -> (Option<String>, i64) {
+    let r = s
+        .env
+        .admin
+        .query_one(
+            "SELECT d.title, coalesce(v.version, 0) FROM app.docs d
+               LEFT JOIN synchro.source_versions v ON v.pk = d.id::text WHERE d.id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+fn title_of<T: Transport>(c: &Client<T>, id: i64) -> Option<String> {
+    c.storage()
+        .connection()
+        .query_row("SELECT title FROM docs WHERE id = ?", [id], |r| r.get(0))
+        .unwrap()
+}
+
+fn set_title(c: &mut Client<Proxy>, id: i64, title: &str) -> String {
+    let docs = c
+        .manifest()
+        .unwrap()
+        .tables
+        .iter()
+        .find(|t| t.name == "docs")
+        .unwrap()
+        .clone();
+    let title_id = docs
+        .fields
+        .iter()
+        .find(|f| f.name == "title")
+        .unwrap()
+        .field_id
+        .clone();
+    let pk = TypedValue::from_scalar(Scalar::Int64(id)).unwrap();
+    c.write(&LocalWrite {
+        table_id: &docs.table_id,
+        operation: Operation::Update,
+        pk: &pk,
+        columns: &[(
+            title_id,
+            TypedValue::from_scalar(Scalar::String(title.into())).unwrap(),
+        )],
+    })
+    .unwrap()
+}
+
+fn state_of<T: Transport>(c: &Client<T>, mutation_id: &str) -> String {
+    c.storage()
+        .mutations()
+        .unwrap()
+        .into_iter()
+        .find(|m| m.mutation_id == mutation_id)
+        .unwrap()
+        .state
+}
+
+#[tokio::test]
+async fn offline_writes_conflicts_lost_responses_and_crashes() {
+    let s = Stack::start().await;
+    let mut phone = s.client_named("phone.db");
+    let mut laptop = s.client_named("laptop.db");
+    assert_ne!(phone.client_id(), laptop.client_id());
+    phone.sync_once().await.unwrap();
+    laptop.sync_once().await.unwrap();
+
+    // Both edit doc 2 offline; the phone pushes first.
+    let from_phone = set_title(&mut phone, 2, "from phone");
+    let from_laptop = set_title(&mut laptop, 2, "from laptop");
+    assert_eq!(title_of(&laptop, 2).as_deref(), Some("from laptop"));
+    phone.sync_once().await.unwrap();
+    assert_eq!(state_of(&phone, &from_phone), "applied");
+    assert_eq!(
+        source_title_and_version(&s, 2).await.0.as_deref(),
+        Some("from phone")
+    );
+    // The laptop's push meets a newer version: a conflict, not a lost update. Its intent
+    // stays inspectable and its visible row returns to the server's.
+    laptop.sync_once().await.unwrap();
+    assert_eq!(state_of(&laptop, &from_laptop), "conflict");
+    let outcome = laptop.storage().outcome(&from_laptop).unwrap().unwrap();
+    assert!(outcome.contains("version_conflict"), "{outcome}");
+    assert_eq!(
+        source_title_and_version(&s, 2).await.0.as_deref(),
+        Some("from phone")
+    );
+    assert_eq!(title_of(&laptop, 2).as_deref(), Some("from phone"));
+    converge(&s, &mut laptop).await;
+    converge(&s, &mut phone).await;
+
+    // A lost response: the write happened once; the resent sealed batch gets the stored
+    // outcome, with no second write.
+    let lost = set_title(&mut laptop, 4, "lost response");
+    s.tamper.borrow_mut().lose_push_response = true;
+    let e = laptop.sync_once().await.unwrap_err();
+    assert_eq!(e.code(), "network_error");
+    assert_eq!(state_of(&laptop, &lost), "pending");
+    let (title, version) = source_title_and_version(&s, 4).await;
+    assert_eq!(title.as_deref(), Some("lost response"));
+    laptop.sync_once().await.unwrap();
+    assert_eq!(state_of(&laptop, &lost), "applied");
+    assert_eq!(
+        source_title_and_version(&s, 4).await.1,
+        version,
+        "no second write"
+    );
+
+    // A crash between the push and storing its outcomes: the restarted client resends the
+    // same sealed batch and stores the replayed outcomes.
+    let crashed = set_title(&mut phone, 8, "before the crash");
+    phone.set_failpoint(Failpoint::BeforeOutcomes);
+    assert_eq!(phone.sync_once().await.unwrap_err().code(), "injected");
+    drop(phone);
+    let (_, version) = source_title_and_version(&s, 8).await;
+    let mut phone = s.client_named("phone.db");
+    assert_eq!(state_of(&phone, &crashed), "pending");
+    phone.sync_once().await.unwrap();
+    assert_eq!(state_of(&phone, &crashed), "applied");
+    assert_eq!(
+        source_title_and_version(&s, 8).await.1,
+        version,
+        "no second write"
+    );
+    converge(&s, &mut phone).await;
+
+    // Push comes before a rebuild, so the rebuild cannot overwrite the intent.
+    let first = set_title(&mut phone, 10, "pushed first");
+    phone
+        .storage()
+        .connection()
+        .execute(
+            r#"UPDATE "_synchro_scopes" SET "rebuild" = 1, "cursor" = NULL"#,
+            [],
+        )
+        .unwrap();
+    s.tamper.borrow_mut().paths.clear();
+    let report = phone.sync_once().await.unwrap();
+    assert!(!report.rebuilt.is_empty());
+    let paths = s.tamper.borrow().paths.clone();
+    let push = paths.iter().position(|p| p == "/sync/push").unwrap();
+    let rebuild = paths.iter().position(|p| p == "/sync/rebuild").unwrap();
+    assert!(push < rebuild, "{paths:?}");
+    assert_eq!(state_of(&phone, &first), "applied");
+    assert_eq!(title_of(&phone, 10).as_deref(), Some("pushed first"));
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[tokio::test]
+async fn offline_intent_authored_before_a_class_2_change_is_applied() {
+    let s = Stack::start().await;
+    let mut c = s.client();
+    c.sync_once().await.unwrap();
+    let authored_v1 = set_title(&mut c, 6, "written offline under v1");
+    s.env
+        .as_app_owner("CREATE TABLE app.tags (id text PRIMARY KEY, label text)")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "tags", "multi_scope"))
+        .await
+        .unwrap();
+    publish(&mut op).await.unwrap();
+    let report = c.sync_once().await.unwrap();
+    assert_eq!(report.action, "replace");
+    assert_eq!(c.manifest().unwrap().schema_version, 2);
+    let m = c
+        .storage()
+        .mutations()
+        .unwrap()
+        .into_iter()
+        .find(|m| m.mutation_id == authored_v1)
+        .unwrap();
+    assert_eq!(
+        (m.authored.0, m.state.as_str()),
+        (1, "applied"),
+        "authored schema kept"
+    );
+    assert_eq!(
+        source_title_and_version(&s, 6).await.0.as_deref(),
+        Some("written offline under v1")
+    );
     let _ = std::fs::remove_dir_all(&s.dir);
 }

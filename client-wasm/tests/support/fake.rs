@@ -205,7 +205,7 @@ impl State {
         obj(body)
     }
 
-    fn pull(&self) -> Json {
+    pub fn pull(&self) -> Json {
         let mut cursors = Vec::new();
         let mut sums = Vec::new();
         for scope in &self.scopes {
@@ -235,7 +235,7 @@ impl State {
     }
 
     /// Rebuild pages of two records each; the continuation is the next offset.
-    fn rebuild(&self, req: &Json) -> Json {
+    pub fn rebuild(&self, req: &Json) -> Json {
         let scope = req.get("scope_id").and_then(Json::as_str).unwrap();
         let offset: usize = req
             .get("continuation")
@@ -291,6 +291,29 @@ impl Transport for Fake {
                 })
             }
             "/sync/pull" => st.pull(),
+            // Every pushed mutation applies (rowless outcomes); the rows themselves are the
+            // test's business.
+            "/sync/push" => {
+                let outcomes = match req.get("mutations") {
+                    Some(Json::Array(ms)) => ms
+                        .iter()
+                        .enumerate()
+                        .map(|(i, m)| {
+                            obj(vec![
+                                ("mutation_id", m.get("mutation_id").cloned().unwrap()),
+                                ("status", s("applied")),
+                                ("server_version", s(&format!("p{i}"))),
+                            ])
+                        })
+                        .collect(),
+                    _ => vec![],
+                };
+                obj(vec![
+                    ("protocol_version", n(3)),
+                    ("batch_id", req.get("batch_id").cloned().unwrap()),
+                    ("outcomes", Json::Array(outcomes)),
+                ])
+            }
             "/sync/rebuild" => st.rebuild(&req),
             other => panic!("unexpected path {other}"),
         };
