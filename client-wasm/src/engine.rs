@@ -25,8 +25,8 @@ use crate::storage::{Storage, StorageError};
 
 /// Engine tables that exist before any schema is installed.
 const CLIENT_DDL: &[&str] = &[
-    r#"CREATE TABLE IF NOT EXISTS "_synchro_client" ("id" INTEGER NOT NULL PRIMARY KEY CHECK ("id" = 1), "client_id" TEXT NOT NULL, "client_generation" INTEGER, "scope_set_version" INTEGER, "upgrade_required" INTEGER NOT NULL DEFAULT 0 CHECK ("upgrade_required" IN (0, 1))) STRICT"#,
-    r#"CREATE TABLE IF NOT EXISTS "_synchro_journal" ("id" INTEGER NOT NULL PRIMARY KEY CHECK ("id" = 1), "journal_version" INTEGER NOT NULL, "source_version" INTEGER, "source_hash" TEXT, "source_body" TEXT, "target_version" INTEGER NOT NULL, "target_hash" TEXT NOT NULL, "target_body" TEXT NOT NULL, "action" TEXT NOT NULL CHECK ("action" IN ('replace', 'rebuild_local')), "affected_scopes" TEXT NOT NULL, "cursor_updates" TEXT NOT NULL, "migration_plan_version" INTEGER NOT NULL, "plan" TEXT NOT NULL, "plan_hash" TEXT NOT NULL, "phase" TEXT NOT NULL CHECK ("phase" IN ('pending', 'committed'))) STRICT"#,
+    r#"CREATE TABLE IF NOT EXISTS "_synchro_client" ("id" INTEGER NOT NULL PRIMARY KEY CHECK ("id" = 1), "client_id" TEXT NOT NULL, "client_generation" INTEGER, "scope_set_version" INTEGER, "upgrade_required" INTEGER NOT NULL DEFAULT 0 CHECK ("upgrade_required" IN (0, 1)), "reset_requested" INTEGER NOT NULL DEFAULT 0 CHECK ("reset_requested" IN (0, 1))) STRICT"#,
+    r#"CREATE TABLE IF NOT EXISTS "_synchro_journal" ("id" INTEGER NOT NULL PRIMARY KEY CHECK ("id" = 1), "journal_version" INTEGER NOT NULL, "source_version" INTEGER, "source_hash" TEXT, "source_body" TEXT, "target_version" INTEGER NOT NULL, "target_hash" TEXT NOT NULL, "target_body" TEXT NOT NULL, "action" TEXT NOT NULL CHECK ("action" IN ('replace', 'rebuild_local')), "affected_scopes" TEXT NOT NULL, "cursor_updates" TEXT NOT NULL, "migration_plan_version" INTEGER NOT NULL, "plan" TEXT NOT NULL, "plan_hash" TEXT NOT NULL, "phase" TEXT NOT NULL CHECK ("phase" IN ('pending', 'committed')), "reset" INTEGER NOT NULL DEFAULT 0 CHECK ("reset" IN (0, 1))) STRICT"#,
 ];
 
 /// The journal layout this engine writes and reads.
@@ -223,6 +223,7 @@ struct Journal {
     cursor_updates: BTreeMap<String, Option<String>>,
     plan_hash: String,
     phase: String,
+    reset: bool,
 }
 
 fn json_strings(items: impl IntoIterator<Item = String>) -> Json {
@@ -515,12 +516,13 @@ impl<T: Transport> Client<T> {
             i64,
             String,
             String,
+            bool,
         );
         let row: Option<Row> = self
             .conn()
             .query_row(
                 r#"SELECT "journal_version", "source_body", "target_body", "action", "affected_scopes",
-                          "cursor_updates", "migration_plan_version", "plan_hash", "phase"
+                          "cursor_updates", "migration_plan_version", "plan_hash", "phase", "reset"
                      FROM "_synchro_journal" WHERE "id" = 1"#,
                 [],
                 |r| {
@@ -534,12 +536,23 @@ impl<T: Transport> Client<T> {
                         r.get(6)?,
                         r.get(7)?,
                         r.get(8)?,
+                        r.get(9)?,
                     ))
                 },
             )
             .optional()?;
-        let Some((version, source, target, action, affected, cursors, plan_version, hash, phase)) =
-            row
+        let Some((
+            version,
+            source,
+            target,
+            action,
+            affected,
+            cursors,
+            plan_version,
+            hash,
+            phase,
+            reset,
+        )) = row
         else {
             return Ok(None);
         };
@@ -567,6 +580,7 @@ impl<T: Transport> Client<T> {
                 .map_err(|_| ClientError::Blocked("the migration journal does not verify"))?,
             plan_hash: hash,
             phase,
+            reset,
         }))
     }
 
@@ -602,6 +616,7 @@ impl<T: Transport> Client<T> {
         action: &str,
         mut affected: BTreeSet<String>,
         cursor_updates: BTreeMap<String, Option<String>>,
+        reset: bool,
     ) -> Result<(), ClientError> {
         let source = self.manifest.clone();
         // A committed journal still waiting for rebuild carries its unfinished scopes over.
@@ -619,7 +634,7 @@ impl<T: Transport> Client<T> {
                     .filter(|s| pending.get(s).is_some_and(|(_, rebuild)| *rebuild)),
             );
         }
-        let plan = MigrationPlan::derive(source.as_ref(), &target, false)
+        let plan = MigrationPlan::derive(source.as_ref(), &target, reset)
             .map_err(StorageError::Protocol)?;
         let action = if affected.is_empty() {
             "replace"
@@ -632,7 +647,7 @@ impl<T: Transport> Client<T> {
         let tx = self.storage.conn_mut().transaction()?;
         tx.execute(r#"DELETE FROM "_synchro_journal""#, [])?;
         tx.execute(
-            r#"INSERT INTO "_synchro_journal" VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending')"#,
+            r#"INSERT INTO "_synchro_journal" VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)"#,
             params![
                 JOURNAL_VERSION,
                 source.as_ref().map(|m| m.schema_version as i64),
@@ -647,6 +662,7 @@ impl<T: Transport> Client<T> {
                 MIGRATION_PLAN_VERSION as i64,
                 plan.to_json_string(),
                 hex(&plan.plan_hash()),
+                reset,
             ],
         )?;
         tx.commit()?;
@@ -660,8 +676,9 @@ impl<T: Transport> Client<T> {
         let journal = self
             .read_journal()?
             .ok_or(ClientError::Blocked("the migration journal vanished"))?;
-        let plan = MigrationPlan::derive(journal.source.as_ref(), &journal.target, false)
-            .map_err(|_| ClientError::Blocked("the journaled plan cannot be derived again"))?;
+        let plan =
+            MigrationPlan::derive(journal.source.as_ref(), &journal.target, journal.reset)
+                .map_err(|_| ClientError::Blocked("the journaled plan cannot be derived again"))?;
         if hex(&plan.plan_hash()) != journal.plan_hash {
             return Err(ClientError::Blocked(
                 "the journaled plan does not match its manifests",
@@ -719,6 +736,13 @@ impl<T: Transport> Client<T> {
             r#"UPDATE "_synchro_journal" SET "phase" = 'committed' WHERE "id" = 1"#,
             [],
         )?;
+        if journal.reset {
+            // The reset reached the current schema: the client may sync again.
+            tx.execute(
+                r#"UPDATE "_synchro_client" SET "upgrade_required" = 0, "reset_requested" = 0 WHERE "id" = 1"#,
+                [],
+            )?;
+        }
         fail(Failpoint::BeforeDdlCommit)?;
         tx.commit()?;
         self.manifest = Some(journal.target.clone());
@@ -830,6 +854,10 @@ impl<T: Transport> Client<T> {
             .filter_map(|(s, (c, _))| c.map(|c| (s, Json::String(c))))
             .collect();
         body.push(("scope_cursors".into(), Json::Object(cursors)));
+        let reset = self.reset_requested()?;
+        if reset {
+            body.push(("schema_reset".into(), Json::Bool(true)));
+        }
         let r = self.post("/sync/connect", Json::Object(body)).await?;
         if r.status == 426 {
             self.set_upgrade_required()?;
@@ -912,7 +940,7 @@ impl<T: Transport> Client<T> {
                 for s in &added {
                     cursor_updates.entry(s.clone()).or_insert(None);
                 }
-                self.migrate(target, &action, affected.clone(), cursor_updates)?;
+                self.migrate(target, &action, affected.clone(), cursor_updates, reset)?;
             }
             "unsupported" => {
                 self.set_upgrade_required()?;
@@ -923,6 +951,36 @@ impl<T: Transport> Client<T> {
             _ => return Err(ClientError::Malformed("an unknown schema action")),
         }
         Ok((action, affected))
+    }
+
+    fn reset_requested(&self) -> Result<bool, ClientError> {
+        Ok(self.conn().query_row(
+            r#"SELECT "reset_requested" FROM "_synchro_client" WHERE "id" = 1"#,
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// After an application upgrade in `upgrade_required`: the next round connects with
+    /// `schema_reset` (spec 000 "Explicit Incompatible-Schema Reset"), installs the current
+    /// manifest with a reset plan (tables rebuilt in their new shape) and rebuilds every
+    /// scope. Local-only tables and the whole queue are kept: queued intent authored under
+    /// the old schema is pushed and gets its outcome (`schema_incompatible` when it writes
+    /// what no longer exists).
+    pub fn request_schema_reset(&mut self) -> Result<(), ClientError> {
+        if self.machine.state() != ClientState::UpgradeRequired {
+            return Err(ClientError::IllegalTransition(
+                synchro_protocol::Error::IllegalTransition {
+                    from: self.machine.state().as_str(),
+                    to: "connecting (schema_reset)",
+                },
+            ));
+        }
+        self.conn().execute(
+            r#"UPDATE "_synchro_client" SET "reset_requested" = 1 WHERE "id" = 1"#,
+            [],
+        )?;
+        Ok(())
     }
 
     fn set_upgrade_required(&mut self) -> Result<(), ClientError> {
@@ -1124,6 +1182,28 @@ impl<T: Transport> Client<T> {
         }
     }
 
+    /// Pushes queued intent now, without a full round (the engine must be idle after a
+    /// connect). Returns the number of mutations that got an outcome.
+    pub async fn push(&mut self) -> Result<usize, ClientError> {
+        let before = self
+            .storage
+            .mutations()?
+            .iter()
+            .filter(|m| m.state == "pending")
+            .count();
+        self.go(ClientState::Pushing)?;
+        let result = self.push_pending().await;
+        self.reset_to_idle();
+        result?;
+        let after = self
+            .storage
+            .mutations()?
+            .iter()
+            .filter(|m| m.state == "pending")
+            .count();
+        Ok(before - after)
+    }
+
     /// One full round: recover or connect, execute the schema action, push, rebuild every
     /// marked scope (verifying each final checksum), clear a finished journal, and pull to
     /// the terminal page (verifying every terminal scope digest).
@@ -1151,7 +1231,7 @@ impl<T: Transport> Client<T> {
         if state == ClientState::Blocked {
             return Err(ClientError::Blocked("the engine is blocked"));
         }
-        if state == ClientState::UpgradeRequired {
+        if state == ClientState::UpgradeRequired && !self.reset_requested()? {
             return Err(ClientError::UpgradeRequired(
                 "this client's schema can no longer sync",
             ));

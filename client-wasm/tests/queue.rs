@@ -236,6 +236,39 @@ async fn a_refused_write_leaves_neither_row_nor_intent() {
     assert_eq!(e.code(), "local_schema_error");
     assert_eq!(title(&c, 1), Some(Some("one".into())));
     assert!(c.storage().mutations().unwrap().is_empty());
+
+    // The queue append fails after the visible row was written (as a crash there would):
+    // the transaction takes the row change back with it.
+    c.storage()
+        .connection()
+        .execute_batch(
+            r#"CREATE TEMP TRIGGER fail_append BEFORE INSERT ON "_synchro_mutations"
+               BEGIN SELECT RAISE(ABORT, 'append failed'); END"#,
+        )
+        .unwrap();
+    let e = c
+        .write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation: Operation::Update,
+            pk: &pk1,
+            columns: &[("f2".into(), text(Some("half")))],
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), "local_database_error");
+    assert_eq!(
+        title(&c, 1),
+        Some(Some("one".into())),
+        "no row without its intent"
+    );
+    assert!(c.storage().mutations().unwrap().is_empty());
+    let shadows: i64 = c
+        .storage()
+        .connection()
+        .query_row(r#"SELECT count(*) FROM "_synchro_shadow""#, [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(shadows, 0);
 }
 
 #[cfg_attr(not(target_arch = "wasm32"), tokio::test)]

@@ -37,6 +37,8 @@ struct Tamper {
     rebuilds: Vec<String>,
     /// Let the next push reach the server, then lose its response.
     lose_push_response: bool,
+    /// Fail the next push before it reaches the server.
+    drop_push_request: bool,
     /// Every request path, in order.
     paths: Vec<String>,
 }
@@ -64,6 +66,9 @@ impl Transport for Proxy {
             }
         }
         self.tamper.borrow_mut().paths.push(path.to_owned());
+        if path == "/sync/push" && std::mem::take(&mut self.tamper.borrow_mut().drop_push_request) {
+            return Err(TransportError("the request was lost".into()));
+        }
         let mut r = self.inner.post(path, body).await?;
         if path == "/sync/push" && std::mem::take(&mut self.tamper.borrow_mut().lose_push_response)
         {
@@ -552,6 +557,60 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     assert_eq!(local_rows(&c), before);
     assert_eq!(drafts(&c), [(7, "keep me".to_owned(), 1)]);
     assert_eq!(c.storage().mutations().unwrap(), queue, "the queue is kept");
+
+    // The application upgrades and asks for the explicit reset. (No server operation
+    // retires a field yet; the test retires it in the registry and the projection directly,
+    // as one would, so the server serves v3 consistently.)
+    let title_id = docs
+        .fields
+        .iter()
+        .find(|f| f.name == "title")
+        .unwrap()
+        .field_id
+        .clone();
+    s.sql(&format!(
+        "DELETE FROM synchro.fields WHERE field_id = '{title_id}';
+         UPDATE synchro.projection_rows SET row_json = (row_json::jsonb - '{title_id}')::text"
+    ))
+    .await;
+    c.request_schema_reset().unwrap();
+    let report = c.sync_once().await.unwrap();
+    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(c.manifest().unwrap().schema_version, v1 + 3);
+    assert_eq!(c.state(), ClientState::Idle);
+    // The intent authored under the old schema was pushed and is terminal, inspectable and
+    // unchanged; nothing of it was written.
+    let m = c.storage().mutations().unwrap();
+    assert_eq!(
+        (m[0].mutation_id.as_str(), m[0].state.as_str()),
+        (queue[0].mutation_id.as_str(), "rejected_terminal")
+    );
+    assert_eq!(
+        (&m[0].columns, &m[0].authored),
+        (&queue[0].columns, &queue[0].authored)
+    );
+    let outcome = c.storage().outcome(&m[0].mutation_id).unwrap().unwrap();
+    assert!(
+        outcome.contains("schema_incompatible") && outcome.contains(&title_id),
+        "{outcome}"
+    );
+    assert!(!outcome.contains("offline"), "no values in the outcome");
+    assert_ne!(
+        source_title_and_version(&s, 2).await.0.as_deref(),
+        Some("offline")
+    );
+    // The local table has its new shape; local-only rows are kept.
+    let columns: i64 = c
+        .storage()
+        .connection()
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('docs') WHERE name = 'title'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(columns, 0);
+    assert_eq!(drafts(&c), [(7, "keep me".to_owned(), 1)]);
     let _ = std::fs::remove_dir_all(&s.dir);
 }
 
@@ -737,6 +796,52 @@ async fn offline_intent_authored_before_a_class_2_change_is_applied() {
     assert_eq!(
         source_title_and_version(&s, 6).await.0.as_deref(),
         Some("written offline under v1")
+    );
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[tokio::test]
+async fn a_batch_sealed_before_a_schema_change_moves_to_a_successor_with_the_same_mutations() {
+    let s = Stack::start().await;
+    let mut c = s.client();
+    c.sync_once().await.unwrap();
+    let id = set_title(&mut c, 12, "sealed under v1");
+    // The push is sealed under v1 but never reaches the server.
+    s.tamper.borrow_mut().drop_push_request = true;
+    assert_eq!(c.sync_once().await.unwrap_err().code(), "network_error");
+    let sealed = c.storage().mutations().unwrap()[0].batch_id.clone();
+    // The server moves to v2; the sealed batch meets 422 schema_mismatch, its mutation moves
+    // unchanged (same ID, same authored schema) into a successor batch sealed under v2.
+    s.env
+        .as_app_owner("CREATE TABLE app.tags (id text PRIMARY KEY, label text)")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "tags", "multi_scope"))
+        .await
+        .unwrap();
+    publish(&mut op).await.unwrap();
+    c.sync_once().await.unwrap();
+    let m = c.storage().mutations().unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!(
+        (m[0].mutation_id.as_str(), m[0].state.as_str()),
+        (id.as_str(), "applied")
+    );
+    assert_ne!(m[0].batch_id, sealed, "a successor batch");
+    assert_eq!(m[0].authored.0, 1, "the authored schema is kept");
+    let kept: String = c
+        .storage()
+        .connection()
+        .query_row(
+            r#"SELECT "request" FROM "_synchro_batches" WHERE "batch_id" = ?"#,
+            [&sealed],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(kept.contains(&id), "the sealed request stays as it was");
+    assert_eq!(
+        source_title_and_version(&s, 12).await.0.as_deref(),
+        Some("sealed under v1")
     );
     let _ = std::fs::remove_dir_all(&s.dir);
 }
