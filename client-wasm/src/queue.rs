@@ -421,8 +421,8 @@ fn restore_visible(
 }
 
 impl Storage {
-    /// Seals the open batch (at most [`MAX_BATCH`] mutations; later ones move to a new
-    /// open batch `rest_batch_id`) under the request schema `schema`. From now on its
+    /// Seals the open batch (at most [`MAX_BATCH`] mutations and one per row; later ones
+    /// move to a new open batch `rest_batch_id`) under the request schema `schema`. From now on its
     /// request content never changes. Returns whether a batch was sealed.
     pub(crate) fn seal(
         &mut self,
@@ -444,13 +444,21 @@ impl Storage {
         if mutations.is_empty() {
             return Ok(false);
         }
-        if mutations.len() as i64 > MAX_BATCH {
+        // A batch holds at most one mutation per row: a later intent on the same row waits,
+        // unsealed, for its predecessor's outcome (which refreshes its base_version).
+        let mut rows = HashSet::new();
+        let cut = mutations
+            .iter()
+            .position(|m| !rows.insert((m.table_id.clone(), m.pk.clone())))
+            .unwrap_or(mutations.len())
+            .min(MAX_BATCH as usize);
+        if cut < mutations.len() {
             run(
                 &tx,
                 r#"INSERT INTO "_synchro_batches" ("batch_id", "seq") VALUES (?, (SELECT max("seq") + 1 FROM "_synchro_batches"))"#,
                 [rest_batch_id],
             )?;
-            for m in &mutations[MAX_BATCH as usize..] {
+            for m in &mutations[cut..] {
                 run(
                     &tx,
                     r#"UPDATE "_synchro_mutations" SET "batch_id" = ? WHERE "mutation_id" = ?"#,
@@ -460,7 +468,7 @@ impl Storage {
         }
         let items: Vec<Json> = mutations
             .iter()
-            .take(MAX_BATCH as usize)
+            .take(cut)
             .map(|m| m.to_wire())
             .collect::<Result<_, _>>()?;
         let request = Json::Object(vec![

@@ -343,7 +343,7 @@ impl SynchroClient {
         let out = Array::new();
         for m in self.inner.storage().mutations().map_err(storage_error)? {
             let o = Object::new();
-            set(&o, "mutationId", m.mutation_id.into());
+            set(&o, "mutationId", m.mutation_id.clone().into());
             set(&o, "batchId", m.batch_id.into());
             set(&o, "localOrder", (m.local_order as f64).into());
             set(&o, "tableId", m.table_id.into());
@@ -370,10 +370,30 @@ impl SynchroClient {
                 set(&a, "hash", m.authored.1.into());
                 a.into()
             });
+            let outcome = self
+                .inner
+                .storage()
+                .outcome(&m.mutation_id)
+                .map_err(storage_error)?;
+            set(
+                &o,
+                "outcome",
+                outcome
+                    .and_then(|t| js_sys::JSON::parse(&t).ok())
+                    .unwrap_or(JsValue::NULL),
+            );
             set(&o, "state", m.state.into());
             out.push(&o);
         }
         Ok(out)
+    }
+
+    /// After an application upgrade, while `state()` is `upgrade_required`: the next
+    /// `sync()` connects with `schema_reset`, installs the current schema and rebuilds,
+    /// keeping local-only tables and every queued mutation.
+    #[wasm_bindgen(js_name = requestSchemaReset)]
+    pub fn request_schema_reset(&mut self) -> Result<(), JsValue> {
+        self.inner.request_schema_reset().map_err(client_error)
     }
 
     /// Calls `callback(tables)` with the names of the synced tables each committed page

@@ -132,7 +132,20 @@ async fn main() -> Result<()> {
         Ok(Client::open(
             Storage::open(dir.join(name))?,
             HttpTransport::new(base.clone(), move || token.clone()),
-            move || [id; 16],
+            {
+                // xorshift64*: distinct 16-byte draws for client, mutation and batch IDs.
+                let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ u64::from(id);
+                move || {
+                    let mut out = [0u8; 16];
+                    for chunk in out.chunks_mut(8) {
+                        x ^= x >> 12;
+                        x ^= x << 25;
+                        x ^= x >> 27;
+                        chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+                    }
+                    out
+                }
+            },
         )?)
     };
 

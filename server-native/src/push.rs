@@ -30,9 +30,7 @@ use synchro_protocol::digest::row_digest;
 use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::{Field, Manifest, Table};
-use synchro_protocol::types::FieldSpec;
-#[cfg(test)]
-use synchro_protocol::types::PortableType;
+use synchro_protocol::types::{FieldSpec, PortableType};
 use synchro_protocol::value::TypedValue;
 use tokio_postgres::Client;
 
@@ -286,6 +284,13 @@ fn row_from_image(
     for ((field_id, oid), text) in fields.iter().zip(image) {
         let Some(field) = table.field(field_id) else {
             continue;
+        };
+        // `::text` of a boolean is true/false where the output function (pgoutput's form)
+        // gives t/f; every other synced type casts through its output function.
+        let text = match (field.spec.ty, text.as_deref()) {
+            (PortableType::Boolean, Some("true")) => Some("t"),
+            (PortableType::Boolean, Some("false")) => Some("f"),
+            (_, t) => t,
         };
         let value = match text {
             None => Json::Null,

@@ -707,6 +707,28 @@ async fn offline_writes_conflicts_lost_responses_and_crashes() {
     converge(&s, &mut laptop).await;
     converge(&s, &mut phone).await;
 
+    // Two edits of one row in a row: the second waits unsealed for the first's outcome,
+    // gets its base_version refreshed, and applies too.
+    let first_edit = set_title(&mut phone, 14, "first edit");
+    let second_edit = set_title(&mut phone, 14, "second edit");
+    phone.sync_once().await.unwrap();
+    assert_eq!(state_of(&phone, &first_edit), "applied");
+    assert_eq!(state_of(&phone, &second_edit), "applied");
+    let m = phone.storage().mutations().unwrap();
+    let (a, b) = (
+        m.iter().find(|x| x.mutation_id == first_edit).unwrap(),
+        m.iter().find(|x| x.mutation_id == second_edit).unwrap(),
+    );
+    assert_ne!(a.batch_id, b.batch_id, "one mutation per row and batch");
+    assert_ne!(
+        a.base_version, b.base_version,
+        "the successor's base was refreshed"
+    );
+    assert_eq!(
+        source_title_and_version(&s, 14).await.0.as_deref(),
+        Some("second edit")
+    );
+
     // A lost response: the write happened once; the resent sealed batch gets the stored
     // outcome, with no second write.
     let lost = set_title(&mut laptop, 4, "lost response");

@@ -712,3 +712,120 @@ async fn authored_schema_after_class_2_applies_and_after_class_4_is_incompatible
         "nothing written"
     );
 }
+
+/// A pushed row of every portable type: the applied outcome's row is exactly the row capture
+/// later materializes (same canonical values, same version, same checksum), so a pushing
+/// client and every other client verify the same state.
+#[tokio::test]
+async fn an_applied_row_equals_the_row_capture_materializes() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.kinds (id int PRIMARY KEY, n int, big bigint, s text, f float8, b bool,
+                                 d numeric(12, 3), at timestamptz, day date, clock time, j jsonb, raw bytea)",
+    )
+    .await;
+    let mut op = env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "kinds", "multi_scope"))
+        .await
+        .unwrap();
+    env.admin
+        .batch_execute(
+            "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
+             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+        )
+        .await
+        .unwrap();
+    op.batch_execute(
+        "CREATE FUNCTION rules.kind_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'shared' FROM synchro_projection.\"app.kinds\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.kind_scopes(integer) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.kind_scopes(integer) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'kinds', 'rules.kind_scopes(integer)');
+         SELECT synchro.synchro_add_shared_scope('shared');",
+    )
+    .await
+    .unwrap();
+    publish(&mut op).await.unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let _server = start_server(&env, port, SECRET);
+    let http = reqwest::Client::new();
+    wait_ready(&http, &base).await;
+    let s = Stack {
+        env,
+        base,
+        http,
+        _server,
+    };
+    let session = s.session("carol", "c1").await;
+    let m = s.manifest().await;
+    let t = &m.tables[0];
+    let id = |name: &str| {
+        t.fields
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .field_id
+            .clone()
+    };
+    let columns = json!([
+        {"field_id": id("n"), "value": -7},
+        {"field_id": id("big"), "value": "9007199254740993"},
+        {"field_id": id("s"), "value": "ünï"},
+        {"field_id": id("f"), "value": 0.1},
+        {"field_id": id("b"), "value": true},
+        {"field_id": id("d"), "value": "12.5"},
+        {"field_id": id("at"), "value": "2026-11-30T12:34:56.123456Z"},
+        {"field_id": id("day"), "value": "2026-11-30"},
+        {"field_id": id("clock"), "value": "23:59:59.000001"},
+        {"field_id": id("j"), "value": "{\"a\":[1,2]}"},
+        {"field_id": id("raw"), "value": "AP8"},
+    ]);
+    let (st, v) = s
+        .post(
+            &session.token,
+            "/sync/push",
+            &json!({"protocol_version": 3, "client_id": "c1", "client_generation": session.generation,
+                    "schema": session.schema, "batch_id": "b1", "mutations": [{
+                        "mutation_id": "m1", "table_id": t.table_id, "pk": 1, "operation": "insert",
+                        "base_version": null, "client_version": 1, "local_order": 1, "columns": columns,
+                        "authored_schema": {"version": m.schema_version, "hash": m.schema_hash_hex()}}]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let o = &v["outcomes"][0];
+    assert_eq!(o["status"], "applied", "{v}");
+    // Wait for capture, then compare with the projection's row and version.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (row, version): (String, String) = loop {
+        if let Some(r) = s
+            .env
+            .admin
+            .query_opt(
+                "SELECT row_json, server_version FROM synchro.projection_rows WHERE pk = '1'",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            break (r.get(0), r.get(1));
+        }
+        assert!(std::time::Instant::now() < deadline, "never captured");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(o["server_version"].as_str(), Some(version.as_str()));
+    let captured: Value = serde_json::from_str(&row).unwrap();
+    assert_eq!(o["row"], captured, "the outcome's row is the captured row");
+    let d = row_digest(
+        &m,
+        &t.table_id,
+        &Json::Number("1".into()),
+        &Json::parse(&row).unwrap(),
+        &version,
+    )
+    .unwrap();
+    assert_eq!(
+        o["row_checksum"]["digest"].as_str(),
+        Some(hex::encode(d.digest).as_str())
+    );
+}
