@@ -1260,24 +1260,31 @@ impl<T: Transport> Client<T> {
         result.map(|()| report)
     }
 
-    async fn after_connect(&mut self, report: &mut SyncReport) -> Result<(), ClientError> {
-        // Step 7: push first (under the target schema after a migration).
-        self.go(ClientState::Pushing)?;
-        self.push_pending().await?;
-        // Step 8: rebuild every marked scope.
+    /// Rebuilds every scope marked for rebuild; returns whether there was one.
+    async fn rebuild_marked(&mut self, report: &mut SyncReport) -> Result<bool, ClientError> {
         let marked: Vec<String> = self
             .scopes()?
             .into_iter()
             .filter(|(_, (_, rebuild))| *rebuild)
             .map(|(s, _)| s)
             .collect();
-        if !marked.is_empty() {
-            self.go(ClientState::Rebuilding)?;
-            for scope in marked {
-                self.rebuild_scope(&scope).await?;
-                report.rebuilt.insert(scope);
-            }
+        if marked.is_empty() {
+            return Ok(false);
         }
+        self.go(ClientState::Rebuilding)?;
+        for scope in marked {
+            self.rebuild_scope(&scope).await?;
+            report.rebuilt.insert(scope);
+        }
+        Ok(true)
+    }
+
+    async fn after_connect(&mut self, report: &mut SyncReport) -> Result<(), ClientError> {
+        // Step 7: push first (under the target schema after a migration).
+        self.go(ClientState::Pushing)?;
+        self.push_pending().await?;
+        // Step 8: rebuild every marked scope.
+        self.rebuild_marked(report).await?;
         // Step 9: the journal goes last.
         self.finish_journal()?;
         // Step 10: normal pull.
@@ -1285,18 +1292,7 @@ impl<T: Transport> Client<T> {
         self.go(ClientState::Pulling)?;
         self.pull(report).await?;
         // A terminal digest mismatch scheduled a rebuild: do it now, then pull again.
-        let marked: Vec<String> = self
-            .scopes()?
-            .into_iter()
-            .filter(|(_, (_, rebuild))| *rebuild)
-            .map(|(s, _)| s)
-            .collect();
-        if !marked.is_empty() {
-            self.go(ClientState::Rebuilding)?;
-            for scope in marked {
-                self.rebuild_scope(&scope).await?;
-                report.rebuilt.insert(scope);
-            }
+        if self.rebuild_marked(report).await? {
             self.go(ClientState::Idle)?;
             self.go(ClientState::Pulling)?;
             self.pull(report).await?;

@@ -117,38 +117,13 @@ struct Stack {
 impl Stack {
     async fn start() -> Stack {
         let env = Env::installed().await;
-        env.as_app_owner(
-            "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
-             INSERT INTO app.docs SELECT g, (ARRAY['alice', 'bob'])[1 + g % 2], (ARRAY['red', 'blue', 'green'])[1 + g % 3], 'seed ' || g
+        // Two scopes per row: its owner's and its team's. Alice also has team:red.
+        common::docs_with_owner_and_team(
+            &env,
+            "INSERT INTO app.docs SELECT g, (ARRAY['alice', 'bob'])[1 + g % 2], (ARRAY['red', 'blue', 'green'])[1 + g % 3], 'seed ' || g
                FROM generate_series(1, 60) g",
         )
         .await;
-        let mut op = env.login("synchro_dev_operator").await;
-        register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
-            .await
-            .unwrap();
-        env.admin
-            .batch_execute(
-                "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-                 GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
-            )
-            .await
-            .unwrap();
-        // Two scopes per row: its owner's and its team's. Alice also has team:red.
-        op.batch_execute(
-            "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
-             BEGIN ATOMIC
-               SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
-               UNION ALL SELECT 'team:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id;
-             END;
-             REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
-             GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
-             SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');
-             SELECT synchro.synchro_grant_user_scope('alice', 'team:red');",
-        )
-        .await
-        .unwrap();
-        publish(&mut op).await.unwrap();
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let server = start_server(&env, port, SECRET);
@@ -515,32 +490,7 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     // Class 4: a field the client has is removed. The client enters upgrade_required and
     // keeps its data, its schema and its local-only rows, also across a reopen.
     // Offline intent authored under the current schema.
-    let docs = c
-        .manifest()
-        .unwrap()
-        .tables
-        .iter()
-        .find(|t| t.name == "docs")
-        .unwrap()
-        .clone();
-    let title_id = docs
-        .fields
-        .iter()
-        .find(|f| f.name == "title")
-        .unwrap()
-        .field_id
-        .clone();
-    let two = TypedValue::from_scalar(Scalar::Int64(2)).unwrap();
-    c.write(&LocalWrite {
-        table_id: &docs.table_id,
-        operation: Operation::Update,
-        pk: &two,
-        columns: &[(
-            title_id,
-            TypedValue::from_scalar(Scalar::String("offline".into())).unwrap(),
-        )],
-    })
-    .unwrap();
+    set_title(&mut c, 2, "offline");
     let queue = c.storage().mutations().unwrap();
     assert_eq!(queue.len(), 1);
     publish_class_4_without(&s, "title").await;
@@ -561,13 +511,7 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     // The application upgrades and asks for the explicit reset. (No server operation
     // retires a field yet; the test retires it in the registry and the projection directly,
     // as one would, so the server serves v3 consistently.)
-    let title_id = docs
-        .fields
-        .iter()
-        .find(|f| f.name == "title")
-        .unwrap()
-        .field_id
-        .clone();
+    let title_id = title_field(&c).1;
     s.sql(&format!(
         "DELETE FROM synchro.fields WHERE field_id = '{title_id}';
          UPDATE synchro.projection_rows SET row_json = (row_json::jsonb - '{title_id}')::text"
@@ -635,25 +579,24 @@ fn title_of<T: Transport>(c: &Client<T>, id: i64) -> Option<String> {
         .unwrap()
 }
 
-fn set_title(c: &mut Client<Proxy>, id: i64, title: &str) -> String {
+/// The docs table's ID and its title field's ID in the client's active schema.
+fn title_field<T: Transport>(c: &Client<T>) -> (String, String) {
     let docs = c
         .manifest()
         .unwrap()
         .tables
         .iter()
         .find(|t| t.name == "docs")
-        .unwrap()
-        .clone();
-    let title_id = docs
-        .fields
-        .iter()
-        .find(|f| f.name == "title")
-        .unwrap()
-        .field_id
-        .clone();
+        .unwrap();
+    let title = docs.fields.iter().find(|f| f.name == "title").unwrap();
+    (docs.table_id.clone(), title.field_id.clone())
+}
+
+fn set_title(c: &mut Client<Proxy>, id: i64, title: &str) -> String {
+    let (table_id, title_id) = title_field(c);
     let pk = TypedValue::from_scalar(Scalar::Int64(id)).unwrap();
     c.write(&LocalWrite {
-        table_id: &docs.table_id,
+        table_id: &table_id,
         operation: Operation::Update,
         pk: &pk,
         columns: &[(

@@ -36,36 +36,11 @@ struct Session {
 impl Stack {
     async fn start() -> Stack {
         let env = Env::installed().await;
-        env.as_app_owner(
-            "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
-             INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one'), (2, 'bob', 'blue', 'two'), (3, 'bob', 'red', 'three')",
+        common::docs_with_owner_and_team(
+            &env,
+            "INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one'), (2, 'bob', 'blue', 'two'), (3, 'bob', 'red', 'three')",
         )
         .await;
-        let mut op = env.login("synchro_dev_operator").await;
-        register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
-            .await
-            .unwrap();
-        env.admin
-            .batch_execute(
-                "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-                 GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
-            )
-            .await
-            .unwrap();
-        op.batch_execute(
-            "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
-             BEGIN ATOMIC
-               SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
-               UNION ALL SELECT 'team:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id;
-             END;
-             REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
-             GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
-             SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');
-             SELECT synchro.synchro_grant_user_scope('alice', 'team:red');",
-        )
-        .await
-        .unwrap();
-        publish(&mut op).await.unwrap();
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let server = start_server(&env, port, SECRET);
@@ -724,18 +699,9 @@ async fn an_applied_row_equals_the_row_capture_materializes() {
                                  d numeric(12, 3), at timestamptz, day date, clock time, j jsonb, raw bytea)",
     )
     .await;
-    let mut op = env.login("synchro_dev_operator").await;
-    register(&op, &RegisterRequest::synced("app", "kinds", "multi_scope"))
-        .await
-        .unwrap();
-    env.admin
-        .batch_execute(
-            "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
-        )
-        .await
-        .unwrap();
-    op.batch_execute(
+    common::register_with_rule(
+        &env,
+        "kinds",
         "CREATE FUNCTION rules.kind_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
          BEGIN ATOMIC SELECT 'shared' FROM synchro_projection.\"app.kinds\" WHERE id = p_id; END;
          REVOKE EXECUTE ON FUNCTION rules.kind_scopes(integer) FROM PUBLIC;
@@ -743,9 +709,7 @@ async fn an_applied_row_equals_the_row_capture_materializes() {
          SELECT synchro.synchro_register_membership_function('app', 'kinds', 'rules.kind_scopes(integer)');
          SELECT synchro.synchro_add_shared_scope('shared');",
     )
-    .await
-    .unwrap();
-    publish(&mut op).await.unwrap();
+    .await;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let _server = start_server(&env, port, SECRET);

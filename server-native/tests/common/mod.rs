@@ -178,3 +178,49 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Registers `app.<table>` (already created) as multi_scope with a membership rule: `rule`
+/// is run as the operator after the `rules` schema exists (it creates the function, grants
+/// it to synchro_worker and registers it), then the manifest is published.
+pub async fn register_with_rule(env: &Env, table: &str, rule: &str) {
+    let mut op = env.login("synchro_dev_operator").await;
+    synchro_server::registry::register(
+        &op,
+        &synchro_server::registry::RegisterRequest::synced("app", table, "multi_scope"),
+    )
+    .await
+    .unwrap();
+    env.admin
+        .batch_execute(
+            "CREATE SCHEMA IF NOT EXISTS rules AUTHORIZATION synchro_dev_operator;
+             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+        )
+        .await
+        .unwrap();
+    op.batch_execute(rule).await.unwrap();
+    synchro_server::publish::publish(&mut op).await.unwrap();
+}
+
+/// `app.docs (id, owner, team, title)` with the rows `seed` inserts, in two scopes per row
+/// (`user:<owner>` and `team:<team>`); alice also has `team:red`.
+pub async fn docs_with_owner_and_team(env: &Env, seed: &str) {
+    env.as_app_owner(&format!(
+        "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
+         {seed}"
+    ))
+    .await;
+    register_with_rule(
+        env,
+        "docs",
+        "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
+           UNION ALL SELECT 'team:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');
+         SELECT synchro.synchro_grant_user_scope('alice', 'team:red');",
+    )
+    .await;
+}
