@@ -145,6 +145,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0022_push.sql",
         sql: include_str!("../migrations/0022_push.sql"),
     },
+    Migration {
+        version: 23,
+        name: "0023_stream_watermark.sql",
+        sql: include_str!("../migrations/0023_stream_watermark.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {
@@ -279,6 +284,16 @@ pub fn quote_ident(name: &str) -> String {
 }
 
 /// A database error's message and SQLSTATE (tokio-postgres displays only "db error").
+/// A database error for a log line: the SQLSTATE only, since a server message can quote a
+/// value (`invalid input syntax for type bigint: "…"`).
+pub fn describe_for_log(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("database error (SQLSTATE {})", d.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// A database error for an operator's command output: message and SQLSTATE.
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => format!("{} (SQLSTATE {})", d.message(), d.code().code()),

@@ -965,3 +965,106 @@ async fn a_class_3_manifest_is_served_only_once_its_table_is_materialized() {
     assert_eq!(v["schema"]["action"], "rebuild_local", "{v}");
     assert_eq!(v["affected_scopes"], json!(["user:alice"]));
 }
+
+/// Rebuilds `user:alice` for `client` to its last page; returns (final cursor, checksum).
+async fn rebuild_scope(s: &Stack, token: &str, client: &str, generation: u64) -> (Value, String) {
+    let schema = s.schema().await;
+    let mut continuation = Value::Null;
+    loop {
+        let (st, page) = s
+            .post(
+                "/sync/rebuild",
+                token,
+                json!({"protocol_version": 3, "client_id": client, "client_generation": generation,
+                       "schema": schema, "scope_id": "user:alice", "limit": 2, "continuation": continuation}),
+            )
+            .await;
+        assert_eq!(st, 200, "{page}");
+        if page["has_more"] == false {
+            return (
+                page["final_scope_cursor"].clone(),
+                page["checksum"]["digest"].as_str().unwrap().to_owned(),
+            );
+        }
+        continuation = page["continuation"].clone();
+    }
+}
+
+/// Issue 12.1: once compaction has emptied the effect log, a rebuild's final cursor used
+/// to stand at position 0, below the scope's floor, so every pull asked for the rebuild
+/// again. It must stand at the snapshot's stream boundary, for a client that had a cursor
+/// and for a fresh one.
+#[tokio::test]
+async fn a_rebuild_after_compaction_hands_over_to_incremental_pulls() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let g1 = s.connect(&token, "c1").await;
+    let worker_db = s.env.login("synchro_dev_worker").await;
+    worker_db
+        .batch_execute("SET ROLE synchro_worker")
+        .await
+        .unwrap();
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs SELECT g, 'alice', 'v1' FROM generate_series(1, 5) g; INSERT INTO app.docs VALUES (9, 'bob', 'b')")
+        .await
+        .unwrap();
+    s.capture().await;
+    // c1 follows to the end and acknowledges it: every effect can go.
+    let (q1, _, _) = follow(&s, &token, "c1", g1, Value::Null).await;
+    let (q1, rebuild, _) = follow(&s, &token, "c1", g1, q1).await;
+    assert!(!rebuild);
+    let c = synchro_server::retention::compact(&worker_db, 1000)
+        .await
+        .unwrap();
+    assert!(c.effects_deleted > 0, "{c:?}");
+    let left: i64 = s
+        .env
+        .admin
+        .query_one("SELECT count(*) FROM synchro.scope_effects", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the whole log was compacted");
+    assert!(floor(&s).await > 0);
+
+    // A fresh client must rebuild, and after the rebuild it resumes incrementally.
+    let g2 = s.connect(&token, "c2").await;
+    assert!(follow(&s, &token, "c2", g2, Value::Null).await.1);
+    let (q2, checksum) = rebuild_scope(&s, &token, "c2", g2).await;
+    assert_eq!(checksum, digest_from_source(&s, "alice").await);
+    let (q2, rebuild, digest) = follow(&s, &token, "c2", g2, q2).await;
+    assert!(!rebuild, "the rebuild's final cursor is below the floor");
+    assert_eq!(digest, digest_from_source(&s, "alice").await);
+
+    // The client that had a cursor rebuilds (as after a mismatch) and resumes too.
+    let (r1, _) = rebuild_scope(&s, &token, "c1", g1).await;
+    assert!(!follow(&s, &token, "c1", g1, r1.clone()).await.1);
+    assert!(!follow(&s, &token, "c1", g1, q1).await.1);
+
+    // New writes arrive incrementally from those cursors.
+    s.env
+        .admin
+        .batch_execute("UPDATE app.docs SET title = 'v2' WHERE id = 3; INSERT INTO app.docs VALUES (6, 'alice', 'v1')")
+        .await
+        .unwrap();
+    s.capture().await;
+    for (client, generation, cursor) in [("c1", g1, r1), ("c2", g2, q2)] {
+        let schema = s.schema().await;
+        let (st, v) = s
+            .post(
+                "/sync/pull",
+                &token,
+                json!({"protocol_version": 3, "client_id": client, "client_generation": generation,
+                       "schema": schema, "scope_cursors": {"user:alice": cursor}, "limit": 1000}),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["rebuild_scopes"], json!([]), "{v}");
+        assert_eq!(v["changes"].as_array().unwrap().len(), 2, "{v}");
+        assert_eq!(
+            v["checksums"]["user:alice"]["digest"].as_str().unwrap(),
+            digest_from_source(&s, "alice").await
+        );
+    }
+}
