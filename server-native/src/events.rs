@@ -83,7 +83,7 @@ async fn listen_once(url: &str, tx: &watch::Sender<u64>) -> anyhow::Result<()> {
     use futures_util::StreamExt;
     let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", crate::install::describe(&e)))?;
+        .map_err(|e| anyhow::anyhow!("{}", crate::install::describe_for_log(&e)))?;
     let (ended_tx, mut ended_rx) = tokio::sync::oneshot::channel::<()>();
     let bump_tx = tx.clone();
     let pump = tokio::spawn(async move {
@@ -99,7 +99,10 @@ async fn listen_once(url: &str, tx: &watch::Sender<u64>) -> anyhow::Result<()> {
         }
         let _ = ended_tx.send(());
     });
-    client.batch_execute("LISTEN synchro_effects").await?;
+    client
+        .batch_execute("LISTEN synchro_effects")
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", crate::install::describe_for_log(&e)))?;
     tx.send_modify(|n| *n = n.wrapping_add(1));
     let _ = (&mut ended_rx).await;
     pump.abort();

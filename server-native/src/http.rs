@@ -504,6 +504,50 @@ async fn cursor_bindings(
     Ok((stale, positions))
 }
 
+/// Whether any string or member name in `v` contains NUL.
+pub(crate) fn has_nul(v: &Json) -> bool {
+    match v {
+        Json::String(s) => s.contains('\0'),
+        Json::Array(items) => items.iter().any(has_nul),
+        Json::Object(members) => members.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
+/// [`has_nul`] for a whole request, except the row data of push mutations (`pk` and each
+/// column's `value`), which push refuses per mutation as `invalid_value`.
+fn request_has_nul(req: &Json) -> bool {
+    let Json::Object(members) = req else {
+        return has_nul(req);
+    };
+    members.iter().any(|(k, v)| {
+        k.contains('\0')
+            || match (k.as_str(), v) {
+                ("mutations", Json::Array(items)) => items.iter().any(mutation_has_nul),
+                _ => has_nul(v),
+            }
+    })
+}
+
+fn mutation_has_nul(m: &Json) -> bool {
+    let Json::Object(members) = m else {
+        return has_nul(m);
+    };
+    members.iter().any(|(k, v)| {
+        k.contains('\0')
+            || match (k.as_str(), v) {
+                ("pk", _) => false,
+                ("columns", Json::Array(columns)) => columns.iter().any(|c| match c {
+                    Json::Object(cm) => cm
+                        .iter()
+                        .any(|(ck, cv)| ck.contains('\0') || (ck != "value" && has_nul(cv))),
+                    other => has_nul(other),
+                }),
+                _ => has_nul(v),
+            }
+    })
+}
+
 /// Body size, JSON object, protocol version (426 first) and bearer token. `Ok(Err(_))`
 /// is a finished 426 response.
 async fn preamble(
@@ -533,8 +577,14 @@ async fn preamble(
             &outcome.to_json(&Json::Null),
         )));
     }
-    let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
-    let Some(user_id) = state.auth.user_id(authorization) else {
+    // PostgreSQL text cannot hold NUL: refuse it here rather than fail a statement later
+    // (which would look like an outage). Pushed row values are judged per mutation.
+    if request_has_nul(&req) {
+        return Err(ApiError::invalid_request(
+            "a string in the request contains a NUL character",
+        ));
+    }
+    let Some(user_id) = state.auth.user_id(headers) else {
         return Err(ApiError::new(
             401,
             "unauthorized",

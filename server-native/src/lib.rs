@@ -46,7 +46,7 @@ pub async fn connect_db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
         .map_err(|e| anyhow::anyhow!("connecting to PostgreSQL: {}", install::describe(&e)))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
-            tracing::warn!(error = %install::describe(&e), "database connection ended");
+            tracing::warn!(error = %install::describe_for_log(&e), "database connection ended");
         }
     });
     Ok(client)

@@ -138,13 +138,10 @@ enum RegistryCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SYNCHRO_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    synchro_server::logging::init(
+        &std::env::var("SYNCHRO_LOG").unwrap_or_else(|_| "info".into()),
+        std::io::stderr,
+    );
     match run(Cli::parse()).await {
         Ok(code) => code,
         Err(e) => {

@@ -13,9 +13,12 @@
 //! 4. the compare-and-swap write through `synchro_push_write` against the source row's
 //!    version (`conflict` when a newer write got there first);
 //! 5. authorization by the row's scopes, evaluated with the table's membership function
-//!    over the row before (update, delete, and any conflict that would reveal the row) and
-//!    after (insert, update) the write; a write outside the user's scopes is rolled back
-//!    (`forbidden`).
+//!    over the row before (when it exists) and after (insert, update) the write: a row
+//!    that shares no scope with the user before the write is answered exactly like a
+//!    missing row (`conflict` without row members), so a push never reveals whether an
+//!    invisible row exists; a write that adds the row to any scope the user does not hold
+//!    (a scope of the after-image the before-image lacked), or a new row the user could
+//!    not see, is rolled back (`forbidden`).
 //!
 //! The batch's outcomes and fingerprint are stored in the same transaction as its writes:
 //! a crash before the commit leaves nothing (a replay executes afresh); a lost response is
@@ -224,6 +227,20 @@ fn rejected(mutation_id: &str, code: &str, message: &str) -> Json {
         vec![
             ("code", s(code)),
             ("message", s(message)),
+            ("retryable", Json::Bool(false)),
+        ],
+    )
+}
+
+/// The conflict outcome of an update or delete whose row does not exist (also given for
+/// a row the user cannot see).
+fn missing_row_conflict(mutation_id: &str) -> Json {
+    outcome(
+        mutation_id,
+        "conflict",
+        vec![
+            ("code", s("version_conflict")),
+            ("message", s("the row changed since the base version")),
             ("retryable", Json::Bool(false)),
         ],
     )
@@ -530,7 +547,14 @@ async fn execute(
     {
         return Ok(rejected(id, "not_writable", "a field is not writable"));
     }
-    // Canonical values.
+    // Canonical values. PostgreSQL text cannot hold NUL (binding one fails the statement).
+    if crate::http::has_nul(&m.pk) || m.columns.iter().any(|(_, v)| crate::http::has_nul(v)) {
+        return Ok(rejected(
+            id,
+            "invalid_value",
+            "a value contains a NUL character, which the database cannot store",
+        ));
+    }
     let Ok(pk) = TypedValue::from_wire(&table.primary_key().spec, &m.pk) else {
         return Ok(rejected(
             id,
@@ -590,12 +614,17 @@ async fn execute(
             .await
             .map_err(|_| ApiError::unavailable())
     };
-    // Authorization by the row's scopes before (it exists) and after (it exists).
-    let mut allowed = true;
+    // Authorization by the row's scopes before the write (when the row exists) and after
+    // it (insert, update). A row outside every scope of the user is answered exactly like
+    // a missing row, so a push never tells whether an invisible row exists. A write may
+    // not put the row into a scope the user does not hold: every scope of the after-image
+    // that the before-image lacked must be the user's (and a new row must be visible to
+    // its author).
     let mut pre_row = None;
+    let mut pre_scopes = BTreeSet::new();
     if let Some(image) = &pre {
         let r = row_from_image(table, &image_fields, image)?;
-        let scopes = candidate_scopes(
+        pre_scopes = candidate_scopes(
             membership,
             &table.relation_id,
             &pk_wire,
@@ -603,14 +632,17 @@ async fn execute(
             &to_output_string(&r),
         )
         .await?;
-        allowed &= !scopes.is_disjoint(assigned);
+        if pre_scopes.is_disjoint(assigned) {
+            rollback().await?;
+            return Ok(missing_row_conflict(id));
+        }
         pre_row = Some(r);
     }
     let mut post_row = None;
     if status == "applied" {
         if let Some(image) = &post {
             let r = row_from_image(table, &image_fields, image)?;
-            let scopes = candidate_scopes(
+            let post_scopes = candidate_scopes(
                 membership,
                 &table.relation_id,
                 &pk_wire,
@@ -618,17 +650,20 @@ async fn execute(
                 &to_output_string(&r),
             )
             .await?;
-            allowed &= !scopes.is_disjoint(assigned);
+            let adds_foreign_scope = post_scopes
+                .difference(&pre_scopes)
+                .any(|scope| !assigned.contains(scope));
+            let invisible_new_row = pre.is_none() && post_scopes.is_disjoint(assigned);
+            if adds_foreign_scope || invisible_new_row {
+                rollback().await?;
+                return Ok(rejected(
+                    id,
+                    "forbidden",
+                    "the write would place the row outside the user's scopes",
+                ));
+            }
             post_row = Some(r);
         }
-    }
-    if !allowed {
-        rollback().await?;
-        return Ok(rejected(
-            id,
-            "forbidden",
-            "the row is outside the user's scopes",
-        ));
     }
     let row_bearing = |row: Json, version: &str| -> Result<Vec<(&'static str, Json)>, ApiError> {
         let d = row_digest(current, &table.table_id, &pk.to_wire(), &row, version)
@@ -656,15 +691,17 @@ async fn execute(
         }
         "conflict" => {
             rollback().await?;
-            let mut members = vec![
-                ("code", s("version_conflict")),
-                ("message", s("the row changed since the base version")),
-                ("retryable", Json::Bool(false)),
-            ];
+            let Json::Object(mut members) = missing_row_conflict(id) else {
+                unreachable!("an outcome is an object")
+            };
             if let (Some(row), Some(version)) = (pre_row, version) {
-                members.extend(row_bearing(row, &version)?);
+                members.extend(
+                    row_bearing(row, &version)?
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v)),
+                );
             }
-            Ok(outcome(id, "conflict", members))
+            Ok(Json::Object(members))
         }
         "not_writable" => {
             rollback().await?;

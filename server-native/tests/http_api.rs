@@ -26,10 +26,7 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let sink = buf.clone();
         // The production filter at its most verbose setting.
-        tracing_subscriber::fmt()
-            .with_env_filter(synchro_server::logging::filter("trace"))
-            .with_writer(move || Sink(sink.clone()))
-            .init();
+        synchro_server::logging::init("trace", move || Sink(sink.clone()));
         buf
     })
 }

@@ -205,7 +205,7 @@ async fn compare_and_swap_outcomes_replay_and_gates() {
                 None,
                 &[
                     ("owner", json!("alice")),
-                    ("team", json!("green")),
+                    ("team", json!("red")),
                     ("title", json!("new")),
                 ],
             )],
@@ -228,7 +228,7 @@ async fn compare_and_swap_outcomes_replay_and_gates() {
             title.as_deref(),
             version.to_string()
         ),
-        ("alice", "green", Some("new"), v1.clone())
+        ("alice", "red", Some("new"), v1.clone())
     );
     let (_, v) = s
         .push(
@@ -449,7 +449,8 @@ async fn compare_and_swap_outcomes_replay_and_gates() {
     assert_eq!(
         statuses,
         [
-            ("rejected_terminal", Some("forbidden")),
+            // Bob's row is invisible to alice: answered like a missing row.
+            ("conflict", Some("version_conflict")),
             ("rejected_terminal", Some("forbidden")),
             ("rejected_terminal", Some("forbidden")),
             ("applied", None)
@@ -792,4 +793,150 @@ async fn an_applied_row_equals_the_row_capture_materializes() {
         o["row_checksum"]["digest"].as_str(),
         Some(hex::encode(d.digest).as_str())
     );
+}
+
+/// Issue 12.6: a write may not add the row to a scope the user does not hold, even when
+/// another of the row's scopes is theirs; and an invisible row is answered exactly like a
+/// missing one.
+#[tokio::test]
+async fn a_write_never_adds_a_foreign_scope_nor_reveals_an_invisible_row() {
+    let s = Stack::start().await;
+    let m = s.manifest().await;
+    // Rows: 1 (alice, red), 2 (bob, blue), 3 (bob, red); alice holds user:alice, team:red.
+    let alice = s.session("alice", "c1").await;
+    let (v1, v2, v3) = (s.version(1).await, s.version(2).await, s.version(3).await);
+    let (st, v) = s
+        .push(
+            &alice,
+            "b1",
+            vec![
+                // A new row in team:red (hers) and user:bob (not hers).
+                mutation(
+                    &m,
+                    "m1",
+                    "insert",
+                    200,
+                    None,
+                    &[("owner", json!("bob")), ("team", json!("red"))],
+                ),
+                // Bob's team:red row handed to carol: adds user:carol.
+                mutation(
+                    &m,
+                    "m2",
+                    "update",
+                    3,
+                    Some(&v3),
+                    &[("owner", json!("carol"))],
+                ),
+                // Her own row moved into team:blue, which she does not hold.
+                mutation(&m, "m3", "update", 1, Some(&v1), &[("team", json!("blue"))]),
+                // Changing only the title of bob's team:red row adds no scope: allowed.
+                mutation(
+                    &m,
+                    "m4",
+                    "update",
+                    3,
+                    Some(&v3),
+                    &[("title", json!("edited"))],
+                ),
+                // A new row entirely in her scopes: allowed.
+                mutation(
+                    &m,
+                    "m5",
+                    "insert",
+                    201,
+                    None,
+                    &[("owner", json!("alice")), ("team", json!("red"))],
+                ),
+            ],
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let codes: Vec<(&str, Option<&str>)> = v["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["status"].as_str().unwrap(), o["code"].as_str()))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            ("rejected_terminal", Some("forbidden")),
+            ("rejected_terminal", Some("forbidden")),
+            ("rejected_terminal", Some("forbidden")),
+            ("applied", None),
+            ("applied", None)
+        ],
+        "{v}"
+    );
+    assert!(s.source(200).await.is_none());
+    assert_eq!(s.source(3).await.unwrap().0, "bob");
+    assert_eq!(s.source(1).await.unwrap().1, "red");
+    // Bob never sees a row alice tried to put into his scope.
+    let bob = s.session("bob", "c2").await;
+    let (st, pulled) = s
+        .post(
+            &bob.token,
+            "/sync/pull",
+            &json!({"protocol_version": 3, "client_id": "c2", "client_generation": bob.generation,
+                    "schema": bob.schema, "scope_cursors": {"user:bob": null}, "limit": 1000}),
+        )
+        .await;
+    assert_eq!(st, 200, "{pulled}");
+    assert!(
+        !pulled["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["pk"] == json!("200")),
+        "{pulled}"
+    );
+
+    // Bob's user:bob/team:blue row 2 is invisible to alice; row 999 does not exist. Every
+    // write to either is answered the same, whatever base version is presented.
+    let (st, v) = s
+        .push(
+            &alice,
+            "b2",
+            vec![
+                mutation(&m, "n1", "update", 2, Some(&v2), &[("title", json!("x"))]),
+                mutation(&m, "n2", "update", 999, Some(&v2), &[("title", json!("x"))]),
+                mutation(&m, "n3", "update", 2, Some("1"), &[("title", json!("x"))]),
+                mutation(&m, "n4", "update", 999, Some("1"), &[("title", json!("x"))]),
+                mutation(&m, "n5", "delete", 2, Some(&v2), &[]),
+                mutation(&m, "n6", "delete", 999, Some(&v2), &[]),
+            ],
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let mut shapes: Vec<Value> = v["outcomes"].as_array().unwrap().clone();
+    for o in &mut shapes {
+        o.as_object_mut().unwrap().remove("mutation_id");
+    }
+    assert!(
+        shapes.iter().all(|o| *o == shapes[0]),
+        "invisible and missing rows must be indistinguishable: {v}"
+    );
+    assert_eq!(shapes[0]["status"], "conflict", "{v}");
+    assert!(shapes[0].get("row").is_none() && shapes[0].get("server_version").is_none());
+    assert_eq!(s.source(2).await.unwrap().2.as_deref(), Some("two"));
+    // An insert over an invisible key cannot apply, and reveals nothing of the row.
+    let (st, v) = s
+        .push(
+            &alice,
+            "b3",
+            vec![mutation(
+                &m,
+                "i1",
+                "insert",
+                2,
+                None,
+                &[("owner", json!("alice")), ("team", json!("red"))],
+            )],
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let mut o = v["outcomes"][0].clone();
+    o.as_object_mut().unwrap().remove("mutation_id");
+    assert_eq!(o, shapes[0], "{v}");
 }
