@@ -58,6 +58,10 @@ enum Command {
         /// purpose label). Rotating it invalidates every cursor (scopes rebuild).
         #[arg(long, env = "SYNCHRO_CURSOR_SECRET", hide_env_values = true)]
         cursor_secret: Option<String>,
+        /// Longest accepted bearer-token lifetime: a token whose `exp` lies further than
+        /// this from now is refused (401).
+        #[arg(long, default_value_t = synchro_server::auth::DEFAULT_MAX_TOKEN_LIFETIME_SECS)]
+        max_token_lifetime_secs: u64,
         /// Largest accepted request body in bytes.
         #[arg(long, default_value_t = 1_048_576)]
         max_body_bytes: usize,
@@ -217,6 +221,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             assignment_url,
             worker_url,
             cursor_secret,
+            max_token_lifetime_secs,
         } => {
             // The worker login also evaluates written rows' scopes for push.
             let membership_db = match &worker_url {
@@ -245,7 +250,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             serve(
                 (db, snapshot_db, assignment_db, membership_db),
                 synchro_server::events::Notifier::listen(database_url.clone()),
-                jwt_secret.as_bytes(),
+                Authenticator::hs256_with_max_lifetime(
+                    jwt_secret.as_bytes(),
+                    max_token_lifetime_secs,
+                )?,
                 cursor_root.as_bytes(),
                 config,
                 bind(listen).await?,
@@ -304,7 +312,7 @@ type Connections = (
 async fn serve(
     (db, snapshot_db, assignment_db, membership_db): Connections,
     events: synchro_server::events::Notifier,
-    secret: &[u8],
+    auth: Authenticator,
     cursor_root: &[u8],
     config: Config,
     listener: tokio::net::TcpListener,
@@ -318,7 +326,7 @@ async fn serve(
         snapshot_db: synchro_server::http::SnapshotPool::new(snapshot_db),
         cursor_keys,
         assignment_db,
-        auth: Authenticator::hs256(secret)?,
+        auth,
         config,
         events,
         membership_db: membership_db.map(tokio::sync::Mutex::new),
@@ -393,7 +401,7 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
             Some(connect_db(&url_for("synchro_dev_worker")).await?),
         ),
         synchro_server::events::Notifier::listen(url_for("synchro_dev_adapter")),
-        secret.as_bytes(),
+        Authenticator::hs256(secret.as_bytes())?,
         secret.as_bytes(),
         Config::default(),
         listener,
