@@ -35,14 +35,33 @@ async fn ensure_member_login(
             ))
             .await?;
     }
-    admin
-        .batch_execute(&format!(
-            "GRANT {} TO {}",
-            quote_ident(group),
-            quote_ident(login)
-        ))
-        .await?;
+    grant_role_once(admin, group, login).await
+}
+
+/// `GRANT group TO member` unless it is already granted (a repeated grant makes
+/// PostgreSQL emit a NOTICE, and start-up must leave the operator's log quiet).
+async fn grant_role_once(admin: &Client, group: &str, member: &str) -> Result<()> {
+    if !is_member(admin, group, member).await? {
+        admin
+            .batch_execute(&format!(
+                "GRANT {} TO {}",
+                quote_ident(group),
+                quote_ident(member)
+            ))
+            .await?;
+    }
     Ok(())
+}
+
+async fn is_member(admin: &Client, group: &str, member: &str) -> Result<bool> {
+    Ok(admin
+        .query_opt(
+            "SELECT 1 FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
+               JOIN pg_roles r ON r.oid = m.member WHERE g.rolname = $1 AND r.rolname = $2",
+            &[&group, &member],
+        )
+        .await?
+        .is_some())
 }
 
 /// Creates (or keeps) a LOGIN role that is a member of exactly `group`.
@@ -57,25 +76,42 @@ pub async fn ensure_worker_login(admin: &Client, login: &str) -> Result<()> {
 }
 
 /// Creates the demo application schema `app` owned by `app_owner`, and lets synchro_owner
-/// act for that owner (needed to add triggers and publication membership).
+/// act for that owner (needed to add triggers and publication membership). Whatever exists
+/// already is kept, without DDL that would make PostgreSQL emit a NOTICE.
 pub async fn create_demo_schema(admin: &Client) -> Result<()> {
-    admin
-        .batch_execute(
-            "DO $$ BEGIN
-               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app_owner') THEN
-                 CREATE ROLE app_owner NOLOGIN;
-               END IF;
-             END $$;
-             GRANT app_owner TO synchro_owner;
-             CREATE SCHEMA IF NOT EXISTS app AUTHORIZATION app_owner;
-             SET ROLE app_owner;
-             CREATE TABLE IF NOT EXISTS app.projects (
+    let exists = |sql: &'static str| async move {
+        admin
+            .query_opt(sql, &[])
+            .await
+            .map(|r| r.is_some())
+            .context("reading the catalog")
+    };
+    if !exists("SELECT 1 FROM pg_roles WHERE rolname = 'app_owner'").await? {
+        admin.batch_execute("CREATE ROLE app_owner NOLOGIN").await?;
+    }
+    grant_role_once(admin, "app_owner", "synchro_owner").await?;
+    if !exists("SELECT 1 FROM pg_namespace WHERE nspname = 'app'").await? {
+        admin
+            .batch_execute("CREATE SCHEMA app AUTHORIZATION app_owner")
+            .await?;
+    }
+    let mut ddl = String::from("SET ROLE app_owner;");
+    if !exists("SELECT 1 FROM pg_class WHERE oid = to_regclass('app.projects')").await? {
+        ddl.push_str(
+            "CREATE TABLE app.projects (
                id text PRIMARY KEY, name text NOT NULL, budget numeric(12,2), archived boolean NOT NULL DEFAULT false,
-               updated_at timestamptz NOT NULL DEFAULT now());
-             CREATE TABLE IF NOT EXISTS app.notes (
-               id bigint PRIMARY KEY, project_id text NOT NULL, body text, meta jsonb, attachment bytea);
-             RESET ROLE;",
-        )
+               updated_at timestamptz NOT NULL DEFAULT now());",
+        );
+    }
+    if !exists("SELECT 1 FROM pg_class WHERE oid = to_regclass('app.notes')").await? {
+        ddl.push_str(
+            "CREATE TABLE app.notes (
+               id bigint PRIMARY KEY, project_id text NOT NULL, body text, meta jsonb, attachment bytea);",
+        );
+    }
+    ddl.push_str("RESET ROLE;");
+    admin
+        .batch_execute(&ddl)
         .await
         .context("creating the demo schema")
 }

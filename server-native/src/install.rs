@@ -150,6 +150,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0023_stream_watermark.sql",
         sql: include_str!("../migrations/0023_stream_watermark.sql"),
     },
+    Migration {
+        version: 24,
+        name: "0024_quiet_projection_index.sql",
+        sql: include_str!("../migrations/0024_quiet_projection_index.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

@@ -60,6 +60,12 @@ fn is_root() -> bool {
 impl TempCluster {
     /// Creates and starts a cluster. Superuser `postgres`, trust authentication on loopback.
     pub fn start() -> Result<TempCluster> {
+        TempCluster::start_with(&[])
+    }
+
+    /// [`TempCluster::start`] with extra server settings (`name=value`, e.g.
+    /// `log_min_messages=notice`).
+    pub fn start_with(settings: &[&str]) -> Result<TempCluster> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let bin = bindir()?;
         let run_as = is_root().then(|| "postgres".to_owned());
@@ -113,7 +119,10 @@ impl TempCluster {
                  -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c full_page_writes=off",
                 cluster.port,
                 cluster.dir.display()
-            );
+            ) + &settings
+                .iter()
+                .map(|kv| format!(" -c {kv}"))
+                .collect::<String>();
             let log = cluster.dir.join("server.log");
             let started = cluster.run(
                 "pg_ctl",
@@ -169,6 +178,11 @@ impl TempCluster {
             );
         }
         Ok(())
+    }
+
+    /// Everything the server has written to its log so far.
+    pub fn server_log(&self) -> Result<String> {
+        std::fs::read_to_string(self.dir.join("server.log")).context("reading the server log")
     }
 
     /// The port the cluster listens on (127.0.0.1).

@@ -83,3 +83,140 @@ async fn dev_serves_the_demo_schema_and_stops_cleanly() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Runs `synchro-server dev` against `database_url` until it prints its token; returns the
+/// child and the token.
+fn start_dev(database_url: &str, port: u16) -> (std::process::Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
+        .env("DATABASE_URL", database_url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut saw_token_label = false;
+    while Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) {
+            if saw_token_label {
+                return (child, line.trim().to_owned());
+            }
+            saw_token_label = line.contains("development token");
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("dev exited early with {status}");
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("dev printed no development token");
+}
+
+fn interrupt(mut child: std::process::Child) {
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "dev exited with {status}");
+            return;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dev did not stop");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 12.8: start-up (a first and a second start on the same database) and steady state
+/// (sync requests, captured writes, idle capture) emit no NOTICE, WARNING or ERROR into
+/// PostgreSQL's log, even with the log taking every NOTICE.
+#[tokio::test]
+async fn dev_start_and_steady_state_leave_the_postgres_log_quiet() {
+    let cluster =
+        synchro_server::pg_harness::TempCluster::start_with(&["log_min_messages=notice"]).unwrap();
+    let admin = synchro_server::connect_db(&cluster.admin_url())
+        .await
+        .unwrap();
+    admin.batch_execute("CREATE DATABASE quiet").await.unwrap();
+    let url = cluster.url("postgres", "quiet");
+    let http = reqwest::Client::new();
+    for round in 0..2 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (child, token) = start_dev(&url, port);
+        let base = format!("http://127.0.0.1:{port}");
+        let post = |path: &str, body: serde_json::Value| {
+            http.post(format!("{base}{path}"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(body.to_string())
+                .send()
+        };
+        let client = format!("c{round}");
+        let v: serde_json::Value = post(
+            "/sync/connect",
+            serde_json::json!({"protocol_version": 3, "client_id": client, "schema": {"version": 0, "hash": ""}}),
+        )
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        let schema =
+            serde_json::json!({"version": v["schema"]["version"], "hash": v["schema"]["hash"]});
+        let db = synchro_server::connect_db(&url).await.unwrap();
+        db.batch_execute(&format!(
+            "INSERT INTO app.projects (id, name) VALUES ('p{round}', 'quiet')"
+        ))
+        .await
+        .unwrap();
+        // Idle capture steps and pulls for a while.
+        for _ in 0..10 {
+            let r = post(
+                "/sync/pull",
+                serde_json::json!({"protocol_version": 3, "client_id": client,
+                    "client_generation": v["client_generation"], "schema": schema,
+                    "scope_cursors": {}, "limit": 100}),
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        interrupt(child);
+    }
+    let log = cluster.server_log().unwrap();
+    let noisy: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            ["NOTICE:", "WARNING:", "ERROR:", "FATAL:", "PANIC:"]
+                .iter()
+                .any(|level| l.contains(level))
+        })
+        .collect();
+    assert!(
+        noisy.is_empty(),
+        "PostgreSQL logged {} lines, e.g.:\n{}",
+        noisy.len(),
+        noisy
+            .iter()
+            .take(20)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
