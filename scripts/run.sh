@@ -6,4 +6,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 cargo build -q --release -p synchro-server --bin synchro-server
-exec target/release/synchro-server dev "$@"
+# Where cargo put it: CARGO_TARGET_DIR and build.target-dir move the target directory.
+TARGET_DIR=$(cargo metadata -q --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+exec "$TARGET_DIR/release/synchro-server" dev "$@"
