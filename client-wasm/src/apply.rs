@@ -52,6 +52,27 @@ fn integrity(what: &'static str) -> StorageError {
     StorageError::Verification(what)
 }
 
+/// The digest of a wire checksum object, parsed strictly (spec 001 "Wire checksum objects":
+/// exactly `algorithm` sha256, `version` 1, `encoding` hex and a 64-lowercase-hex `digest`;
+/// anything else, or no object, is a contract failure of the whole page).
+pub(crate) fn checksum_digest(
+    value: Option<&Json>,
+    what: &'static str,
+) -> Result<[u8; 32], StorageError> {
+    value
+        .and_then(|v| synchro_protocol::checksum::Checksum::from_json(v).ok())
+        .map(|c| c.0)
+        .ok_or_else(|| integrity(what))
+}
+
+/// A page's `has_more`, which must be a boolean.
+fn has_more(page: &Json) -> Result<bool, StorageError> {
+    match page.get("has_more") {
+        Some(Json::Bool(b)) => Ok(*b),
+        _ => Err(integrity("has_more is not a boolean")),
+    }
+}
+
 /// A verified upsert: its values by field ID, server version and row digest.
 type Upsert = (Vec<(String, TypedValue)>, String, [u8; 32]);
 
@@ -269,12 +290,10 @@ impl Storage {
                     let row = c
                         .get("row")
                         .ok_or_else(|| integrity("an upsert lacks row"))?;
-                    let expected = c
-                        .get("row_checksum")
-                        .and_then(|r| r.get("digest"))
-                        .and_then(Json::as_str)
-                        .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
-                        .ok_or_else(|| integrity("an upsert lacks its row checksum"))?;
+                    let expected = checksum_digest(
+                        c.get("row_checksum"),
+                        "an upsert lacks a valid row checksum",
+                    )?;
                     let d = row_digest(manifest, &table_id, pk_json, row, &version)
                         .map_err(|_| integrity("a row does not match its table"))?;
                     if d.digest != expected {
@@ -301,19 +320,20 @@ impl Storage {
                 upsert,
             });
         }
-        let terminal = page.get("has_more") == Some(&Json::Bool(false));
+        // Terminal rules 1-3 (spec 001): checksums on exactly the terminal page, keyed by
+        // exactly the assigned scopes.
+        let terminal = !has_more(page)?;
         let mut checksums: BTreeMap<String, [u8; 32]> = BTreeMap::new();
+        if !terminal && page.get("checksums").is_some() {
+            return Err(integrity("a non-terminal page carries checksums"));
+        }
         if terminal {
             let map = page
                 .get("checksums")
                 .and_then(object)
                 .ok_or_else(|| integrity("a terminal page lacks checksums"))?;
             for (scope, c) in map {
-                let d = c
-                    .get("digest")
-                    .and_then(Json::as_str)
-                    .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
-                    .ok_or_else(|| integrity("a malformed scope checksum"))?;
+                let d = checksum_digest(Some(c), "a malformed scope checksum")?;
                 checksums.insert(scope.clone(), d);
             }
             if checksums.keys().cloned().collect::<BTreeSet<_>>() != *assigned {
@@ -541,12 +561,8 @@ impl Storage {
                 .ok_or_else(|| integrity("a record names an unknown table"))?;
             let pk = TypedValue::from_wire(&table.primary_key().spec, pk_json)
                 .map_err(|_| integrity("a key does not match its type"))?;
-            let expected = r
-                .get("row_checksum")
-                .and_then(|c| c.get("digest"))
-                .and_then(Json::as_str)
-                .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
-                .ok_or_else(|| integrity("a record lacks its row checksum"))?;
+            let expected =
+                checksum_digest(r.get("row_checksum"), "a record lacks a valid row checksum")?;
             let d = row_digest(manifest, table_id, pk_json, row, version)
                 .map_err(|_| integrity("a row does not match its table"))?;
             if d.digest != expected {
@@ -560,6 +576,30 @@ impl Storage {
                 d.digest,
             ));
         }
+        // Terminal rules 5 and 6 (spec 001): the final cursor and checksum on exactly the
+        // last page, for exactly the requested scope.
+        let last = !has_more(page)?;
+        let final_cursor = page.get("final_scope_cursor");
+        let final_checksum = page.get("checksum");
+        if page.get("scope_id").and_then(Json::as_str) != Some(scope) {
+            return Err(integrity("a rebuild page names another scope"));
+        }
+        if !last && (final_cursor.is_some() || final_checksum.is_some()) {
+            return Err(integrity(
+                "a non-final rebuild page carries a final cursor or checksum",
+            ));
+        }
+        let expected = if last {
+            if !matches!(final_cursor, Some(Json::String(_))) {
+                return Err(integrity("the final page lacks its final cursor"));
+            }
+            Some(checksum_digest(
+                final_checksum,
+                "the final page lacks a valid checksum",
+            )?)
+        } else {
+            None
+        };
         let tx = self.conn_mut().transaction()?;
         if first {
             run(
@@ -575,16 +615,10 @@ impl Storage {
                 params![scope, table_id, pk, row, version, digest.to_vec()],
             )?;
         }
-        if page.get("has_more") != Some(&Json::Bool(false)) {
+        let Some(expected) = expected else {
             tx.commit()?;
             return Ok(false);
-        }
-        let expected = page
-            .get("checksum")
-            .and_then(|c| c.get("digest"))
-            .and_then(Json::as_str)
-            .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
-            .ok_or_else(|| integrity("the final page lacks its checksum"))?;
+        };
         let rows: Vec<(String, String, String, String, Vec<u8>)> = {
             let mut q = tx.prepare(
                 r#"SELECT "table_id", "pk", "row", "server_version", "digest" FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,

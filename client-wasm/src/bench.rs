@@ -75,7 +75,7 @@ pub fn pull_pages(m: &Manifest, rows: i64, page: i64) -> Vec<Json> {
         let key = TypedValue::from_wire(&table.primary_key().spec, &pk).expect("key");
         entries.push((RowIdentity::new(table, &key).expect("identity"), d.digest));
         changes.push(format!(
-            r#"{{"scope_id":"{SCOPE}","table_id":"tbl_items","pk":{id},"op":"upsert","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","digest":"{}"}}}}"#,
+            r#"{{"scope_id":"{SCOPE}","table_id":"tbl_items","pk":{id},"op":"upsert","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{}"}}}}"#,
             row_json(id),
             hex(&d.digest)
         ));
@@ -89,7 +89,7 @@ pub fn pull_pages(m: &Manifest, rows: i64, page: i64) -> Vec<Json> {
             if last {
                 let d = scope_digest(&m.schema_hash(), SCOPE, &mut entries, false).expect("scope");
                 text.push_str(&format!(
-                    r#","checksums":{{"{SCOPE}":{{"algorithm":"sha256","digest":"{}"}}}}"#,
+                    r#","checksums":{{"{SCOPE}":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{}"}}}}"#,
                     hex(&d.digest)
                 ));
             }

@@ -584,12 +584,10 @@ impl Storage {
             if let (Some(row), Some(version)) =
                 (o.get("row"), o.get("server_version").and_then(Json::as_str))
             {
-                let expected = o
-                    .get("row_checksum")
-                    .and_then(|c| c.get("digest"))
-                    .and_then(Json::as_str)
-                    .and_then(|h| synchro_protocol::manifest::parse_hex32(h).ok())
-                    .ok_or_else(|| integrity("a row-bearing outcome lacks its checksum"))?;
+                let expected = crate::apply::checksum_digest(
+                    o.get("row_checksum"),
+                    "a row-bearing outcome lacks a valid checksum",
+                )?;
                 let pk = Json::parse(&m.pk).map_err(|_| integrity("a queued key"))?;
                 let d =
                     synchro_protocol::digest::row_digest(manifest, &m.table_id, &pk, row, version)

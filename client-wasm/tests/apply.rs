@@ -61,7 +61,7 @@ fn hex(b: &[u8]) -> String {
 
 fn upsert(m: &Manifest, scope: &str, id: i64, title: &str, version: &str) -> String {
     format!(
-        r#"{{"scope_id":"{scope}","table_id":"tbl_docs","pk":"{id}","op":"upsert","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","digest":"{}"}}}}"#,
+        r#"{{"scope_id":"{scope}","table_id":"tbl_docs","pk":"{id}","op":"upsert","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{}"}}}}"#,
         row(id, title),
         digest_hex(m, id, title, version)
     )
@@ -109,7 +109,7 @@ fn page(changes: &[String], terminal: Option<&[(&str, String)]>, cursors: &[(&st
         Some(sums) => {
             let sums: Vec<String> = sums
                 .iter()
-                .map(|(s, d)| format!(r#""{s}":{{"algorithm":"sha256","digest":"{d}"}}"#))
+                .map(|(s, d)| format!(r#""{s}":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{d}"}}"#))
                 .collect();
             format!(r#""has_more":false,"checksums":{{{}}}"#, sums.join(","))
         }
@@ -263,7 +263,7 @@ async fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
 
 fn record(m: &Manifest, id: i64, title: &str, version: &str) -> String {
     format!(
-        r#"{{"table_id":"tbl_docs","pk":"{id}","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","digest":"{}"}}}}"#,
+        r#"{{"table_id":"tbl_docs","pk":"{id}","row":{},"server_version":"{version}","row_checksum":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{}"}}}}"#,
         row(id, title),
         digest_hex(m, id, title, version)
     )
@@ -273,7 +273,7 @@ fn rebuild_page(records: &[String], last: Option<(String, &str)>) -> Json {
     let tail = match last {
         None => r#""has_more":true,"continuation":"k""#.to_owned(),
         Some((digest, cursor)) => format!(
-            r#""has_more":false,"final_scope_cursor":"{cursor}","checksum":{{"algorithm":"sha256","digest":"{digest}"}}"#
+            r#""has_more":false,"final_scope_cursor":"{cursor}","checksum":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{digest}"}}"#
         ),
     };
     Json::parse(&format!(
@@ -411,7 +411,7 @@ async fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
     let only_a: BTreeSet<String> = ["user:a".to_owned()].into();
     let removal = |removed: &str| {
         Json::parse(&format!(
-            r#"{{"changes":[],"scope_updates":{{"added":[],"removed":["{removed}"]}},"scope_cursor_updates":{{}},"rebuild_scopes":[],"has_more":false,"checksums":{{"user:a":{{"algorithm":"sha256","digest":"{}"}}}}}}"#,
+            r#"{{"changes":[],"scope_updates":{{"added":[],"removed":["{removed}"]}},"scope_cursor_updates":{{}},"rebuild_scopes":[],"has_more":false,"checksums":{{"user:a":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{}"}}}}}}"#,
             scope_hex(&m, "user:a", &[(1, "shared", "v1")])
         ))
         .unwrap()
@@ -427,4 +427,311 @@ async fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
         db.scope_state("user:a").unwrap(),
         Some((Some("ca".into()), false))
     );
+}
+
+/// The wire checksum object these tests' pages carry for a digest.
+fn good_checksum(digest: &str) -> String {
+    format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{digest}"}}"#)
+}
+
+/// Every way a checksum object can differ from spec 001's exact shape.
+fn bad_checksums(digest: &str) -> Vec<String> {
+    let upper = digest.to_uppercase();
+    let short = &digest[..62];
+    let alphabet = format!("g{}", &digest[1..]);
+    vec![
+        format!(r#"{{"algorithm":"md5","version":1,"encoding":"hex","digest":"{digest}"}}"#),
+        format!(r#"{{"algorithm":"sha256","version":7,"encoding":"hex","digest":"{digest}"}}"#),
+        format!(r#"{{"algorithm":"sha256","version":"1","encoding":"hex","digest":"{digest}"}}"#),
+        format!(r#"{{"algorithm":"sha256","version":1,"encoding":"base64","digest":"{digest}"}}"#),
+        format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{upper}"}}"#),
+        format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{short}"}}"#),
+        format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{alphabet}"}}"#),
+        format!(r#"{{"algorithm":"sha256","version":1,"digest":"{digest}"}}"#),
+        format!(r#"{{"algorithm":"sha256","digest":"{digest}"}}"#),
+        format!(r#"{{"digest":"{digest}"}}"#),
+        format!(
+            r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{digest}","x":1}}"#
+        ),
+        format!(r#""{digest}""#),
+        format!(r#"["sha256",1,"hex","{digest}"]"#),
+        "null".to_owned(),
+    ]
+}
+
+/// Everything the client stores about synced state: visible rows, row digests and every
+/// scope column (cursor, pending cursor, rebuild mark).
+fn stored_state(db: &Storage) -> String {
+    let mut out = String::new();
+    for sql in [
+        "SELECT id || ':' || coalesce(title, '') FROM docs ORDER BY id",
+        r#"SELECT "table_id" || ':' || "pk" || ':' || "server_version" || ':' || hex("digest") FROM "_synchro_rows" ORDER BY 1"#,
+        r#"SELECT "scope_id" || ':' || coalesce("cursor", '-') || ':' || coalesce("pending_cursor", '-') || ':' || "rebuild" FROM "_synchro_scopes" ORDER BY 1"#,
+        r#"SELECT count(*) FROM "_synchro_rebuild_rows""#,
+    ] {
+        let mut q = db.connection().prepare(sql).unwrap();
+        let rows: Vec<String> = q
+            .query_map([], |r| r.get::<_, rusqlite::types::Value>(0))
+            .unwrap()
+            .map(|v| format!("{:?}", v.unwrap()))
+            .collect();
+        out.push_str(&rows.join(","));
+        out.push('|');
+    }
+    out
+}
+
+/// A database holding a verified row 1 in both scopes (cursors ca and cb).
+async fn baseline(m: &Manifest) -> Storage {
+    let mut db = target::fresh("t").await;
+    db.install(m).unwrap();
+    db.apply_pull(
+        m,
+        &page(
+            &[
+                upsert(m, "user:a", 1, "one", "v1"),
+                upsert(m, "user:b", 1, "one", "v1"),
+            ],
+            Some(&[
+                ("user:a", scope_hex(m, "user:a", &[(1, "one", "v1")])),
+                ("user:b", scope_hex(m, "user:b", &[(1, "one", "v1")])),
+            ]),
+            &[("user:a", "ca"), ("user:b", "cb")],
+        ),
+        &assigned(),
+    )
+    .unwrap();
+    db
+}
+
+/// Applies `text` as a pull page and expects a whole-page contract failure that changed
+/// nothing stored.
+fn refused_pull(db: &mut Storage, m: &Manifest, text: &str, assigned: &BTreeSet<String>) {
+    let before = stored_state(db);
+    let page = Json::parse(text).unwrap();
+    let err = db.apply_pull(m, &page, assigned).unwrap_err();
+    assert_eq!(err.code(), "sync_integrity_failure", "{text}");
+    assert_eq!(stored_state(db), before, "nothing is written: {text}");
+}
+
+fn refused_rebuild(db: &mut Storage, m: &Manifest, text: &str, first: bool) {
+    let before = stored_state(db);
+    let page = Json::parse(text).unwrap();
+    let err = db.apply_rebuild(m, "user:a", &page, first).unwrap_err();
+    assert_eq!(err.code(), "sync_integrity_failure", "{text}");
+    assert_eq!(stored_state(db), before, "nothing is written: {text}");
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_checksum_object_of_any_other_shape_fails_the_whole_page() {
+    let m = docs();
+    let mut db = baseline(&m).await;
+    // A terminal pull page: row 1 changes, row 2 arrives, both scopes' digests.
+    let a_rows = [(1, "uno", "v3"), (2, "two", "v2")];
+    let row_2 = digest_hex(&m, 2, "two", "v2");
+    let scope_a = scope_hex(&m, "user:a", &a_rows);
+    let good = page(
+        &[
+            upsert(&m, "user:a", 1, "uno", "v3"),
+            upsert(&m, "user:a", 2, "two", "v2"),
+        ],
+        Some(&[
+            ("user:a", scope_a.clone()),
+            ("user:b", scope_hex(&m, "user:b", &[(1, "uno", "v3")])),
+        ]),
+        &[("user:a", "ca2"), ("user:b", "cb2")],
+    );
+    let good = synchro_protocol::jcs::to_output_string(&good);
+    // In a pull change's row_checksum and in the terminal map.
+    for target in [&row_2, &scope_a] {
+        let canonical =
+            synchro_protocol::jcs::to_output_string(&Json::parse(&good_checksum(target)).unwrap());
+        assert!(good.contains(&canonical));
+        for bad in bad_checksums(target) {
+            refused_pull(&mut db, &m, &good.replace(&canonical, &bad), &assigned());
+        }
+    }
+    // The page itself is fine.
+    db.apply_pull(&m, &Json::parse(&good).unwrap(), &assigned())
+        .unwrap();
+    assert_eq!(titles(&db), [(1, "uno".into()), (2, "two".into())]);
+
+    // In a rebuild record's row_checksum and in the final checksum.
+    let record_1 = digest_hex(&m, 1, "eins", "v4");
+    let final_a = scope_hex(&m, "user:a", &[(1, "eins", "v4")]);
+    let good = rebuild_page(
+        &[record(&m, 1, "eins", "v4")],
+        Some((final_a.clone(), "ra")),
+    );
+    let good = synchro_protocol::jcs::to_output_string(&good);
+    for target in [&record_1, &final_a] {
+        let canonical =
+            synchro_protocol::jcs::to_output_string(&Json::parse(&good_checksum(target)).unwrap());
+        assert!(good.contains(&canonical));
+        for bad in bad_checksums(target) {
+            refused_rebuild(&mut db, &m, &good.replace(&canonical, &bad), true);
+        }
+    }
+    assert!(db
+        .apply_rebuild(&m, "user:a", &Json::parse(&good).unwrap(), true)
+        .unwrap());
+    assert_eq!(
+        db.scope_state("user:a").unwrap(),
+        Some((Some("ra".into()), false))
+    );
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn every_terminal_rule_is_a_whole_page_contract() {
+    let m = docs();
+    let mut db = baseline(&m).await;
+    let change = upsert(&m, "user:a", 2, "two", "v2");
+    let sums = [
+        (
+            "user:a",
+            scope_hex(&m, "user:a", &[(1, "one", "v1"), (2, "two", "v2")]),
+        ),
+        ("user:b", scope_hex(&m, "user:b", &[(1, "one", "v1")])),
+    ];
+    let terminal = synchro_protocol::jcs::to_output_string(&page(
+        std::slice::from_ref(&change),
+        Some(&sums),
+        &[("user:a", "ca2"), ("user:b", "cb2")],
+    ));
+    let more = synchro_protocol::jcs::to_output_string(&page(
+        std::slice::from_ref(&change),
+        None,
+        &[("user:a", "ca2")],
+    ));
+    let map = |entries: &[(&str, &String)]| {
+        entries
+            .iter()
+            .map(|(s, d)| format!(r#""{s}":{}"#, good_checksum(d)))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    // Rule 1: a page with has_more = true omits checksums entirely (even an empty map).
+    for extra in [
+        format!(
+            r#""checksums":{{{}}},"#,
+            map(&[("user:a", &sums[0].1), ("user:b", &sums[1].1)])
+        ),
+        r#""checksums":{},"#.to_owned(),
+        r#""checksums":null,"#.to_owned(),
+    ] {
+        refused_pull(
+            &mut db,
+            &m,
+            &more.replacen('{', &format!("{{{extra}"), 1),
+            &assigned(),
+        );
+    }
+    // has_more is a boolean, and present.
+    for has_more in [
+        r#""has_more":"false""#,
+        r#""has_more":0"#,
+        r#""has_more":null"#,
+    ] {
+        refused_pull(
+            &mut db,
+            &m,
+            &terminal.replace(r#""has_more":false"#, has_more),
+            &assigned(),
+        );
+    }
+    refused_pull(
+        &mut db,
+        &m,
+        &terminal.replace(r#""has_more":false,"#, ""),
+        &assigned(),
+    );
+    // Rule 2: a page with has_more = false includes checksums.
+    let start = terminal.find(r#""checksums":"#).unwrap();
+    let end = start + terminal[start..].find("}}").unwrap() + 2;
+    let without = format!("{}{}", &terminal[..start], &terminal[end + 1..]);
+    assert!(Json::parse(&without).unwrap().get("checksums").is_none());
+    refused_pull(&mut db, &m, &without, &assigned());
+    // Rule 3: the key set equals the assigned scopes: a missing or an extra key fails,
+    // also on an empty no-change page.
+    let with_map = |entries: &str| {
+        format!(
+            "{}\"checksums\":{{{entries}}}{}",
+            &terminal[..start],
+            &terminal[end..]
+        )
+    };
+    refused_pull(
+        &mut db,
+        &m,
+        &with_map(&map(&[("user:a", &sums[0].1)])),
+        &assigned(),
+    );
+    refused_pull(
+        &mut db,
+        &m,
+        &with_map(&map(&[
+            ("user:a", &sums[0].1),
+            ("user:b", &sums[1].1),
+            ("user:c", &sums[1].1),
+        ])),
+        &assigned(),
+    );
+    let empty = r#"{"changes":[],"scope_cursor_updates":{},"rebuild_scopes":[],"has_more":false,"checksums":{}}"#;
+    refused_pull(&mut db, &m, empty, &assigned());
+    // The unmodified pages apply.
+    db.apply_pull(&m, &Json::parse(&more).unwrap(), &assigned())
+        .unwrap();
+    db.apply_pull(&m, &Json::parse(&terminal).unwrap(), &assigned())
+        .unwrap();
+    assert_eq!(titles(&db), [(1, "one".into()), (2, "two".into())]);
+
+    // Rule 5: a rebuild page with has_more = true omits final_scope_cursor and checksum.
+    let final_a = scope_hex(&m, "user:a", &[(1, "eins", "v4")]);
+    let rec = record(&m, 1, "eins", "v4");
+    let first =
+        synchro_protocol::jcs::to_output_string(&rebuild_page(std::slice::from_ref(&rec), None));
+    for extra in [
+        r#""final_scope_cursor":"ra","#.to_owned(),
+        format!(r#""checksum":{},"#, good_checksum(&final_a)),
+    ] {
+        refused_rebuild(
+            &mut db,
+            &m,
+            &first.replacen('{', &format!("{{{extra}"), 1),
+            true,
+        );
+    }
+    // Rule 6: a rebuild page with has_more = false includes both, for the requested scope.
+    let last = synchro_protocol::jcs::to_output_string(&rebuild_page(
+        std::slice::from_ref(&rec),
+        Some((final_a.clone(), "ra")),
+    ));
+    let no_cursor = last.replace(r#""final_scope_cursor":"ra","#, "");
+    assert!(Json::parse(&no_cursor)
+        .unwrap()
+        .get("final_scope_cursor")
+        .is_none());
+    refused_rebuild(&mut db, &m, &no_cursor, true);
+    let canonical =
+        synchro_protocol::jcs::to_output_string(&Json::parse(&good_checksum(&final_a)).unwrap());
+    let no_checksum = last.replace(&format!(r#""checksum":{canonical},"#), "");
+    assert!(Json::parse(&no_checksum).unwrap().get("checksum").is_none());
+    refused_rebuild(&mut db, &m, &no_checksum, true);
+    refused_rebuild(
+        &mut db,
+        &m,
+        &last.replace(r#""scope_id":"user:a""#, r#""scope_id":"user:b""#),
+        true,
+    );
+    refused_rebuild(
+        &mut db,
+        &m,
+        &last.replace(r#""has_more":false"#, r#""has_more":"no""#),
+        true,
+    );
+    assert!(db
+        .apply_rebuild(&m, "user:a", &Json::parse(&last).unwrap(), true)
+        .unwrap());
 }

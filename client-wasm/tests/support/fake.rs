@@ -62,10 +62,6 @@ fn obj(members: Vec<(&str, Json)>) -> Json {
     )
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 impl State {
     fn current(&self) -> &Manifest {
         self.lineage.last().expect("a manifest")
@@ -89,10 +85,7 @@ impl State {
             entries.push((RowIdentity::new(table, &key).unwrap(), d.digest));
         }
         let d = scope_digest(&m.schema_hash(), scope, &mut entries, false).unwrap();
-        obj(vec![
-            ("algorithm", s("sha256")),
-            ("digest", s(&hex(&d.digest))),
-        ])
+        checksum(d.digest)
     }
 
     fn record(&self, r: &Row) -> Json {
@@ -107,13 +100,7 @@ impl State {
             ("op", s("upsert")),
             ("row", row),
             ("server_version", s(&r.version)),
-            (
-                "row_checksum",
-                obj(vec![
-                    ("algorithm", s("sha256")),
-                    ("digest", s(&hex(&d.digest))),
-                ]),
-            ),
+            ("row_checksum", checksum(d.digest)),
         ])
     }
 
@@ -251,6 +238,7 @@ impl State {
         let more = offset + 2 < rows.len();
         let mut body = vec![
             ("protocol_version", n(3)),
+            ("scope_id", s(scope)),
             ("records", Json::Array(page)),
             ("has_more", Json::Bool(more)),
         ];
@@ -321,4 +309,10 @@ impl Transport for Fake {
         let body = Json::parse(&to_output_string(&body)).unwrap();
         Ok(Response { status: 200, body })
     }
+}
+
+/// A wire checksum object, built by the protocol core's strict type.
+fn checksum(digest: [u8; 32]) -> Json {
+    Json::parse(&synchro_protocol::checksum::Checksum(digest).to_json_string())
+        .expect("checksum JSON")
 }
