@@ -23,6 +23,7 @@
 //! | [`semver`] | SemVer 2.0.0 precedence |
 //! | [`state`] | the client state machine |
 //! | [`token`] | HMAC scope cursors and rebuild continuation tokens |
+//! | [`wire`] | the HTTP messages of connect, pull, rebuild, push and events, and error bodies |
 //! | [`conformance`] | the cross-language conformance command set |
 //!
 //! ```
@@ -63,6 +64,7 @@ pub mod temporal;
 pub mod token;
 pub mod types;
 pub mod value;
+pub mod wire;
 
 #[cfg(target_arch = "wasm32")]
 pub mod wasm;
