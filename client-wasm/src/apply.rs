@@ -13,6 +13,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::migration::quote_ident;
 use synchro_protocol::value::TypedValue;
+use synchro_protocol::wire::{ChangeOp, Message, PullResponse, RebuildEnd, RebuildResponse};
 
 use crate::storage::{from_sql, run, to_sql, write_row, Storage, StorageError};
 
@@ -34,43 +35,8 @@ pub struct Applied {
     pub rebuild: BTreeSet<String>,
 }
 
-fn array(j: &Json) -> Option<&Vec<Json>> {
-    match j {
-        Json::Array(a) => Some(a),
-        _ => None,
-    }
-}
-
-fn object(j: &Json) -> Option<&Vec<(String, Json)>> {
-    match j {
-        Json::Object(o) => Some(o),
-        _ => None,
-    }
-}
-
 fn integrity(what: &'static str) -> StorageError {
     StorageError::Verification(what)
-}
-
-/// The digest of a wire checksum object, parsed strictly (spec 001 "Wire checksum objects":
-/// exactly `algorithm` sha256, `version` 1, `encoding` hex and a 64-lowercase-hex `digest`;
-/// anything else, or no object, is a contract failure of the whole page).
-pub(crate) fn checksum_digest(
-    value: Option<&Json>,
-    what: &'static str,
-) -> Result<[u8; 32], StorageError> {
-    value
-        .and_then(|v| synchro_protocol::checksum::Checksum::from_json(v).ok())
-        .map(|c| c.0)
-        .ok_or_else(|| integrity(what))
-}
-
-/// A page's `has_more`, which must be a boolean.
-fn has_more(page: &Json) -> Result<bool, StorageError> {
-    match page.get("has_more") {
-        Some(Json::Bool(b)) => Ok(*b),
-        _ => Err(integrity("has_more is not a boolean")),
-    }
 }
 
 /// A verified upsert: its values by field ID, server version and row digest.
@@ -262,41 +228,33 @@ impl Storage {
         page: &Json,
         assigned: &BTreeSet<String>,
     ) -> Result<Applied, StorageError> {
+        // The one parser of the wire (terminal rules 1 and 2 and every checksum object's
+        // shape are part of it).
+        let page = PullResponse::from_json(page).map_err(|e| integrity(e.message))?;
+        self.apply_pull_page(manifest, &page, assigned)
+    }
+
+    /// [`Storage::apply_pull`] for a page already read by [`PullResponse`]'s parser.
+    pub fn apply_pull_page(
+        &mut self,
+        manifest: &Manifest,
+        page: &PullResponse,
+        assigned: &BTreeSet<String>,
+    ) -> Result<Applied, StorageError> {
         // Verify everything before writing anything.
         let mut changes = Vec::new();
-        for c in page
-            .get("changes")
-            .and_then(array)
-            .ok_or_else(|| integrity("no changes array"))?
-        {
-            let text = |k: &str| c.get(k).and_then(Json::as_str).map(str::to_owned);
-            let (Some(scope), Some(table_id), Some(op), Some(version)) = (
-                text("scope_id"),
-                text("table_id"),
-                text("op"),
-                text("server_version"),
-            ) else {
-                return Err(integrity("a change lacks a member"));
-            };
+        for c in &page.changes {
             let table = manifest
-                .table(&table_id)
+                .table(&c.table_id)
                 .ok_or_else(|| integrity("a change names an unknown table"))?;
-            let pk_json = c.get("pk").ok_or_else(|| integrity("a change lacks pk"))?;
-            let pk = TypedValue::from_wire(&table.primary_key().spec, pk_json)
+            let pk = TypedValue::from_wire(&table.primary_key().spec, &c.pk)
                 .map_err(|_| integrity("a key does not match its type"))?;
-            let upsert = match op.as_str() {
-                "delete" => None,
-                "upsert" => {
-                    let row = c
-                        .get("row")
-                        .ok_or_else(|| integrity("an upsert lacks row"))?;
-                    let expected = checksum_digest(
-                        c.get("row_checksum"),
-                        "an upsert lacks a valid row checksum",
-                    )?;
-                    let d = row_digest(manifest, &table_id, pk_json, row, &version)
+            let upsert = match &c.op {
+                ChangeOp::Delete => None,
+                ChangeOp::Upsert { row, row_checksum } => {
+                    let d = row_digest(manifest, &c.table_id, &c.pk, row, &c.server_version)
                         .map_err(|_| integrity("a row does not match its table"))?;
-                    if d.digest != expected {
+                    if d.digest != row_checksum.0 {
                         return Err(integrity("a row checksum does not match its row"));
                     }
                     let mut values = Vec::with_capacity(table.fields.len());
@@ -308,34 +266,21 @@ impl Storage {
                                 .map_err(|_| integrity("a value does not match its field"))?,
                         ));
                     }
-                    Some((values, version, d.digest))
+                    Some((values, c.server_version.clone(), d.digest))
                 }
-                _ => return Err(integrity("an unknown op")),
             };
             changes.push(Change {
-                scope,
+                scope: c.scope_id.clone(),
                 table,
                 pk_text: pk.to_wire_text(),
                 pk,
                 upsert,
             });
         }
-        // Terminal rules 1-3 (spec 001): checksums on exactly the terminal page, keyed by
-        // exactly the assigned scopes.
-        let terminal = !has_more(page)?;
+        // Terminal rule 3: the terminal map is keyed by exactly the assigned scopes.
         let mut checksums: BTreeMap<String, [u8; 32]> = BTreeMap::new();
-        if !terminal && page.get("checksums").is_some() {
-            return Err(integrity("a non-terminal page carries checksums"));
-        }
-        if terminal {
-            let map = page
-                .get("checksums")
-                .and_then(object)
-                .ok_or_else(|| integrity("a terminal page lacks checksums"))?;
-            for (scope, c) in map {
-                let d = checksum_digest(Some(c), "a malformed scope checksum")?;
-                checksums.insert(scope.clone(), d);
-            }
+        if let Some(map) = &page.checksums {
+            checksums.extend(map.iter().map(|(scope, c)| (scope.clone(), c.0)));
             if checksums.keys().cloned().collect::<BTreeSet<_>>() != *assigned {
                 return Err(integrity(
                     "the terminal checksum keys are not the assigned scopes",
@@ -343,34 +288,12 @@ impl Storage {
             }
         }
         let cursors: BTreeMap<String, Option<String>> = page
-            .get("scope_cursor_updates")
-            .and_then(object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let listed_rebuild: BTreeSet<String> = page
-            .get("rebuild_scopes")
-            .and_then(array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-
-        let removed: Vec<String> = page
-            .get("scope_updates")
-            .and_then(|u| u.get("removed"))
-            .and_then(array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .scope_cursor_updates
+            .iter()
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        let listed_rebuild: BTreeSet<String> = page.rebuild_scopes.iter().cloned().collect();
+        let removed: Vec<String> = page.scope_updates.removed.clone();
         if removed.iter().any(|s| assigned.contains(s)) {
             return Err(integrity("a removed scope is still assigned"));
         }
@@ -542,63 +465,50 @@ impl Storage {
         page: &Json,
         first: bool,
     ) -> Result<bool, StorageError> {
+        // The one parser of the wire (terminal rules 5 and 6 and every checksum object's
+        // shape are part of it).
+        let page = RebuildResponse::from_json(page).map_err(|e| integrity(e.message))?;
+        self.apply_rebuild_page(manifest, scope, &page, first)
+    }
+
+    /// [`Storage::apply_rebuild`] for a page already read by [`RebuildResponse`]'s parser;
+    /// it must be for the requested scope.
+    pub fn apply_rebuild_page(
+        &mut self,
+        manifest: &Manifest,
+        scope: &str,
+        page: &RebuildResponse,
+        first: bool,
+    ) -> Result<bool, StorageError> {
+        if page.scope_id != scope {
+            return Err(integrity("a rebuild page names another scope"));
+        }
         let mut staged = Vec::new();
-        for r in page
-            .get("records")
-            .and_then(array)
-            .ok_or_else(|| integrity("no records array"))?
-        {
-            let (Some(table_id), Some(version), Some(pk_json), Some(row)) = (
-                r.get("table_id").and_then(Json::as_str),
-                r.get("server_version").and_then(Json::as_str),
-                r.get("pk"),
-                r.get("row"),
-            ) else {
-                return Err(integrity("a record lacks a member"));
-            };
+        for r in &page.records {
             let table = manifest
-                .table(table_id)
+                .table(&r.table_id)
                 .ok_or_else(|| integrity("a record names an unknown table"))?;
-            let pk = TypedValue::from_wire(&table.primary_key().spec, pk_json)
+            let pk = TypedValue::from_wire(&table.primary_key().spec, &r.pk)
                 .map_err(|_| integrity("a key does not match its type"))?;
-            let expected =
-                checksum_digest(r.get("row_checksum"), "a record lacks a valid row checksum")?;
-            let d = row_digest(manifest, table_id, pk_json, row, version)
+            let d = row_digest(manifest, &r.table_id, &r.pk, &r.row, &r.server_version)
                 .map_err(|_| integrity("a row does not match its table"))?;
-            if d.digest != expected {
+            if d.digest != r.row_checksum.0 {
                 return Err(integrity("a row checksum does not match its row"));
             }
             staged.push((
-                table_id.to_owned(),
+                r.table_id.clone(),
                 pk.to_wire_text(),
-                synchro_protocol::jcs::to_output_string(row),
-                version.to_owned(),
+                synchro_protocol::jcs::to_output_string(&r.row),
+                r.server_version.clone(),
                 d.digest,
             ));
         }
-        // Terminal rules 5 and 6 (spec 001): the final cursor and checksum on exactly the
-        // last page, for exactly the requested scope.
-        let last = !has_more(page)?;
-        let final_cursor = page.get("final_scope_cursor");
-        let final_checksum = page.get("checksum");
-        if page.get("scope_id").and_then(Json::as_str) != Some(scope) {
-            return Err(integrity("a rebuild page names another scope"));
-        }
-        if !last && (final_cursor.is_some() || final_checksum.is_some()) {
-            return Err(integrity(
-                "a non-final rebuild page carries a final cursor or checksum",
-            ));
-        }
-        let expected = if last {
-            if !matches!(final_cursor, Some(Json::String(_))) {
-                return Err(integrity("the final page lacks its final cursor"));
-            }
-            Some(checksum_digest(
-                final_checksum,
-                "the final page lacks a valid checksum",
-            )?)
-        } else {
-            None
+        let (expected, final_cursor) = match &page.end {
+            RebuildEnd::More { .. } => (None, None),
+            RebuildEnd::Final {
+                final_scope_cursor,
+                checksum,
+            } => (Some(checksum.0), Some(final_scope_cursor.clone())),
         };
         let tx = self.conn_mut().transaction()?;
         if first {
@@ -700,12 +610,11 @@ impl Storage {
                 params![to_sql(&key), scope],
             )?;
         }
-        let cursor = page.get("final_scope_cursor").and_then(Json::as_str);
         run(
             &tx,
             r#"INSERT INTO "_synchro_scopes" ("scope_id", "cursor", "rebuild") VALUES (?1, ?2, 0)
                ON CONFLICT ("scope_id") DO UPDATE SET "cursor" = ?2, "pending_cursor" = NULL, "rebuild" = 0"#,
-            params![scope, cursor],
+            params![scope, final_cursor],
         )?;
         tx.commit()?;
         Ok(true)

@@ -133,8 +133,19 @@ pub fn time_terminal(
 ) -> Result<f64, StorageError> {
     let checksums = last.get("checksums").cloned().unwrap_or(Json::Null);
     let page = Json::Object(vec![
+        ("protocol_version".into(), Json::Number("3".into())),
+        ("scope_set_version".into(), Json::Number("1".into())),
+        (
+            "scope_updates".into(),
+            Json::Object(vec![
+                ("added".into(), Json::Array(vec![])),
+                ("removed".into(), Json::Array(vec![])),
+            ]),
+        ),
         ("changes".into(), Json::Array(vec![])),
         ("has_more".into(), Json::Bool(false)),
+        ("scope_cursor_updates".into(), Json::Object(vec![])),
+        ("rebuild_scopes".into(), Json::Array(vec![])),
         ("checksums".into(), checksums),
     ]);
     let assigned = BTreeSet::from([SCOPE.to_owned()]);

@@ -20,6 +20,10 @@ use synchro_protocol::json::Json;
 use synchro_protocol::manifest::{Manifest, SchemaRef};
 use synchro_protocol::migration::{MigrationPlan, MIGRATION_PLAN_VERSION};
 use synchro_protocol::state::{ClientState, StateMachine};
+use synchro_protocol::wire::{
+    ConnectRequest, ConnectResponse, ErrorBody, Message, PullRequest, PullResponse, PushRequest,
+    RebuildEnd, RebuildRequest, RebuildResponse,
+};
 
 use crate::storage::{Storage, StorageError};
 
@@ -288,15 +292,18 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn server_error(r: &Response) -> ClientError {
-    let e = r.body.get("error");
-    ClientError::Server {
-        status: r.status,
-        code: e
-            .and_then(|e| e.get("code"))
-            .and_then(Json::as_str)
-            .unwrap_or("unknown_error")
-            .to_owned(),
-        retryable: e.and_then(|e| e.get("retryable")) == Some(&Json::Bool(true)),
+    match ErrorBody::from_json(&r.body) {
+        Ok(e) => ClientError::Server {
+            status: r.status,
+            code: e.code.as_str().to_owned(),
+            retryable: e.code.retryable(),
+        },
+        // Not a protocol 3 error body (a proxy's answer, say): a 5xx may be retried.
+        Err(_) => ClientError::Server {
+            status: r.status,
+            code: "unknown_error".to_owned(),
+            retryable: r.status >= 500,
+        },
     }
 }
 
@@ -796,19 +803,15 @@ impl<T: Transport> Client<T> {
         Ok(self.transport.post(path, to_output_string(&body)).await?)
     }
 
-    fn base_request(&self, generation: Option<u64>) -> Vec<(String, Json)> {
-        let mut b = vec![
-            ("protocol_version".into(), Json::Number("3".into())),
-            ("client_id".into(), Json::String(self.client_id.clone())),
-            (
-                "schema".into(),
-                schema_json(self.manifest.as_ref().map(Manifest::schema_ref)),
-            ),
-        ];
-        if let Some(g) = generation {
-            b.push(("client_generation".into(), Json::Number(g.to_string())));
-        }
-        b
+    fn schema_json(&self) -> Json {
+        schema_json(self.manifest.as_ref().map(Manifest::schema_ref))
+    }
+
+    /// The generation every request after connect carries.
+    fn connected_generation(&self) -> Result<u64, ClientError> {
+        self.generation()?.ok_or(ClientError::Blocked(
+            "the client has no generation; connect first",
+        ))
     }
 
     /// Connects and executes the schema action (steps 1-6 for replace and rebuild_local).
@@ -847,18 +850,20 @@ impl<T: Transport> Client<T> {
                 ));
             }
         }
-        let mut body = self.base_request(self.generation()?);
-        let cursors: Vec<(String, Json)> = self
-            .scopes()?
-            .into_iter()
-            .filter_map(|(s, (c, _))| c.map(|c| (s, Json::String(c))))
-            .collect();
-        body.push(("scope_cursors".into(), Json::Object(cursors)));
         let reset = self.reset_requested()?;
-        if reset {
-            body.push(("schema_reset".into(), Json::Bool(true)));
-        }
-        let r = self.post("/sync/connect", Json::Object(body)).await?;
+        let request = ConnectRequest {
+            client_id: self.client_id.clone(),
+            client_generation: self.generation()?,
+            schema: self.schema_json(),
+            schema_reset: reset,
+            client_version: None,
+            scope_cursors: self
+                .scopes()?
+                .into_iter()
+                .filter_map(|(s, (c, _))| c.map(|c| (s, Some(c))))
+                .collect(),
+        };
+        let r = self.post("/sync/connect", request.to_json()).await?;
         if r.status == 426 {
             self.set_upgrade_required()?;
             return Err(ClientError::UpgradeRequired(
@@ -868,31 +873,16 @@ impl<T: Transport> Client<T> {
         if r.status != 200 {
             return Err(server_error(&r));
         }
-        let b = &r.body;
-        let generation = b
-            .get("client_generation")
-            .and_then(|g| match g {
-                Json::Number(n) => n.parse::<i64>().ok(),
-                _ => None,
-            })
-            .ok_or(ClientError::Malformed("connect lacks client_generation"))?;
-        let scope_set_version = match b.get("scope_set_version") {
-            Some(Json::Number(n)) => n.parse::<i64>().ok(),
-            _ => None,
-        };
-        let updates = b.get("scope_updates");
-        let added = string_set(updates.and_then(|u| u.get("added")))?;
-        let removed = string_set(updates.and_then(|u| u.get("removed")))?;
-        let schema = b
-            .get("schema")
-            .ok_or(ClientError::Malformed("connect lacks schema"))?;
-        let action = schema
-            .get("action")
-            .and_then(Json::as_str)
-            .ok_or(ClientError::Malformed("connect lacks schema.action"))?
-            .to_owned();
-        let cursor_updates = cursor_map(b.get("scope_cursor_updates"))?;
-        let affected = string_set(b.get("affected_scopes"))?;
+        let b =
+            ConnectResponse::from_json(&r.body).map_err(|e| ClientError::Malformed(e.message))?;
+        let generation = i64::try_from(b.client_generation)
+            .map_err(|_| ClientError::Malformed("client_generation is out of range"))?;
+        let scope_set_version = i64::try_from(b.scope_set_version).ok();
+        let added: BTreeSet<String> = b.scope_updates.added.iter().cloned().collect();
+        let removed: BTreeSet<String> = b.scope_updates.removed.iter().cloned().collect();
+        let action = b.schema.action.clone();
+        let cursor_updates = b.scope_cursor_updates.clone();
+        let affected: BTreeSet<String> = b.affected_scopes.iter().flatten().cloned().collect();
         self.conn().execute(
             r#"UPDATE "_synchro_client" SET "client_generation" = ?, "scope_set_version" = ? WHERE "id" = 1"#,
             params![generation, scope_set_version],
@@ -906,20 +896,13 @@ impl<T: Transport> Client<T> {
                 self.go(ClientState::Idle)?;
             }
             "replace" | "rebuild_local" => {
-                let definition = b.get("schema_definition").ok_or(ClientError::Malformed(
+                let definition = b.schema_definition.as_ref().ok_or(ClientError::Malformed(
                     "a migration without schema_definition",
                 ))?;
                 let target = Manifest::from_json(definition)
                     .map_err(|_| ClientError::Malformed("schema_definition does not verify"))?;
-                let want = (
-                    schema.get("version").cloned(),
-                    schema.get("hash").and_then(Json::as_str).map(str::to_owned),
-                );
-                if want
-                    != (
-                        Some(Json::Number(target.schema_version.to_string())),
-                        Some(target.schema_hash_hex()),
-                    )
+                if (b.schema.version, b.schema.hash.as_str())
+                    != (target.schema_version, target.schema_hash_hex().as_str())
                 {
                     return Err(ClientError::Malformed(
                         "schema_definition is not the announced schema",
@@ -1018,8 +1001,8 @@ impl<T: Transport> Client<T> {
             .manifest
             .clone()
             .ok_or(ClientError::Blocked("no schema is installed"))?;
-        let generation = self.generation()?;
-        let mut continuation: Option<Json> = None;
+        let generation = self.connected_generation()?;
+        let mut continuation: Option<String> = None;
         let mut progress = Progress {
             phase: "rebuild",
             scope: Some(scope.to_owned()),
@@ -1028,45 +1011,45 @@ impl<T: Transport> Client<T> {
         };
         let mut restarts = 0;
         loop {
-            let mut body = self.base_request(generation);
-            body.push(("scope_id".into(), Json::String(scope.to_owned())));
-            body.push(("limit".into(), Json::Number(self.page_limit.to_string())));
-            if let Some(c) = &continuation {
-                body.push(("continuation".into(), c.clone()));
-            }
-            let r = self.post("/sync/rebuild", Json::Object(body)).await?;
-            if r.status == 409
-                && r.body.get("error").and_then(|e| e.get("code"))
-                    == Some(&Json::String("rebuild_restart_required".into()))
-                && restarts < 3
-            {
-                restarts += 1;
-                continuation = None;
-                continue;
-            }
+            let request = RebuildRequest {
+                client_id: self.client_id.clone(),
+                client_generation: generation,
+                schema: self.schema_json(),
+                scope_id: scope.to_owned(),
+                limit: self.page_limit as u64,
+                continuation: continuation.clone(),
+            };
+            let r = self.post("/sync/rebuild", request.to_json()).await?;
             if r.status != 200 {
-                return Err(server_error(&r));
+                let e = server_error(&r);
+                if matches!(&e, ClientError::Server { code, .. } if code == "rebuild_restart_required")
+                    && restarts < 3
+                {
+                    restarts += 1;
+                    continuation = None;
+                    continue;
+                }
+                return Err(e);
             }
             let first = continuation.is_none();
-            let records = match r.body.get("records") {
-                Some(Json::Array(a)) => a.len() as u64,
-                _ => 0,
-            };
+            let page = RebuildResponse::from_json(&r.body)
+                .map_err(|e| StorageError::Verification(e.message))?;
             let done = self
                 .storage
-                .apply_rebuild(&manifest, scope, &r.body, first)?;
+                .apply_rebuild_page(&manifest, scope, &page, first)?;
             progress.pages += 1;
-            progress.rows += records;
+            progress.rows += page.records.len() as u64;
             self.report(progress.clone());
             self.fail(Failpoint::InsideRebuild)?;
-            if done {
-                let tables = manifest.tables.iter().map(|t| t.name.clone()).collect();
-                self.notify(tables);
-                return Ok(progress.rows);
+            match page.end {
+                RebuildEnd::Final { .. } => {
+                    debug_assert!(done);
+                    let tables = manifest.tables.iter().map(|t| t.name.clone()).collect();
+                    self.notify(tables);
+                    return Ok(progress.rows);
+                }
+                RebuildEnd::More { continuation: next } => continuation = Some(next),
             }
-            continuation = Some(r.body.get("continuation").cloned().ok_or(
-                ClientError::Malformed("a rebuild page lacks its continuation"),
-            )?);
         }
     }
 
@@ -1076,7 +1059,7 @@ impl<T: Transport> Client<T> {
             .manifest
             .clone()
             .ok_or(ClientError::Blocked("no schema is installed"))?;
-        let generation = self.generation()?;
+        let generation = self.connected_generation()?;
         let mut progress = Progress {
             phase: "pull",
             scope: None,
@@ -1085,39 +1068,34 @@ impl<T: Transport> Client<T> {
         };
         loop {
             let scopes = self.scopes()?;
-            let mut body = self.base_request(generation);
-            body.push((
-                "scope_cursors".into(),
-                Json::Object(
-                    scopes
-                        .iter()
-                        .filter(|(_, (_, rebuild))| !rebuild)
-                        .map(|(s, (c, _))| (s.clone(), c.clone().map_or(Json::Null, Json::String)))
-                        .collect(),
-                ),
-            ));
-            body.push(("limit".into(), Json::Number(self.page_limit.to_string())));
-            let r = self.post("/sync/pull", Json::Object(body)).await?;
+            let request = PullRequest {
+                client_id: self.client_id.clone(),
+                client_generation: generation,
+                schema: self.schema_json(),
+                scope_cursors: scopes
+                    .iter()
+                    .filter(|(_, (_, rebuild))| !rebuild)
+                    .map(|(s, (c, _))| (s.clone(), c.clone()))
+                    .collect(),
+                limit: self.page_limit as u64,
+            };
+            let r = self.post("/sync/pull", request.to_json()).await?;
             if r.status != 200 {
                 return Err(server_error(&r));
             }
-            let updates = r.body.get("scope_updates");
-            let added = string_set(updates.and_then(|u| u.get("added")))?;
-            let removed = string_set(updates.and_then(|u| u.get("removed")))?;
+            let page = PullResponse::from_json(&r.body)
+                .map_err(|e| StorageError::Verification(e.message))?;
             let mut assigned: BTreeSet<String> = scopes.keys().cloned().collect();
-            assigned.extend(added);
-            for s in &removed {
+            assigned.extend(page.scope_updates.added.iter().cloned());
+            for s in &page.scope_updates.removed {
                 assigned.remove(s);
             }
-            let tables: BTreeSet<String> = match r.body.get("changes") {
-                Some(Json::Array(a)) => a
-                    .iter()
-                    .filter_map(|c| c.get("table_id").and_then(Json::as_str))
-                    .filter_map(|t| manifest.table(t).map(|t| t.name.clone()))
-                    .collect(),
-                _ => BTreeSet::new(),
-            };
-            let applied = self.storage.apply_pull(&manifest, &r.body, &assigned)?;
+            let tables: BTreeSet<String> = page
+                .changes
+                .iter()
+                .filter_map(|c| manifest.table(&c.table_id).map(|t| t.name.clone()))
+                .collect();
+            let applied = self.storage.apply_pull_page(&manifest, &page, &assigned)?;
             progress.pages += 1;
             progress.rows += applied.changes as u64;
             report.pull_pages += 1;
@@ -1125,7 +1103,7 @@ impl<T: Transport> Client<T> {
             report.verified.extend(applied.verified);
             self.report(progress.clone());
             self.notify(tables);
-            if r.body.get("has_more") != Some(&Json::Bool(true)) {
+            if !page.has_more {
                 return Ok(());
             }
         }
@@ -1139,7 +1117,7 @@ impl<T: Transport> Client<T> {
         let Some(manifest) = self.manifest.clone() else {
             return Ok(());
         };
-        let generation = self.generation()?;
+        let generation = self.connected_generation()?;
         loop {
             let rest = crate::queue::uuid_v7((self.clock)(), (self.random)());
             self.storage
@@ -1149,18 +1127,28 @@ impl<T: Transport> Client<T> {
                 return Ok(());
             }
             for (batch_id, request) in batches {
-                let mut body = self.base_request(generation);
-                body.retain(|(k, _)| k != "schema");
-                body.push((
-                    "schema".into(),
-                    request.get("schema").cloned().unwrap_or(Json::Null),
-                ));
-                body.push(("batch_id".into(), Json::String(batch_id.clone())));
-                body.push((
-                    "mutations".into(),
-                    request.get("mutations").cloned().unwrap_or(Json::Null),
-                ));
-                let r = self.post("/sync/push", Json::Object(body)).await?;
+                // The sealed batch (its schema and mutations, kept as sealed) read back
+                // through the wire type, so only a well-formed request is ever sent.
+                let body = Json::Object(vec![
+                    ("protocol_version".into(), Json::Number("3".into())),
+                    ("client_id".into(), Json::String(self.client_id.clone())),
+                    (
+                        "client_generation".into(),
+                        Json::Number(generation.to_string()),
+                    ),
+                    (
+                        "schema".into(),
+                        request.get("schema").cloned().unwrap_or(Json::Null),
+                    ),
+                    ("batch_id".into(), Json::String(batch_id.clone())),
+                    (
+                        "mutations".into(),
+                        request.get("mutations").cloned().unwrap_or(Json::Null),
+                    ),
+                ]);
+                let request_body = PushRequest::from_json(&body)
+                    .map_err(|_| ClientError::Blocked("a sealed batch is not a valid request"))?;
+                let r = self.post("/sync/push", request_body.to_json()).await?;
                 if r.status == 200 {
                     self.fail(Failpoint::BeforeOutcomes)?;
                     self.storage

@@ -22,6 +22,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::migration::quote_ident;
 use synchro_protocol::value::TypedValue;
+use synchro_protocol::wire::{Message, Outcome, PushResponse};
 
 use crate::storage::{run, to_sql, Storage, StorageError};
 
@@ -561,9 +562,12 @@ impl Storage {
         response: &Json,
     ) -> Result<usize, StorageError> {
         let integrity = StorageError::Verification;
-        let Some(Json::Array(outcomes)) = response.get("outcomes") else {
-            return Err(integrity("a push response lacks outcomes"));
-        };
+        // The one parser of the wire: every outcome's shape and checksum object.
+        let response = PushResponse::from_json(response).map_err(|e| integrity(e.message))?;
+        if response.batch_id != batch_id {
+            return Err(integrity("the response is for another batch"));
+        }
+        let outcomes = &response.outcomes;
         let tx = self.conn_mut().transaction()?;
         let batch = self_mutations(&tx, Some(batch_id))?;
         if outcomes.len() != batch.len() {
@@ -571,28 +575,19 @@ impl Storage {
         }
         let mut touched: Vec<(String, String, String, Option<String>)> = Vec::new();
         for (m, o) in batch.iter().zip(outcomes) {
-            if o.get("mutation_id").and_then(Json::as_str) != Some(m.mutation_id.as_str()) {
+            if o.mutation_id() != m.mutation_id {
                 return Err(integrity("the outcomes do not match the batch"));
             }
-            let status = o.get("status").and_then(Json::as_str).unwrap_or("");
-            let state = match status {
-                "applied" | "conflict" | "rejected_terminal" => status,
-                _ => return Err(integrity("an unknown outcome status")),
-            };
+            let status = o.status();
+            let state = status;
             // A row-bearing outcome must carry the digest of its row.
             let mut server_row = None;
-            if let (Some(row), Some(version)) =
-                (o.get("row"), o.get("server_version").and_then(Json::as_str))
-            {
-                let expected = crate::apply::checksum_digest(
-                    o.get("row_checksum"),
-                    "a row-bearing outcome lacks a valid checksum",
-                )?;
+            if let Some((version, row, checksum)) = o.row() {
                 let pk = Json::parse(&m.pk).map_err(|_| integrity("a queued key"))?;
                 let d =
                     synchro_protocol::digest::row_digest(manifest, &m.table_id, &pk, row, version)
                         .map_err(|_| integrity("an outcome row does not match its table"))?;
-                if d.digest != expected {
+                if d.digest != checksum.0 {
                     return Err(integrity("an outcome row does not match its checksum"));
                 }
                 server_row = Some(to_output_string(row));
@@ -603,8 +598,8 @@ impl Storage {
                 params![
                     m.mutation_id,
                     status,
-                    o.get("code").and_then(Json::as_str),
-                    to_output_string(o)
+                    o.code(),
+                    to_output_string(&o.to_json())
                 ],
             )?;
             run(
@@ -612,8 +607,12 @@ impl Storage {
                 r#"UPDATE "_synchro_mutations" SET "state" = ? WHERE "mutation_id" = ?"#,
                 params![state, m.mutation_id],
             )?;
-            if status == "applied" {
-                if let Some(version) = o.get("server_version").and_then(Json::as_str) {
+            if let Outcome::Applied {
+                server_version: version,
+                ..
+            } = o
+            {
+                {
                     // Only the server-owned base of unsealed successors may change.
                     run(
                         &tx,

@@ -115,7 +115,7 @@ fn page(changes: &[String], terminal: Option<&[(&str, String)]>, cursors: &[(&st
         }
     };
     Json::parse(&format!(
-        r#"{{"changes":[{}],"scope_cursor_updates":{{{}}},"rebuild_scopes":[],{tail}}}"#,
+        r#"{{"protocol_version":3,"scope_set_version":1,"scope_updates":{{"added":[],"removed":[]}},"changes":[{}],"scope_cursor_updates":{{{}}},"rebuild_scopes":[],{tail}}}"#,
         changes.join(","),
         cursors.join(",")
     ))
@@ -277,7 +277,7 @@ fn rebuild_page(records: &[String], last: Option<(String, &str)>) -> Json {
         ),
     };
     Json::parse(&format!(
-        r#"{{"scope_id":"user:a","records":[{}],{tail}}}"#,
+        r#"{{"protocol_version":3,"scope_id":"user:a","records":[{}],{tail}}}"#,
         records.join(",")
     ))
     .unwrap()
@@ -411,7 +411,7 @@ async fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
     let only_a: BTreeSet<String> = ["user:a".to_owned()].into();
     let removal = |removed: &str| {
         Json::parse(&format!(
-            r#"{{"changes":[],"scope_updates":{{"added":[],"removed":["{removed}"]}},"scope_cursor_updates":{{}},"rebuild_scopes":[],"has_more":false,"checksums":{{"user:a":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{}"}}}}}}"#,
+            r#"{{"protocol_version":3,"scope_set_version":2,"changes":[],"scope_updates":{{"added":[],"removed":["{removed}"]}},"scope_cursor_updates":{{}},"rebuild_scopes":[],"has_more":false,"checksums":{{"user:a":{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{}"}}}}}}"#,
             scope_hex(&m, "user:a", &[(1, "shared", "v1")])
         ))
         .unwrap()
@@ -678,7 +678,7 @@ async fn every_terminal_rule_is_a_whole_page_contract() {
         ])),
         &assigned(),
     );
-    let empty = r#"{"changes":[],"scope_cursor_updates":{},"rebuild_scopes":[],"has_more":false,"checksums":{}}"#;
+    let empty = r#"{"protocol_version":3,"scope_set_version":1,"scope_updates":{"added":[],"removed":[]},"changes":[],"scope_cursor_updates":{},"rebuild_scopes":[],"has_more":false,"checksums":{}}"#;
     refused_pull(&mut db, &m, empty, &assigned());
     // The unmodified pages apply.
     db.apply_pull(&m, &Json::parse(&more).unwrap(), &assigned())

@@ -299,7 +299,7 @@ async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
     let mut storage = c.into_storage();
     let page = server.0.borrow().pull();
     let applied = storage
-        .apply_pull(&manifest, &page, &BTreeSet::from(["a".to_owned()]))
+        .apply_pull_page(&manifest, &page, &BTreeSet::from(["a".to_owned()]))
         .unwrap();
     assert!(
         applied.verified.contains("a"),
@@ -325,10 +325,17 @@ async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
         )
         .unwrap();
     assert_eq!(version, "11", "the server layer moved on");
-    let req = Json::parse(r#"{"scope_id":"a"}"#).unwrap();
+    let req = synchro_protocol::wire::RebuildRequest {
+        client_id: "c".into(),
+        client_generation: 1,
+        schema: Json::Null,
+        scope_id: "a".into(),
+        limit: 1000,
+        continuation: None,
+    };
     let rebuild = server.0.borrow().rebuild(&req);
     assert!(storage
-        .apply_rebuild(&manifest, "a", &rebuild, true)
+        .apply_rebuild_page(&manifest, "a", &rebuild, true)
         .unwrap());
     assert_eq!(title_in(&storage, 1), Some(Some("mine".into())));
     assert_eq!(title_in(&storage, 2), None);

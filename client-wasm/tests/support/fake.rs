@@ -1,8 +1,10 @@
 //! A scripted stand-in for the server, for tests of the client's local durability (the
 //! journal, recovery, the ladder) where the server is a collaborator, not the subject. It
-//! answers connect, pull and rebuild from an in-memory lineage and row set; every checksum
-//! it sends is computed with `synchro_protocol::digest` from its own rows. The engine's
-//! behaviour against the real server is tested in server-native/tests/client_engine.rs.
+//! answers connect, pull, rebuild and push from an in-memory lineage and row set; every
+//! request is read and every response written through `synchro_protocol::wire`, the types
+//! the real server uses, and every checksum it sends is computed with
+//! `synchro_protocol::digest` from its own rows. The engine's behaviour against the real
+//! server is tested in server-native/tests/client_engine.rs.
 #![allow(dead_code)]
 
 use std::cell::RefCell;
@@ -10,11 +12,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use synchro_client::engine::{Response, Transport, TransportError};
+use synchro_protocol::checksum::Checksum;
 use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
-use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::value::TypedValue;
+use synchro_protocol::wire::{
+    Change, ChangeOp, ConnectRequest, ConnectResponse, ErrorBody, ErrorCode, Message, Outcome,
+    PullRequest, PullResponse, PushRequest, PushResponse, RebuildEnd, RebuildRecord,
+    RebuildRequest, RebuildResponse, SchemaOutcome, ScopeUpdates,
+};
 
 /// One server row: scope, table ID, key wire value, row object (by field ID), version.
 #[derive(Clone)]
@@ -45,29 +52,12 @@ pub struct State {
 #[derive(Clone, Default)]
 pub struct Fake(pub Rc<RefCell<State>>);
 
-fn s(v: &str) -> Json {
-    Json::String(v.to_owned())
-}
-
-fn n(v: u64) -> Json {
-    Json::Number(v.to_string())
-}
-
-fn obj(members: Vec<(&str, Json)>) -> Json {
-    Json::Object(
-        members
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-    )
-}
-
 impl State {
     fn current(&self) -> &Manifest {
         self.lineage.last().expect("a manifest")
     }
 
-    fn checksum(&self, scope: &str) -> Json {
+    fn checksum(&self, scope: &str) -> Checksum {
         let m = self.current();
         let mut entries = Vec::new();
         for r in self.rows.iter().filter(|r| r.scope == scope) {
@@ -84,38 +74,50 @@ impl State {
             let key = TypedValue::from_wire(&table.primary_key().spec, &pk).unwrap();
             entries.push((RowIdentity::new(table, &key).unwrap(), d.digest));
         }
-        let d = scope_digest(&m.schema_hash(), scope, &mut entries, false).unwrap();
-        checksum(d.digest)
+        Checksum(
+            scope_digest(&m.schema_hash(), scope, &mut entries, false)
+                .unwrap()
+                .digest,
+        )
     }
 
-    fn record(&self, r: &Row) -> Json {
+    fn record(&self, r: &Row) -> RebuildRecord {
         let m = self.current();
         let pk = Json::String(r.pk.clone());
         let row = Json::parse(&r.row).unwrap();
         let d = row_digest(m, &r.table_id, &pk, &row, &r.version).unwrap();
-        obj(vec![
-            ("scope_id", s(&r.scope)),
-            ("table_id", s(&r.table_id)),
-            ("pk", pk),
-            ("op", s("upsert")),
-            ("row", row),
-            ("server_version", s(&r.version)),
-            ("row_checksum", checksum(d.digest)),
-        ])
+        RebuildRecord {
+            table_id: r.table_id.clone(),
+            pk,
+            row,
+            server_version: r.version.clone(),
+            row_checksum: Checksum(d.digest),
+        }
     }
 
-    fn cursor(&self, scope: &str) -> Json {
-        s(&format!(
-            "cursor:{scope}:v{}",
-            self.current().schema_version
-        ))
+    fn change(&self, r: &Row) -> Change {
+        let record = self.record(r);
+        Change {
+            scope_id: r.scope.clone(),
+            table_id: record.table_id,
+            pk: record.pk,
+            server_version: record.server_version,
+            op: ChangeOp::Upsert {
+                row: record.row,
+                row_checksum: record.row_checksum,
+            },
+        }
     }
 
-    fn connect(&self, req: &Json) -> Json {
+    fn cursor(&self, scope: &str) -> String {
+        format!("cursor:{scope}:v{}", self.current().schema_version)
+    }
+
+    fn connect(&self, req: &ConnectRequest) -> ConnectResponse {
         let current = self.current();
         let presented = req
-            .get("schema")
-            .and_then(|x| x.get("version"))
+            .schema
+            .get("version")
             .and_then(|v| match v {
                 Json::Number(t) => t.parse::<u64>().ok(),
                 _ => None,
@@ -138,118 +140,116 @@ impl State {
         } else {
             "replace"
         };
-        let previous: BTreeSet<String> = match req.get("client_generation") {
+        let previous: BTreeSet<String> = match req.client_generation {
             Some(_) => self.scopes.clone(),
             None => BTreeSet::new(),
         };
-        let mut schema = vec![
-            ("version", n(current.schema_version)),
-            ("hash", s(&current.schema_hash_hex())),
-            ("action", s(action)),
-        ];
-        if action == "unsupported" {
-            schema.push(("reason", s("incompatible_schema_transition")));
-        }
-        let mut body = vec![
-            ("protocol_version", n(3)),
-            ("client_generation", n(1)),
-            ("scope_set_version", n(1)),
-            (
-                "scope_updates",
-                obj(vec![
-                    (
-                        "added",
-                        Json::Array(self.scopes.difference(&previous).map(|x| s(x)).collect()),
-                    ),
-                    ("removed", Json::Array(vec![])),
-                ]),
-            ),
-            ("schema", obj(schema)),
-        ];
-        if action == "replace" || action == "rebuild_local" {
-            body.push(("schema_definition", current.definition_json()));
-        }
-        if action == "rebuild_local" {
-            body.push((
-                "affected_scopes",
-                Json::Array(affected.iter().map(|x| s(x)).collect()),
-            ));
-        }
-        let mut updates = Vec::new();
+        let migrates = action == "replace" || action == "rebuild_local";
+        let mut scope_cursor_updates = BTreeMap::new();
         if action != "none" {
-            if let Some(Json::Object(cursors)) = req.get("scope_cursors") {
-                for (scope, _) in cursors {
-                    let u = if affected.contains(scope) || action == "unsupported" {
-                        Json::Null
-                    } else {
-                        self.cursor(scope)
-                    };
-                    updates.push((scope.as_str(), u));
-                }
+            for scope in req.scope_cursors.keys() {
+                let u = if affected.contains(scope) || action == "unsupported" {
+                    None
+                } else {
+                    Some(self.cursor(scope))
+                };
+                scope_cursor_updates.insert(scope.clone(), u);
             }
         }
-        body.push(("scope_cursor_updates", obj(updates)));
-        obj(body)
+        ConnectResponse {
+            client_generation: 1,
+            scope_set_version: 1,
+            scope_updates: ScopeUpdates {
+                added: self.scopes.difference(&previous).cloned().collect(),
+                removed: Vec::new(),
+            },
+            schema: SchemaOutcome {
+                action: action.to_owned(),
+                version: current.schema_version,
+                hash: current.schema_hash_hex(),
+                reason: (action == "unsupported")
+                    .then(|| "incompatible_schema_transition".to_owned()),
+            },
+            schema_definition: migrates.then(|| current.definition_json()),
+            affected_scopes: (action == "rebuild_local")
+                .then(|| affected.iter().cloned().collect()),
+            scope_cursor_updates,
+        }
     }
 
-    pub fn pull(&self) -> Json {
-        let mut cursors = Vec::new();
-        let mut sums = Vec::new();
-        for scope in &self.scopes {
-            cursors.push((scope.as_str(), self.cursor(scope)));
-            sums.push((scope.as_str(), self.checksum(scope)));
-        }
-        obj(vec![
-            ("protocol_version", n(3)),
-            ("scope_set_version", n(1)),
-            (
-                "scope_updates",
-                obj(vec![
-                    ("added", Json::Array(vec![])),
-                    ("removed", Json::Array(vec![])),
-                ]),
-            ),
+    pub fn pull(&self) -> PullResponse {
+        PullResponse {
+            scope_set_version: 1,
+            scope_updates: ScopeUpdates::default(),
             // Every row again, every time: re-sending a row is always valid.
-            (
-                "changes",
-                Json::Array(self.rows.iter().map(|r| self.record(r)).collect()),
+            changes: self.rows.iter().map(|r| self.change(r)).collect(),
+            has_more: false,
+            scope_cursor_updates: self
+                .scopes
+                .iter()
+                .map(|scope| (scope.clone(), self.cursor(scope)))
+                .collect(),
+            rebuild_scopes: Vec::new(),
+            checksums: Some(
+                self.scopes
+                    .iter()
+                    .map(|scope| (scope.clone(), self.checksum(scope)))
+                    .collect(),
             ),
-            ("has_more", Json::Bool(false)),
-            ("scope_cursor_updates", obj(cursors)),
-            ("rebuild_scopes", Json::Array(vec![])),
-            ("checksums", obj(sums)),
-        ])
+        }
     }
 
     /// Rebuild pages of two records each; the continuation is the next offset.
-    pub fn rebuild(&self, req: &Json) -> Json {
-        let scope = req.get("scope_id").and_then(Json::as_str).unwrap();
+    pub fn rebuild(&self, req: &RebuildRequest) -> RebuildResponse {
+        let scope = &req.scope_id;
         let offset: usize = req
-            .get("continuation")
-            .and_then(Json::as_str)
+            .continuation
+            .as_deref()
             .map_or(0, |c| c.parse().unwrap());
-        let rows: Vec<&Row> = self.rows.iter().filter(|r| r.scope == scope).collect();
-        let page: Vec<Json> = rows
-            .iter()
-            .skip(offset)
-            .take(2)
-            .map(|r| self.record(r))
-            .collect();
+        let rows: Vec<&Row> = self.rows.iter().filter(|r| &r.scope == scope).collect();
         let more = offset + 2 < rows.len();
-        let mut body = vec![
-            ("protocol_version", n(3)),
-            ("scope_id", s(scope)),
-            ("records", Json::Array(page)),
-            ("has_more", Json::Bool(more)),
-        ];
-        if more {
-            body.push(("continuation", s(&(offset + 2).to_string())));
-        } else {
-            body.push(("checksum", self.checksum(scope)));
-            body.push(("final_scope_cursor", self.cursor(scope)));
+        RebuildResponse {
+            scope_id: scope.clone(),
+            records: rows
+                .iter()
+                .skip(offset)
+                .take(2)
+                .map(|r| self.record(r))
+                .collect(),
+            end: if more {
+                RebuildEnd::More {
+                    continuation: (offset + 2).to_string(),
+                }
+            } else {
+                RebuildEnd::Final {
+                    final_scope_cursor: self.cursor(scope),
+                    checksum: self.checksum(scope),
+                }
+            },
         }
-        obj(body)
     }
+
+    /// Every pushed mutation applies (rowless outcomes); the rows themselves are the test's
+    /// business.
+    fn push(&self, req: &PushRequest) -> PushResponse {
+        PushResponse {
+            batch_id: req.batch_id.clone(),
+            outcomes: req
+                .mutations
+                .iter()
+                .enumerate()
+                .map(|(i, m)| Outcome::Applied {
+                    mutation_id: m.mutation_id.clone(),
+                    server_version: format!("p{i}"),
+                    row: None,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn read<M: Message>(body: &Json) -> M {
+    M::from_json(body).unwrap_or_else(|e| panic!("the client sent an invalid request: {e}"))
 }
 
 impl Transport for Fake {
@@ -264,55 +264,40 @@ impl Transport for Fake {
         let current = st.current().clone();
         let exact =
             presented.get("hash").and_then(Json::as_str) == Some(&current.schema_hash_hex());
-        let body = match path {
-            "/sync/connect" => st.connect(&req),
+        let text = match path {
+            "/sync/connect" => st.connect(&read(&req)).to_json_string(),
             _ if !exact => {
+                let mismatch = ErrorBody::new(
+                    ErrorCode::SchemaMismatch,
+                    "the request schema is not current",
+                )
+                .with(
+                    "current_schema",
+                    Json::parse(&format!(
+                        r#"{{"version":{},"hash":"{}"}}"#,
+                        current.schema_version,
+                        current.schema_hash_hex()
+                    ))
+                    .unwrap(),
+                )
+                .with("received_schema", presented);
                 return Ok(Response {
                     status: 422,
-                    body: obj(vec![(
-                        "error",
-                        obj(vec![
-                            ("code", s("schema_mismatch")),
-                            ("retryable", Json::Bool(false)),
-                        ]),
-                    )]),
-                })
+                    body: Json::parse(&mismatch.to_json_string()).unwrap(),
+                });
             }
-            "/sync/pull" => st.pull(),
-            // Every pushed mutation applies (rowless outcomes); the rows themselves are the
-            // test's business.
-            "/sync/push" => {
-                let outcomes = match req.get("mutations") {
-                    Some(Json::Array(ms)) => ms
-                        .iter()
-                        .enumerate()
-                        .map(|(i, m)| {
-                            obj(vec![
-                                ("mutation_id", m.get("mutation_id").cloned().unwrap()),
-                                ("status", s("applied")),
-                                ("server_version", s(&format!("p{i}"))),
-                            ])
-                        })
-                        .collect(),
-                    _ => vec![],
-                };
-                obj(vec![
-                    ("protocol_version", n(3)),
-                    ("batch_id", req.get("batch_id").cloned().unwrap()),
-                    ("outcomes", Json::Array(outcomes)),
-                ])
+            "/sync/pull" => {
+                let _: PullRequest = read(&req);
+                st.pull().to_json_string()
             }
-            "/sync/rebuild" => st.rebuild(&req),
+            "/sync/push" => st.push(&read(&req)).to_json_string(),
+            "/sync/rebuild" => st.rebuild(&read(&req)).to_json_string(),
             other => panic!("unexpected path {other}"),
         };
-        // Round-trip through text like a real response.
-        let body = Json::parse(&to_output_string(&body)).unwrap();
-        Ok(Response { status: 200, body })
+        // Through text like a real response.
+        Ok(Response {
+            status: 200,
+            body: Json::parse(&text).unwrap(),
+        })
     }
-}
-
-/// A wire checksum object, built by the protocol core's strict type.
-fn checksum(digest: [u8; 32]) -> Json {
-    Json::parse(&synchro_protocol::checksum::Checksum(digest).to_json_string())
-        .expect("checksum JSON")
 }
