@@ -155,6 +155,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0024_quiet_projection_index.sql",
         sql: include_str!("../migrations/0024_quiet_projection_index.sql"),
     },
+    Migration {
+        version: 25,
+        name: "0025_unrepresentable_values.sql",
+        sql: include_str!("../migrations/0025_unrepresentable_values.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

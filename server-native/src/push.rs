@@ -711,6 +711,14 @@ async fn execute(
                 "the table or a field is not writable",
             ))
         }
+        "invalid_value" => {
+            rollback().await?;
+            Ok(rejected(
+                id,
+                "invalid_value",
+                "a value cannot be represented",
+            ))
+        }
         _ => {
             rollback().await?;
             Ok(rejected(
