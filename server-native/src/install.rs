@@ -150,6 +150,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0023_stream_watermark.sql",
         sql: include_str!("../migrations/0023_stream_watermark.sql"),
     },
+    Migration {
+        version: 25,
+        name: "0025_rebuild_session_cap.sql",
+        sql: include_str!("../migrations/0025_rebuild_session_cap.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {
