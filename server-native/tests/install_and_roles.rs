@@ -11,7 +11,8 @@ async fn install_is_idempotent_and_the_ledger_guards_upgrades() {
     let mut env = Env::installed().await;
     let again = install::install(&mut env.admin).await.unwrap();
     assert!(again.applied.is_empty(), "a second install applies nothing");
-    assert_eq!(again.version, install::MIGRATIONS.len() as i32);
+    // Versions may have gaps while parallel work holds reserved numbers.
+    assert_eq!(again.version, install::MIGRATIONS.last().unwrap().version);
 
     // Every group role has exactly the spec's attributes.
     for role in ROLES {
@@ -79,7 +80,7 @@ async fn stepwise_upgrade_equals_a_fresh_install() {
     let mut db = synchro_server::connect_db(&env.cluster.url("postgres", "stepwise"))
         .await
         .unwrap();
-    for step in 1..=install::MIGRATIONS.len() as i32 {
+    for step in install::MIGRATIONS.iter().map(|m| m.version) {
         let r = install::install_to(&mut db, Some(step)).await.unwrap();
         assert_eq!(r.applied, vec![step]);
     }
