@@ -241,11 +241,10 @@ enum RegistryCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Dependencies that log bound parameters stay at `warn` whatever SYNCHRO_LOG asks for.
+    let requested = std::env::var("SYNCHRO_LOG").unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SYNCHRO_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(synchro_server::logging::filter(&requested))
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse()).await {
