@@ -17,9 +17,15 @@
 //!   reconnect (after `connect` for an expired generation).
 //!
 //! Comment lines (`: keepalive`) are sent when the stream has been quiet for a while.
+//!
+//! Open streams are capped server-wide (`Config::max_event_streams`) and per (user, client
+//! ID) (`Config::max_event_streams_per_client`); over a cap the request is answered 503
+//! `temporary_unavailable`, reason `too_many_event_streams`, before any database work. A
+//! stream's slot is freed as soon as its client goes away.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -37,10 +43,11 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A stream's lifetime; the client reconnects (and re-authenticates) after it.
 const LIFETIME: Duration = Duration::from_secs(300);
 
-/// Wakes streams when the capture worker commits effects.
+/// Wakes streams when the capture worker commits effects, and counts the open ones.
 #[derive(Clone)]
 pub struct Notifier {
     tx: Arc<watch::Sender<u64>>,
+    streams: Arc<Mutex<OpenStreams>>,
 }
 
 impl Default for Notifier {
@@ -48,6 +55,33 @@ impl Default for Notifier {
     fn default() -> Self {
         Notifier {
             tx: Arc::new(watch::channel(0).0),
+            streams: Arc::default(),
+        }
+    }
+}
+
+/// Open streams, in all and per (user, client ID).
+#[derive(Default)]
+struct OpenStreams {
+    total: usize,
+    per_client: HashMap<(String, String), usize>,
+}
+
+/// One open stream, counted until dropped.
+struct StreamSlot {
+    streams: Arc<Mutex<OpenStreams>>,
+    key: (String, String),
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.streams.lock().expect("open streams");
+        open.total -= 1;
+        if let Some(n) = open.per_client.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_client.remove(&self.key);
+            }
         }
     }
 }
@@ -76,6 +110,28 @@ impl Notifier {
 
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.tx.subscribe()
+    }
+
+    /// A slot for one more stream of (user, client), or `None` over either cap.
+    fn open_stream(
+        &self,
+        user_id: &str,
+        client_id: &str,
+        max_total: usize,
+        max_per_client: usize,
+    ) -> Option<StreamSlot> {
+        let mut open = self.streams.lock().expect("open streams");
+        let key = (user_id.to_owned(), client_id.to_owned());
+        let of_client = open.per_client.get(&key).copied().unwrap_or(0);
+        if open.total >= max_total || of_client >= max_per_client {
+            return None;
+        }
+        open.total += 1;
+        open.per_client.insert(key.clone(), of_client + 1);
+        Some(StreamSlot {
+            streams: self.streams.clone(),
+            key,
+        })
     }
 }
 
@@ -136,6 +192,18 @@ pub(crate) async fn events(
         .and_then(crate::http::positive_integer)
         .ok_or_else(|| ApiError::invalid_request("client_generation must be a positive integer"))?
         as i64;
+    let config = &state.config;
+    let Some(slot) = state.events.open_stream(
+        &user_id,
+        &client_id,
+        config.max_event_streams,
+        config.max_event_streams_per_client,
+    ) else {
+        return Err(ApiError::overloaded(
+            "too_many_event_streams",
+            config.retry_after_seconds,
+        ));
+    };
     let first = changed(&state, &user_id, &client_id, generation, i64::MAX).await?;
     if !first.current {
         let stored = state
@@ -152,6 +220,7 @@ pub(crate) async fn events(
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     let mut wake = state.events.subscribe();
     tokio::spawn(async move {
+        let _slot = slot;
         let deadline = tokio::time::Instant::now() + LIFETIME;
         let mut after = first.watermark;
         let mut last_sent = tokio::time::Instant::now();
@@ -170,6 +239,7 @@ pub(crate) async fn events(
                     let _ = tx.send(end("lifetime")).await;
                     break;
                 }
+                _ = tx.closed() => break, // the client went away
             }
             let Ok(c) = changed(&state, &user_id, &client_id, generation, after).await else {
                 continue; // the database is unavailable: try again on the next wake

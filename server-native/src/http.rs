@@ -1,6 +1,7 @@
 //! The HTTP API: `POST /sync/connect` and `GET /ready`.
 //!
-//! Order of checks on connect: body size (refused before parsing), JSON, protocol version
+//! Order of checks on connect: body size (refused before parsing) and arrival within
+//! `Config::body_timeout` (503 `request_body_timeout`), JSON, protocol version
 //! (426 before anything else), bearer JWT (401), request members (400), then the schema
 //! dispatch of the protocol core. Responses and logs never carry user, client or scope ids,
 //! tokens or row values; errors use the spec's `{"error":{"code","message","retryable",...}}`.
@@ -35,6 +36,20 @@ pub struct Config {
     pub min_client_version: Option<String>,
     /// Push bounds (each violation is 400 before any work).
     pub push_limits: crate::push::PushLimits,
+    /// Connection caps and the header and idle timeouts (see [`crate::serve`]).
+    pub connections: crate::serve::ConnectionLimits,
+    /// The whole request body must arrive within this once the head is in; otherwise 503
+    /// `temporary_unavailable`, reason `request_body_timeout`, and the connection closes.
+    pub body_timeout: std::time::Duration,
+    /// Open `POST /sync/events` streams at most, server-wide.
+    pub max_event_streams: usize,
+    /// Open `POST /sync/events` streams per (user, client ID) at most.
+    pub max_event_streams_per_client: usize,
+    /// Rebuild sessions in progress per (user, client ID) at most; a new rebuild of a scope
+    /// replaces the client's earlier session of that scope.
+    pub max_rebuild_sessions_per_client: u32,
+    /// `Retry-After` (seconds) of every 503 refused for load.
+    pub retry_after_seconds: u64,
 }
 
 impl Default for Config {
@@ -43,6 +58,12 @@ impl Default for Config {
             max_body_bytes: 1_048_576,
             min_client_version: None,
             push_limits: crate::push::PushLimits::default(),
+            connections: crate::serve::ConnectionLimits::default(),
+            body_timeout: std::time::Duration::from_secs(30),
+            max_event_streams: 2048,
+            max_event_streams_per_client: 4,
+            max_rebuild_sessions_per_client: 8,
+            retry_after_seconds: 2,
         }
     }
 }
@@ -121,6 +142,10 @@ pub struct ApiError {
     message: &'static str,
     retryable: bool,
     extra: Vec<(String, Json)>,
+    /// `Retry-After` seconds and the `reason`, for refusals under load.
+    retry_after: Option<(u64, &'static str)>,
+    /// Close the connection after answering (the request body was not read to its end).
+    close: bool,
 }
 
 impl ApiError {
@@ -131,6 +156,8 @@ impl ApiError {
             message,
             retryable,
             extra: Vec::new(),
+            retry_after: None,
+            close: false,
         }
     }
 
@@ -152,6 +179,24 @@ impl ApiError {
         let mut e = ApiError::unavailable();
         e.extra = vec![("reason".into(), Json::String(reason.to_owned()))];
         e
+    }
+
+    /// 503 `temporary_unavailable` with a `reason` and `Retry-After`: a load limit.
+    pub(crate) fn overloaded(reason: &'static str, retry_after_seconds: u64) -> ApiError {
+        let mut e = ApiError::unavailable_because(reason);
+        e.retry_after = Some((retry_after_seconds, reason));
+        e
+    }
+
+    /// The error body, `{"error":{...}}`, as sent.
+    pub(crate) fn body_text(&self) -> String {
+        let mut members = vec![
+            ("code".to_owned(), Json::String(self.code.into())),
+            ("message".to_owned(), Json::String(self.message.into())),
+            ("retryable".to_owned(), Json::Bool(self.retryable)),
+        ];
+        members.extend(self.extra.iter().cloned());
+        jcs::to_output_string(&Json::Object(vec![("error".into(), Json::Object(members))]))
     }
 
     pub(crate) fn integrity() -> ApiError {
@@ -297,21 +342,26 @@ fn json_response(status: StatusCode, body: &Json) -> Response {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut members = vec![
-            ("code".to_owned(), Json::String(self.code.into())),
-            ("message".to_owned(), Json::String(self.message.into())),
-            ("retryable".to_owned(), Json::Bool(self.retryable)),
-        ];
-        members.extend(self.extra);
         tracing::info!(
             status = self.status.as_u16(),
             code = self.code,
+            reason = self.retry_after.map(|(_, reason)| reason),
             "request refused"
         );
-        json_response(
+        let mut response = (
             self.status,
-            &Json::Object(vec![("error".into(), Json::Object(members))]),
+            [("content-type", "application/json")],
+            self.body_text(),
         )
+            .into_response();
+        let headers = response.headers_mut();
+        if let Some((seconds, _)) = self.retry_after {
+            headers.insert("retry-after", seconds.into());
+        }
+        if self.close {
+            headers.insert("connection", "close".parse().expect("header value"));
+        }
+        response
     }
 }
 
@@ -335,7 +385,10 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
     )
 }
 
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Json, ApiError> {
+/// The request body as JSON: at most `config.max_body_bytes`, all of it within
+/// `config.body_timeout`.
+async fn read_body(headers: &HeaderMap, body: Body, config: &Config) -> Result<Json, ApiError> {
+    let limit = config.max_body_bytes;
     let declared = headers
         .get("content-length")
         .and_then(|v| v.to_str().ok())
@@ -345,7 +398,15 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Json
             "the request body exceeds the configured maximum",
         ));
     }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+    let Ok(read) =
+        tokio::time::timeout(config.body_timeout, axum::body::to_bytes(body, limit)).await
+    else {
+        // The rest of the body may still be on its way: answer, then close.
+        let mut e = ApiError::overloaded("request_body_timeout", config.retry_after_seconds);
+        e.close = true;
+        return Err(e);
+    };
+    let bytes = read.map_err(|_| {
         ApiError::invalid_request("the request body exceeds the configured maximum")
     })?;
     let text = std::str::from_utf8(&bytes)
@@ -555,7 +616,7 @@ async fn preamble(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Result<(Json, String), Response>, ApiError> {
-    let req = read_body(headers, body, state.config.max_body_bytes).await?;
+    let req = read_body(headers, body, &state.config).await?;
     if !matches!(req, Json::Object(_)) {
         return Err(ApiError::invalid_request(
             "the body is not a valid JSON object",

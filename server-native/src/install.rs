@@ -160,6 +160,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0025_unrepresentable_values.sql",
         sql: include_str!("../migrations/0025_unrepresentable_values.sql"),
     },
+    Migration {
+        version: 26,
+        name: "0026_rebuild_session_cap.sql",
+        sql: include_str!("../migrations/0026_rebuild_session_cap.sql"),
+    },
 ];
 
 fn sha256_hex(s: &str) -> String {

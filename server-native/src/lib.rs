@@ -14,6 +14,7 @@
 //! | [`auth`] | bearer JWT (HS256) |
 //! | [`capture`] | logical-decoding capture, bootstrap and membership |
 //! | [`http`] | the router: connect, pull, rebuild, events, ready |
+//! | [`serve`] | the accept loop: connection caps, header and idle timeouts, shutdown |
 //! | [`events`] | change notification (`POST /sync/events`, server-sent events) |
 //! | [`pull`] | pull pages, cursors and terminal checksums |
 //! | [`rebuild`] | snapshot-bound rebuild sessions |
@@ -37,6 +38,7 @@ pub mod push;
 pub mod rebuild;
 pub mod registry;
 pub mod retention;
+pub mod serve;
 
 /// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front
 /// for anything else) and drives the connection on the runtime.

@@ -76,6 +76,8 @@ enum Command {
         /// member of synchro_worker). Without it, run `synchro-server capture` separately.
         #[arg(long, env = "SYNCHRO_WORKER_DATABASE_URL")]
         worker_url: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Run the capture worker (one leader per database; others wait).
     Capture {
@@ -104,6 +106,107 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8787")]
         listen: SocketAddr,
     },
+}
+
+/// Load limits of `serve` (over one: 503 `temporary_unavailable` with a `reason` and
+/// `Retry-After`, or the connection is closed).
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Open connections at most (lowered at start if the open-file limit is smaller).
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_CONNECTIONS",
+        default_value_t = limits_default().max_connections,
+        value_parser = positive::<usize>()
+    )]
+    max_connections: usize,
+    /// Open connections per peer address (IPv6: per /64) at most; 0 = no per-peer cap
+    /// (behind a reverse proxy, whose address every connection has).
+    #[arg(long, env = "SYNCHRO_MAX_CONNECTIONS_PER_PEER", default_value_t = limits_default().max_connections_per_peer)]
+    max_connections_per_peer: usize,
+    /// Milliseconds within which a request head must arrive (from the accept, or from its
+    /// first byte on a kept-alive connection).
+    #[arg(
+        long,
+        env = "SYNCHRO_HEADER_TIMEOUT_MS",
+        default_value_t = millis(limits_default().header_timeout),
+        value_parser = positive::<u64>()
+    )]
+    header_timeout_ms: u64,
+    /// Milliseconds within which the whole request body must arrive after its head.
+    #[arg(
+        long,
+        env = "SYNCHRO_BODY_TIMEOUT_MS",
+        default_value_t = millis(Config::default().body_timeout),
+        value_parser = positive::<u64>()
+    )]
+    body_timeout_ms: u64,
+    /// Milliseconds a kept-alive connection may wait for its next request.
+    #[arg(
+        long,
+        env = "SYNCHRO_IDLE_TIMEOUT_MS",
+        default_value_t = millis(limits_default().idle_timeout),
+        value_parser = positive::<u64>()
+    )]
+    idle_timeout_ms: u64,
+    /// Open `POST /sync/events` streams at most, server-wide.
+    #[arg(long, env = "SYNCHRO_MAX_EVENT_STREAMS", default_value_t = Config::default().max_event_streams)]
+    max_event_streams: usize,
+    /// Open `POST /sync/events` streams per user and client ID at most.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_EVENT_STREAMS_PER_CLIENT",
+        default_value_t = Config::default().max_event_streams_per_client
+    )]
+    max_event_streams_per_client: usize,
+    /// Rebuild sessions in progress per user and client ID at most.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_REBUILD_SESSIONS_PER_CLIENT",
+        default_value_t = Config::default().max_rebuild_sessions_per_client,
+        value_parser = positive::<u32>()
+    )]
+    max_rebuild_sessions_per_client: u32,
+    /// `Retry-After` seconds sent with a refusal for load.
+    #[arg(long, env = "SYNCHRO_RETRY_AFTER_SECONDS", default_value_t = Config::default().retry_after_seconds)]
+    retry_after_seconds: u64,
+}
+
+fn limits_default() -> synchro_server::serve::ConnectionLimits {
+    synchro_server::serve::ConnectionLimits::default()
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// A parser of integers of at least 1.
+fn positive<T>() -> clap::builder::RangedU64ValueParser<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: Send + Sync + 'static + std::error::Error,
+{
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
+impl LimitArgs {
+    fn apply(self, config: Config) -> Config {
+        use std::time::Duration;
+        Config {
+            connections: synchro_server::serve::ConnectionLimits {
+                max_connections: self.max_connections,
+                max_connections_per_peer: self.max_connections_per_peer,
+                header_timeout: Duration::from_millis(self.header_timeout_ms),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            },
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
+            max_event_streams: self.max_event_streams,
+            max_event_streams_per_client: self.max_event_streams_per_client,
+            max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
+            retry_after_seconds: self.retry_after_seconds,
+            ..config
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -222,6 +325,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             worker_url,
             cursor_secret,
             max_token_lifetime_secs,
+            limits,
         } => {
             // The worker login also evaluates written rows' scopes for push.
             let membership_db = match &worker_url {
@@ -241,11 +345,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 Some(url) => Some(connect_db(&url).await?),
                 None => None,
             };
-            let config = Config {
+            let config = limits.apply(Config {
                 max_body_bytes,
                 min_client_version,
                 ..Config::default()
-            };
+            });
             let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
             serve(
                 (db, snapshot_db, assignment_db, membership_db),
@@ -332,13 +436,8 @@ async fn serve(
         membership_db: membership_db.map(tokio::sync::Mutex::new),
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
-    // Small responses must not wait for delayed ACKs.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    let config = state.config.clone();
+    synchro_server::serve::serve(listener, router(state), &config, shutdown_signal()).await?;
     Ok(())
 }
 

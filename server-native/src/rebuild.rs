@@ -9,6 +9,13 @@
 //! stream, membership or client-generation change, or by the scope's removal, answers
 //! 409 `rebuild_restart_required`. Rebuild does not reconcile the assignment: it checks the
 //! stored set (a new request for an unassigned scope is 400).
+//!
+//! Sessions are bounded per client (migration 25): a new rebuild of a scope replaces the
+//! client's earlier session of it, and a client may have at most
+//! `Config::max_rebuild_sessions_per_client` sessions in progress; over that, 503
+//! `temporary_unavailable` with reason `too_many_rebuild_sessions`, checked before the
+//! snapshot is read. Serving the final page completes a session: its rows are dropped and a
+//! later continuation of it restarts.
 
 use synchro_protocol::checksum::Checksum;
 use synchro_protocol::digest::{row_digest, sort_by_identity, RowIdentity};
@@ -96,6 +103,23 @@ pub(crate) async fn rebuild(
                     "the scope is not assigned to this client",
                 ));
             }
+            // Refused before the snapshot is read; start_session checks again atomically.
+            let in_progress: i64 = db
+                .query_one(
+                    "SELECT synchro.synchro_rebuild_sessions_in_progress($1, $2, $3, $4)",
+                    &[
+                        &user_id,
+                        &req.client_id,
+                        &(req.client_generation as i64),
+                        &req.scope_id,
+                    ],
+                )
+                .await
+                .map_err(|_| ApiError::unavailable())?
+                .get(0);
+            if in_progress >= i64::from(state.config.max_rebuild_sessions_per_client) {
+                return Err(too_many_sessions(state));
+            }
             (
                 start_session(state, user_id, &req, &stream, current).await?,
                 0,
@@ -152,6 +176,7 @@ pub(crate) async fn rebuild(
         return Err(restart(&req.scope_id));
     }
     let watermark = s.get::<_, i64>(7) as u64;
+    let row_count = s.get::<_, i32>(8);
     let rows = db
         .query(
             "SELECT * FROM synchro.synchro_rebuild_page($1, $2, $3)",
@@ -160,6 +185,10 @@ pub(crate) async fn rebuild(
         .await
         .map_err(|_| ApiError::unavailable())?;
     let has_more = rows.len() as u64 > req.limit;
+    // A concurrent request completed the session (its rows are gone) after the check above.
+    if !has_more && i64::from(from) + rows.len() as i64 != i64::from(row_count) {
+        return Err(restart(&req.scope_id));
+    }
     let mut records = Vec::new();
     for r in rows.iter().take(req.limit as usize) {
         let (table_id, pk, row_json, version): (String, String, String, String) =
@@ -214,8 +243,18 @@ pub(crate) async fn rebuild(
             )
             .await
             .map_err(|_| ApiError::unavailable())?;
+        if all.len() as i64 != i64::from(row_count) {
+            return Err(restart(&req.scope_id));
+        }
         // Session rows: (ordinal, table_id, pk, row_json, server_version).
         let digest = crate::pull::digest_columns(current, &req.scope_id, &all, 1)?;
+        // Complete: the rows go; the header keeps pinning retention at the watermark.
+        db.execute(
+            "SELECT synchro.synchro_rebuild_complete($1)",
+            &[&session_id],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable())?;
         let cursor = ScopeCursor {
             scope_id: req.scope_id.clone(),
             stream_generation: stream.stream_generation,
@@ -294,10 +333,12 @@ async fn start_session(
         .collect();
     let column =
         |c: usize| -> Vec<String> { order.iter().map(|&i| rows[i].get::<_, String>(c)).collect() };
-    let id: String = state
+    let max_sessions =
+        i32::try_from(state.config.max_rebuild_sessions_per_client).unwrap_or(i32::MAX);
+    let id: Option<String> = state
         .db
         .query_one(
-            "SELECT synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "SELECT synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             &[
                 &user_id,
                 &req.client_id,
@@ -311,10 +352,18 @@ async fn start_session(
                 &column(1),
                 &column(2),
                 &column(3),
+                &max_sessions,
             ],
         )
         .await
         .map_err(|_| ApiError::unavailable())?
         .get(0);
-    Ok(id)
+    id.ok_or_else(|| too_many_sessions(state))
+}
+
+fn too_many_sessions(state: &AppState) -> ApiError {
+    ApiError::overloaded(
+        "too_many_rebuild_sessions",
+        state.config.retry_after_seconds,
+    )
 }

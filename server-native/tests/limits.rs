@@ -1,0 +1,788 @@
+//! Connection exhaustion (issue 12), against the real server binary started with small
+//! limits: header, body and idle timeouts; the global and the per-peer connection caps
+//! (refused at once with 503 while other connections are served); the caps on
+//! change-notification streams; and the per-client cap on rebuild sessions, where a repeated
+//! rebuild of a scope replaces the earlier session instead of adding one.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{free_port, Env, Server};
+use serde_json::{json, Value};
+use synchro_server::auth::mint;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const SECRET: &str = "limits-secret-0123456789abcdefghij";
+
+/// `synchro-server serve` (with the capture worker) on a free port with `flags`.
+fn start(env: &Env, flags: &[&str]) -> (Server, SocketAddr) {
+    start_limited(env, flags, None)
+}
+
+/// [`start`], with the open-file limit (soft and hard) set to `nofile` when given.
+fn start_limited(env: &Env, flags: &[&str], nofile: Option<u32>) -> (Server, SocketAddr) {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let binary = env!("CARGO_BIN_EXE_synchro-server");
+    let mut command = match nofile {
+        Some(n) => {
+            let mut c = std::process::Command::new("sh");
+            c.args([
+                "-c",
+                &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                binary,
+            ]);
+            c
+        }
+        None => std::process::Command::new(binary),
+    };
+    let server = Server(
+        command
+            .args([
+                "serve",
+                "--database-url",
+                &env.cluster.url("synchro_dev_adapter", "app"),
+                "--worker-url",
+                &env.cluster.url("synchro_dev_worker", "app"),
+                "--jwt-secret",
+                SECRET,
+                "--listen",
+                &addr.to_string(),
+            ])
+            .args(flags)
+            .env("SYNCHRO_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    (server, addr)
+}
+
+/// A cluster with a registered, published table (so the server can become ready).
+async fn env() -> Env {
+    let env = Env::installed().await;
+    common::docs_with_owner_and_team(&env, "").await;
+    env
+}
+
+/// An HTTP client that keeps no idle connection (a pooled one would hold a slot).
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
+/// Waits until `GET /ready` answers 200.
+async fn wait_ready(addr: SocketAddr) {
+    common::wait_ready(&http(), &format!("http://{addr}")).await;
+}
+
+/// A response read off a raw connection.
+struct Answer {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// Reads one response (head and Content-Length body) within `within`; `None` when the
+/// connection closed or nothing complete arrived in time.
+async fn read_answer(s: &mut TcpStream, within: Duration) -> Option<Answer> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = text[..end].to_owned();
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                let status = head.split(' ').nth(1)?.parse().ok()?;
+                let body = text[end + 4..end + 4 + length].to_owned();
+                return Some(Answer { status, head, body });
+            }
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    }
+}
+
+/// Whether the server closes `s` within `within` (anything it sends first is skipped).
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn ready_request() -> &'static [u8] {
+    b"GET /ready HTTP/1.1\r\nhost: synchro\r\n\r\n"
+}
+
+/// Asserts that a fresh connection from `from` (or 127.0.0.1) is refused at once with 503
+/// `too_many_connections`.
+async fn assert_refused(addr: SocketAddr, from: Option<&str>) {
+    let started = Instant::now();
+    let mut s = connect_from(addr, from).await;
+    let _ = s.write_all(ready_request()).await;
+    let a = read_answer(&mut s, Duration::from_secs(2))
+        .await
+        .expect("a refused connection is answered");
+    assert_eq!(a.status, 503, "{}", a.head);
+    assert_eq!(
+        a.json(),
+        json!({"error": {"code": "temporary_unavailable", "message": "the service is temporarily unavailable",
+                         "retryable": true, "reason": "too_many_connections"}})
+    );
+    assert_eq!(a.header("retry-after").as_deref(), Some("1"));
+    assert!(closed_within(&mut s, Duration::from_secs(1)).await);
+    assert!(started.elapsed() < Duration::from_secs(1), "refused fast");
+}
+
+async fn connect_from(addr: SocketAddr, from: Option<&str>) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    if let Some(ip) = from {
+        socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    }
+    socket.connect(addr).await.unwrap()
+}
+
+/// Opens `n` connections that send nothing, and gives the server time to accept them.
+async fn idle_sockets(addr: SocketAddr, from: Option<&str>, n: usize) -> Vec<TcpStream> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(connect_from(addr, from).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    v
+}
+
+#[tokio::test]
+async fn silent_and_slow_header_connections_are_closed_after_the_header_timeout() {
+    let env = env().await;
+    let (_server, addr) = start(&env, &["--header-timeout-ms", "600"]);
+    wait_ready(addr).await;
+
+    // Nothing sent at all.
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(3)).await);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+
+    // A head that trickles in, one byte every 50 ms, never completes in time.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    slow.write_all(b"POST /sync/connect HTTP/1.1\r\nhost: synchro\r\n")
+        .await
+        .unwrap();
+    let mut closed = false;
+    for b in b"x-padding: "
+        .iter()
+        .chain([b'a'; 200].iter())
+        .cycle()
+        .take(200)
+    {
+        if slow.write_all(&[*b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if started.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+    }
+    assert!(closed || closed_within(&mut slow, Duration::from_millis(100)).await);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+
+    // A normal request is served.
+    let r = http()
+        .get(format!("http://{addr}/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout_only() {
+    let env = env().await;
+    // An idle timeout shorter than the header timeout, and one longer.
+    let (_short, short) = start(
+        &env,
+        &["--header-timeout-ms", "5000", "--idle-timeout-ms", "700"],
+    );
+    let (_long, long) = start(
+        &env,
+        &["--header-timeout-ms", "400", "--idle-timeout-ms", "3000"],
+    );
+    wait_ready(short).await;
+    wait_ready(long).await;
+
+    let mut s = TcpStream::connect(short).await.unwrap();
+    s.write_all(ready_request()).await.unwrap();
+    assert_eq!(
+        read_answer(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    // Kept alive: a second request on the same connection within the idle timeout.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.write_all(ready_request()).await.unwrap();
+    assert_eq!(
+        read_answer(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    let answered = Instant::now();
+    assert!(closed_within(&mut s, Duration::from_secs(3)).await);
+    let idle = answered.elapsed();
+    assert!(
+        idle >= Duration::from_millis(600) && idle < Duration::from_millis(2500),
+        "closed after {idle:?} idle"
+    );
+
+    // The idle wait is bounded by the idle timeout, not by the (shorter) header timeout.
+    let mut s = TcpStream::connect(long).await.unwrap();
+    s.write_all(ready_request()).await.unwrap();
+    assert_eq!(
+        read_answer(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    s.write_all(ready_request()).await.unwrap();
+    assert_eq!(
+        read_answer(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert!(closed_within(&mut s, Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn a_slow_body_is_answered_503_and_closed_after_the_body_timeout() {
+    let env = env().await;
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--body-timeout-ms",
+            "600",
+            "--header-timeout-ms",
+            "5000",
+            "--idle-timeout-ms",
+            "5000",
+            "--retry-after-seconds",
+            "3",
+        ],
+    );
+    wait_ready(addr).await;
+    let head = b"POST /sync/connect HTTP/1.1\r\nhost: synchro\r\ncontent-length: 100\r\n\r\n";
+
+    // A body sent in two parts well within the bound is read (401: no token).
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(head).await.unwrap();
+    s.write_all(&[b' '; 50]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(br#"{"protocol_version":3}"#).await.unwrap();
+    s.write_all(&[b' '; 28]).await.unwrap();
+    let a = read_answer(&mut s, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(a.status, 401, "{}", a.body);
+
+    // A body that trickles in, a byte every 100 ms, is refused once the bound has passed.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    s.write_all(head).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            if wr.write_all(b" ").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(4), rd.read_to_end(&mut buf)).await;
+    let waited = started.elapsed();
+    trickle.abort();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("retry-after: 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#""reason":"request_body_timeout""#),
+        "{text}"
+    );
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
+        "answered and closed after {waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn connections_over_the_global_cap_are_refused_at_once_and_served_again_after() {
+    let env = env().await;
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--max-connections",
+            "6",
+            "--max-connections-per-peer",
+            "0",
+            "--header-timeout-ms",
+            "1500",
+            "--retry-after-seconds",
+            "1",
+        ],
+    );
+    wait_ready(addr).await;
+    // Six silent sockets fill the cap; every further connection is answered 503 and closed
+    // at once, from any peer, instead of waiting in the backlog.
+    let mut held = idle_sockets(addr, None, 6).await;
+    let filled = Instant::now();
+    for _ in 0..20 {
+        assert_refused(addr, None).await;
+    }
+    assert_refused(addr, Some("127.0.0.2")).await;
+    // The held ones time out (header timeout) and the server is reachable again.
+    for s in &mut held {
+        assert!(closed_within(s, Duration::from_secs(4)).await);
+    }
+    assert!(filled.elapsed() >= Duration::from_millis(1200));
+    let r = http()
+        .get(format!("http://{addr}/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_cap_beyond_the_open_file_limit_is_lowered_so_the_server_stays_reachable() {
+    let env = env().await;
+    // 400 descriptors, of which 128 stay spare: at most 272 connections, not 4096.
+    let (_server, addr) = start_limited(
+        &env,
+        &[
+            "--max-connections",
+            "4096",
+            "--max-connections-per-peer",
+            "0",
+            "--header-timeout-ms",
+            "10000",
+            "--retry-after-seconds",
+            "1",
+        ],
+        Some(400),
+    );
+    wait_ready(addr).await;
+    let mut sockets = idle_sockets(addr, None, 300).await;
+    let mut closed = 0;
+    for s in &mut sockets {
+        if closed_within(s, Duration::from_millis(2)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(
+        closed,
+        300 - 272,
+        "connections beyond the lowered cap are refused"
+    );
+    assert_refused(addr, None).await;
+    drop(sockets);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = http()
+        .get(format!("http://{addr}/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_peer_over_its_cap_is_refused_while_another_peer_is_served() {
+    let env = env().await;
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--max-connections",
+            "100",
+            "--max-connections-per-peer",
+            "3",
+            "--header-timeout-ms",
+            "10000",
+            "--retry-after-seconds",
+            "1",
+        ],
+    );
+    wait_ready(addr).await;
+    let mut held = idle_sockets(addr, Some("127.0.0.1"), 3).await;
+    assert_refused(addr, Some("127.0.0.1")).await;
+    // Another peer address is served normally meanwhile.
+    let other = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let r = other
+        .get(format!("http://{addr}/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // When one of the peer's connections ends, the peer is served again.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut s = connect_from(addr, Some("127.0.0.1")).await;
+    s.write_all(ready_request()).await.unwrap();
+    let a = read_answer(&mut s, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_requests_finish_and_closes_idle_connections() {
+    let env = env().await;
+    let (mut server, addr) = start(&env, &[]);
+    wait_ready(addr).await;
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    let mut in_flight = TcpStream::connect(addr).await.unwrap();
+    in_flight
+        .write_all(b"POST /sync/connect HTTP/1.1\r\nhost: synchro\r\ncontent-length: 22\r\n\r\n{\"protocol")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "waits for the request"
+    );
+    // New connections are no longer accepted.
+    assert!(TcpStream::connect(addr).await.is_err());
+    in_flight.write_all(b"_version\":3}").await.unwrap();
+    let a = read_answer(&mut in_flight, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert!(closed_within(&mut idle, Duration::from_secs(2)).await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+}
+
+/// Connects `client` for `user`; returns (token, generation, schema).
+async fn connect(addr: SocketAddr, user: &str, client: &str) -> (String, u64, Value) {
+    let token = mint(SECRET.as_bytes(), user, 3600);
+    let r = http()
+        .post(format!("http://{addr}/sync/connect"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(
+            json!({"protocol_version": 3, "client_id": client, "schema": {"version": 0, "hash": ""}})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let schema = json!({"version": v["schema"]["version"], "hash": v["schema"]["hash"]});
+    (token, v["client_generation"].as_u64().unwrap(), schema)
+}
+
+#[tokio::test]
+async fn event_streams_are_capped_per_client_and_in_all() {
+    let env = env().await;
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--max-event-streams",
+            "3",
+            "--max-event-streams-per-client",
+            "2",
+        ],
+    );
+    wait_ready(addr).await;
+    let client = reqwest::Client::new();
+    let open = |token: String, client_id: &'static str, generation: u64| {
+        client
+            .post(format!("http://{addr}/sync/events"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(
+                json!({"protocol_version": 3, "client_id": client_id, "client_generation": generation})
+                    .to_string(),
+            )
+            .send()
+    };
+    let (token, g1, _) = connect(addr, "alice", "c1").await;
+    let (_, g2, _) = connect(addr, "alice", "c2").await;
+    let (_, g3, _) = connect(addr, "alice", "c3").await;
+    let mut first = open(token.clone(), "c1", g1).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.chunk().await.unwrap().is_some(), "ready");
+    let second = open(token.clone(), "c1", g1).await.unwrap();
+    assert_eq!(second.status(), 200);
+
+    let refused = |r: reqwest::Response| async move {
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "2");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            (
+                v["error"]["code"].clone(),
+                v["error"]["retryable"].clone(),
+                v["error"]["reason"].clone()
+            ),
+            (
+                json!("temporary_unavailable"),
+                json!(true),
+                json!("too_many_event_streams")
+            ),
+            "{v}"
+        );
+    };
+    // A third stream of the same client is refused; another client still gets one...
+    refused(open(token.clone(), "c1", g1).await.unwrap()).await;
+    let third = open(token.clone(), "c2", g2).await.unwrap();
+    assert_eq!(third.status(), 200);
+    // ...until the server-wide cap.
+    refused(open(token.clone(), "c3", g3).await.unwrap()).await;
+
+    // A stream whose client went away frees its slot.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = open(token.clone(), "c1", g1).await.unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop((second, third));
+}
+
+#[tokio::test]
+async fn rebuild_sessions_are_capped_per_client_and_a_repeated_rebuild_replaces() {
+    let env = Env::installed().await;
+    common::docs_with_owner_and_team(
+        &env,
+        "INSERT INTO app.docs SELECT g, 'alice', (ARRAY['red', 'blue', 'green'])[1 + g % 3], 'doc'
+           FROM generate_series(1, 6) g",
+    )
+    .await;
+    env.admin
+        .batch_execute(
+            "SELECT synchro.synchro_grant_user_scope('alice', 'team:blue');
+             SELECT synchro.synchro_grant_user_scope('alice', 'team:green');",
+        )
+        .await
+        .unwrap();
+    let (_server, addr) = start(&env, &["--max-rebuild-sessions-per-client", "2"]);
+    wait_ready(addr).await;
+    // Wait until the worker has materialized every scope's rows.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.synchro_scope_rows('team:green')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "rows were never captured");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (token, generation, schema) = connect(addr, "alice", "c1").await;
+    let (_, generation2, _) = connect(addr, "alice", "c2").await;
+    let client = http();
+    let rebuild = |client_id: &'static str,
+                   generation: u64,
+                   scope: &'static str,
+                   continuation: Option<Value>| {
+        let mut body = json!({"protocol_version": 3, "client_id": client_id, "client_generation": generation,
+                              "schema": schema, "scope_id": scope, "limit": 1});
+        if let Some(c) = continuation {
+            body["continuation"] = c;
+        }
+        let request = client
+            .post(format!("http://{addr}/sync/rebuild"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(body.to_string());
+        async move {
+            let r = request.send().await.unwrap();
+            let status = r.status().as_u16();
+            let retry_after = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let v: Value = r.json().await.unwrap();
+            (status, v, retry_after)
+        }
+    };
+    let sessions = |scope: &'static str| {
+        let admin = &env.admin;
+        async move {
+            admin
+                .query_one(
+                    "SELECT count(*) FROM synchro.rebuild_sessions
+                      WHERE user_id = 'alice' AND client_id = 'c1' AND scope_id LIKE $1",
+                    &[&scope],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+
+    // Two sessions in progress (limit 1, more pages to come) fill the client's cap.
+    let (st, first, _) = rebuild("c1", generation, "user:alice", None).await;
+    assert_eq!(
+        (st, first["has_more"].clone()),
+        (200, json!(true)),
+        "{first}"
+    );
+    let (st, red, _) = rebuild("c1", generation, "team:red", None).await;
+    assert_eq!((st, red["has_more"].clone()), (200, json!(true)), "{red}");
+    let (st, v, retry_after) = rebuild("c1", generation, "team:blue", None).await;
+    assert_eq!(
+        (
+            st,
+            v["error"]["code"].clone(),
+            v["error"]["retryable"].clone(),
+            v["error"]["reason"].clone()
+        ),
+        (
+            503,
+            json!("temporary_unavailable"),
+            json!(true),
+            json!("too_many_rebuild_sessions")
+        ),
+        "{v}"
+    );
+    assert_eq!(retry_after.as_deref(), Some("2"));
+    assert_eq!(
+        sessions("team:blue").await,
+        0,
+        "nothing stored when refused"
+    );
+
+    // Rebuilding the same scope again replaces its session: never over the cap, never more
+    // than one session per scope, and the replaced session's continuation restarts.
+    for _ in 0..5 {
+        let (st, v, _) = rebuild("c1", generation, "user:alice", None).await;
+        assert_eq!(st, 200, "{v}");
+    }
+    assert_eq!(sessions("user:alice").await, 1);
+    assert_eq!(sessions("%").await, 2);
+    let (st, v, _) = rebuild(
+        "c1",
+        generation,
+        "user:alice",
+        Some(first["continuation"].clone()),
+    )
+    .await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (409, json!("rebuild_restart_required")),
+        "{v}"
+    );
+
+    // The cap is per client: another client of the same user rebuilds.
+    let (st, v, _) = rebuild("c2", generation2, "team:blue", None).await;
+    assert_eq!(st, 200, "{v}");
+
+    // A completed session no longer counts and its rows are gone; its last continuation
+    // restarts.
+    let mut page = red;
+    let mut last_continuation = Value::Null;
+    while page["has_more"] == true {
+        last_continuation = page["continuation"].clone();
+        let (st, next, _) = rebuild(
+            "c1",
+            generation,
+            "team:red",
+            Some(last_continuation.clone()),
+        )
+        .await;
+        assert_eq!(st, 200, "{next}");
+        page = next;
+    }
+    assert!(page["checksum"].is_object() && page["final_scope_cursor"].is_string());
+    let rows: i64 = env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.rebuild_rows r JOIN synchro.rebuild_sessions s USING (session_id)
+              WHERE s.client_id = 'c1' AND s.scope_id = 'team:red'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+    let (st, v, _) = rebuild("c1", generation, "team:red", Some(last_continuation)).await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (409, json!("rebuild_restart_required")),
+        "{v}"
+    );
+    let (st, v, _) = rebuild("c1", generation, "team:blue", None).await;
+    assert_eq!(st, 200, "{v}");
+}
