@@ -507,12 +507,13 @@ async fn an_upgraded_database_gives_existing_registrations_the_checks() {
     let mut db = synchro_server::connect_db(&env.cluster.url("postgres", "old"))
         .await
         .unwrap();
+    // The version just before the one that added the checks.
     let previous = synchro_server::install::MIGRATIONS
         .iter()
-        .rev()
-        .find(|m| m.name != "0025_unrepresentable_values.sql")
+        .find(|m| m.name == "0025_unrepresentable_values.sql")
         .unwrap()
-        .version;
+        .version
+        - 1;
     synchro_server::install::install_to(&mut db, Some(previous))
         .await
         .unwrap();
