@@ -55,7 +55,7 @@ if [ -z "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
     step clippy-wasm32 cargo clippy -p synchro-protocol --target wasm32-unknown-unknown --features bench -- -D warnings
     step clippy-wasm32-client cargo clippy -p synchro-client --target wasm32-unknown-unknown --lib --tests --features bench -- -D warnings
 fi
-step test-native cargo test --workspace
+step test-native cargo test --workspace --no-fail-fast
 step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
 step test-wasm-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
 # The client's storage, materialization, verification and journal tests on OPFS in a

@@ -291,8 +291,11 @@ fn is_test_attribute(attr: &str) -> bool {
 /// Why `name` is not a test function of `source`, if it is not.
 fn test_problem(source: &str, name: &str) -> Option<String> {
     let lines: Vec<&str> = source.lines().collect();
-    let decls: Vec<usize> = (0..lines.len())
-        .filter(|&i| declares(lines[i], name))
+    let decls: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| declares(l, name))
+        .map(|(i, _)| i)
         .collect();
     if decls.is_empty() {
         return Some(format!("has no `fn {name}`"));
@@ -366,8 +369,7 @@ fn spec_headings(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().map(|l| l.trim_end_matches('\r')).collect();
     let title = lines.first().copied().unwrap_or("");
     let mut out = Vec::new();
-    for i in 1..lines.len() {
-        let l = lines[i];
+    for (i, &l) in lines.iter().enumerate().skip(1) {
         let blank_before = lines[i - 1].trim().is_empty();
         let blank_after = lines.get(i + 1).is_none_or(|n| n.trim().is_empty());
         let shaped = l.trim() == l
