@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde_json::{json, Value};
 use synchro_protocol::token::Keyring;
+use synchro_server::api::{router, AppState, Config};
 use synchro_server::auth::{mint, Authenticator};
 use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
-use synchro_server::http::{router, AppState, Config};
 use synchro_server::pg_harness::TempCluster;
 use synchro_server::registry::{register, RegisterRequest};
 use synchro_server::{connect_db, dev, install, publish};
@@ -169,7 +169,7 @@ async fn main() -> Result<()> {
     // The HTTP API in this process.
     let state = Arc::new(AppState {
         db: connect_db(&url("synchro_dev_adapter")).await?,
-        snapshot_db: synchro_server::http::SnapshotPool::new(vec![
+        snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             connect_db(&url("synchro_dev_adapter")).await?,
         ]),
         assignment_db: None,

@@ -24,8 +24,8 @@ use synchro_client::queue::{LocalWrite, Operation};
 use synchro_client::storage::Storage;
 use synchro_protocol::token::Keyring;
 use synchro_protocol::value::{Scalar, TypedValue};
+use synchro_server::api::{router, AppState, Config};
 use synchro_server::auth::{mint, Authenticator};
-use synchro_server::http::{router, AppState, Config};
 use synchro_server::pg_harness::TempCluster;
 use synchro_server::registry::{register, RegisterRequest};
 use synchro_server::{connect_db, dev, install, publish};
@@ -107,7 +107,7 @@ async fn main() -> Result<()> {
     }
     let state = Arc::new(AppState {
         db: connect_db(&url("synchro_dev_adapter")).await?,
-        snapshot_db: synchro_server::http::SnapshotPool::new(pool),
+        snapshot_db: synchro_server::api::SnapshotPool::new(pool),
         assignment_db: None,
         auth: Authenticator::hs256(SECRET)?,
         cursor_keys: Keyring::new("k1", &[7; 32])?,

@@ -13,29 +13,22 @@
 //! | [`publish`] | manifest publication and history |
 //! | [`auth`] | bearer JWT (HS256) |
 //! | [`capture`] | logical-decoding capture, bootstrap and membership |
-//! | [`http`] | the router: connect, pull, rebuild, events, ready |
+//! | [`api`] | the HTTP API: one file per endpoint, the shared preamble and gates, the error type |
 //! | [`serve`] | the accept loop: connection caps, header and idle timeouts, shutdown |
-//! | [`events`] | change notification (`POST /sync/events`, server-sent events) |
-//! | [`pull`] | pull pages, cursors and terminal checksums |
-//! | [`rebuild`] | snapshot-bound rebuild sessions |
 //! | [`retention`] | client expiry and scope-local compaction |
 //! | [`dev`] | the `dev` command's provisioning |
 //! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod auth;
 pub mod capture;
 pub mod dev;
 pub mod digest_cache;
-pub mod events;
-pub mod http;
 pub mod install;
 pub mod logging;
 pub mod pg_harness;
 pub mod publish;
-pub mod pull;
-pub mod push;
-pub mod rebuild;
 pub mod registry;
 pub mod retention;
 pub mod serve;

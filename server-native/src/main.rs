@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use synchro_server::api::{router, AppState, Config};
 use synchro_server::auth::{mint, Authenticator};
-use synchro_server::http::{router, AppState, Config};
 use synchro_server::registry::{register, RegisterRequest, RegistrationError};
 use synchro_server::{connect_db, dev, install, pg_harness, publish};
 
@@ -353,7 +353,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
             serve(
                 (db, snapshot_db, assignment_db, membership_db),
-                synchro_server::events::Notifier::listen(database_url.clone()),
+                synchro_server::api::events::Notifier::listen(database_url.clone()),
                 Authenticator::hs256_with_max_lifetime(
                     jwt_secret.as_bytes(),
                     max_token_lifetime_secs,
@@ -415,7 +415,7 @@ type Connections = (
 
 async fn serve(
     (db, snapshot_db, assignment_db, membership_db): Connections,
-    events: synchro_server::events::Notifier,
+    events: synchro_server::api::events::Notifier,
     auth: Authenticator,
     cursor_root: &[u8],
     config: Config,
@@ -427,7 +427,7 @@ async fn serve(
     )?;
     let state = Arc::new(AppState {
         db,
-        snapshot_db: synchro_server::http::SnapshotPool::new(snapshot_db),
+        snapshot_db: synchro_server::api::SnapshotPool::new(snapshot_db),
         cursor_keys,
         assignment_db,
         auth,
@@ -499,7 +499,7 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
             Some(assignment),
             Some(connect_db(&url_for("synchro_dev_worker")).await?),
         ),
-        synchro_server::events::Notifier::listen(url_for("synchro_dev_adapter")),
+        synchro_server::api::events::Notifier::listen(url_for("synchro_dev_adapter")),
         Authenticator::hs256(secret.as_bytes())?,
         secret.as_bytes(),
         Config::default(),

@@ -73,7 +73,7 @@ const RESERVED_FDS: u64 = 128;
 pub async fn serve(
     listener: TcpListener,
     app: Router,
-    config: &crate::http::Config,
+    config: &crate::api::Config,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let limits = config.connections.clone();
@@ -222,7 +222,7 @@ fn refuse(tcp: TcpStream, retry_after_seconds: u64) {
             _ => break,
         }
     }
-    let body = crate::http::ApiError::unavailable_because("too_many_connections").body_text();
+    let body = crate::api::ApiError::unavailable_because("too_many_connections").body_text();
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: {retry_after_seconds}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()

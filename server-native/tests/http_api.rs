@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use common::Env;
 use serde_json::{json, Value};
+use synchro_server::api::{router, AppState, Config};
 use synchro_server::auth::{mint, Authenticator};
-use synchro_server::http::{router, AppState, Config};
 use synchro_server::{dev, publish};
 
 const SECRET: &[u8] = b"test-secret-0123456789abcdef";
@@ -61,7 +61,7 @@ async fn start(config: Config) -> Server {
         .unwrap();
     let state = Arc::new(AppState {
         db: env.login("synchro_dev_adapter").await,
-        snapshot_db: synchro_server::http::SnapshotPool::new(vec![
+        snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             env.login("synchro_dev_adapter").await,
         ]),
         cursor_keys: synchro_protocol::token::Keyring::new("k1", &[9; 32]).unwrap(),
@@ -531,7 +531,7 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
         db: synchro_server::connect_db(&env.cluster.url("synchro_dev_adapter", "bare"))
             .await
             .unwrap(),
-        snapshot_db: synchro_server::http::SnapshotPool::new(vec![synchro_server::connect_db(
+        snapshot_db: synchro_server::api::SnapshotPool::new(vec![synchro_server::connect_db(
             &env.cluster.url("synchro_dev_adapter", "bare"),
         )
         .await

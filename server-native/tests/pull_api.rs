@@ -12,9 +12,9 @@ use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
 use synchro_protocol::json::Json;
 use synchro_protocol::token::Keyring;
 use synchro_protocol::value::TypedValue;
+use synchro_server::api::{router, AppState, Config};
 use synchro_server::auth::{mint, Authenticator};
 use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
-use synchro_server::http::{router, AppState, Config};
 use synchro_server::publish::{load_lineage, publish};
 use synchro_server::registry::{register, RegisterRequest};
 
@@ -58,14 +58,14 @@ async fn stack() -> Stack {
     while worker.step(Failpoint::None).await.unwrap() != StepOutcome::Applied(0) {}
     let state = Arc::new(AppState {
         db: env.login("synchro_dev_adapter").await,
-        snapshot_db: synchro_server::http::SnapshotPool::new(vec![
+        snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             env.login("synchro_dev_adapter").await,
         ]),
         assignment_db: None,
         auth: Authenticator::hs256(SECRET).unwrap(),
         cursor_keys: Keyring::new("k1", &[3; 32]).unwrap(),
         config: Config::default(),
-        events: synchro_server::events::Notifier::listen(
+        events: synchro_server::api::events::Notifier::listen(
             env.cluster.url("synchro_dev_adapter", "app"),
         ),
         membership_db: None,
@@ -897,7 +897,7 @@ async fn connect_bridges_valid_cursors_across_a_compatible_schema_change() {
 #[tokio::test]
 async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy() {
     let env = Env::installed().await;
-    let pool = synchro_server::http::SnapshotPool::new(vec![
+    let pool = synchro_server::api::SnapshotPool::new(vec![
         env.login("synchro_dev_adapter").await,
         env.login("synchro_dev_adapter").await,
     ]);

@@ -14,69 +14,9 @@ use synchro_protocol::json::Json;
 use synchro_protocol::token::{CursorStatus, Principal, ScopeCursor, ScopeStreamState};
 use synchro_protocol::value::TypedValue;
 
-use crate::http::{ApiError, AppState};
+use synchro_protocol::wire::{Change, ChangeOp, PullRequest, PullResponse, ScopeUpdates};
 
-/// Largest page (spec 003 "Pull and rebuild limits are fixed at 1..1000").
-pub const MAX_LIMIT: u64 = 1000;
-
-pub(crate) struct PullRequest {
-    pub client_id: String,
-    pub client_generation: u64,
-    pub schema: Json,
-    pub cursors: BTreeMap<String, Option<String>>,
-    pub limit: u64,
-}
-
-/// The members pull and rebuild share: `client_id`, `client_generation` and `limit`
-/// (1..=1000), each a 400 `invalid_request` when missing or malformed.
-pub(crate) fn common_members(req: &Json) -> Result<(String, u64, u64), ApiError> {
-    let bad = ApiError::invalid_request;
-    let client_id = match req.get("client_id") {
-        Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
-        _ => {
-            return Err(bad(
-                "client_id must be a nonempty string of at most 256 bytes",
-            ))
-        }
-    };
-    let client_generation = req
-        .get("client_generation")
-        .and_then(crate::http::positive_integer)
-        .ok_or_else(|| bad("client_generation must be a positive integer"))?;
-    let limit = req
-        .get("limit")
-        .and_then(crate::http::positive_integer)
-        .filter(|l| *l <= MAX_LIMIT)
-        .ok_or_else(|| bad("limit must be an integer from 1 to 1000"))?;
-    Ok((client_id, client_generation, limit))
-}
-
-pub(crate) fn parse(req: &Json) -> Result<PullRequest, ApiError> {
-    let bad = ApiError::invalid_request;
-    let (client_id, client_generation, limit) = common_members(req)?;
-    let mut cursors = BTreeMap::new();
-    match req.get("scope_cursors") {
-        None | Some(Json::Null) => {}
-        Some(Json::Object(m)) => {
-            for (scope, c) in m {
-                let c = match c {
-                    Json::Null => None,
-                    Json::String(s) => Some(s.clone()),
-                    _ => return Err(bad("scope_cursors values must be strings or null")),
-                };
-                cursors.insert(scope.clone(), c);
-            }
-        }
-        Some(_) => return Err(bad("scope_cursors must be an object")),
-    }
-    Ok(PullRequest {
-        client_id,
-        client_generation,
-        schema: req.get("schema").cloned().unwrap_or(Json::Null),
-        cursors,
-        limit,
-    })
-}
+use super::{gates, ApiError, AppState, Gates};
 
 pub(crate) fn now_datetime() -> String {
     // Issue time for cursors, UTC with microseconds.
@@ -104,72 +44,12 @@ pub(crate) fn now_datetime() -> String {
     )
 }
 
-/// What every pull and rebuild request is checked against, in the spec's order.
-pub(crate) struct Gates {
-    /// The manifest history (its current manifest is the request's schema).
-    pub lineage: synchro_protocol::lineage::Lineage,
-    /// The client's stored assigned scopes.
-    pub stored_assigned: BTreeSet<String>,
-    /// The stream state cursors and sessions bind (floor 0: nothing is compacted yet).
-    pub stream: ScopeStreamState,
-}
-
-/// Exact current schema (422) and current client generation (409).
-pub(crate) async fn gates(
-    state: &AppState,
-    user_id: &str,
-    client_id: &str,
-    client_generation: u64,
-    schema: &Json,
-) -> Result<Gates, ApiError> {
-    let db = &state.db;
-    let lineage = crate::publish::load_serving_lineage(db)
-        .await
-        .map_err(|_| ApiError::unavailable())?;
-    let current = lineage.current().ok_or_else(ApiError::unavailable)?;
-    let exact = synchro_protocol::lineage::PresentedSchema::from_json(schema).ok()
-        == Some(synchro_protocol::lineage::PresentedSchema::Exact(
-            current.schema_ref(),
-        ));
-    if !exact {
-        return Err(ApiError::schema_mismatch(current.schema_ref(), schema));
-    }
-    let stored = db
-        .query_opt(
-            "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
-            &[&user_id, &client_id],
-        )
-        .await
-        .map_err(|_| ApiError::unavailable())?
-        .ok_or(ApiError::generation_expired(None))?;
-    let stored_generation = stored.get::<_, i64>(0) as u64;
-    if stored_generation != client_generation || stored.get::<_, bool>(2) {
-        return Err(ApiError::generation_expired(Some(stored_generation)));
-    }
-    let stream = db
-        .query_one("SELECT * FROM synchro.synchro_stream_state()", &[])
-        .await
-        .map_err(|_| ApiError::unavailable())?;
-    let stream = ScopeStreamState {
-        stream_generation: stream.get::<_, i64>(0) as u64,
-        membership_generation: stream.get::<_, i64>(1) as u64,
-        retention_generation: 1,
-        resume_floor: 0,
-        schema_hash: current.schema_hash(),
-    };
-    Ok(Gates {
-        stored_assigned: stored.get::<_, Vec<String>>(1).into_iter().collect(),
-        lineage,
-        stream,
-    })
-}
-
 /// Runs a pull for an authenticated user. Returns the 200 body or the wire error.
 pub(crate) async fn pull(
     state: &AppState,
     user_id: &str,
     req: PullRequest,
-) -> Result<Json, ApiError> {
+) -> Result<PullResponse, ApiError> {
     let db = &state.db;
     let Gates {
         lineage,
@@ -197,7 +77,7 @@ pub(crate) async fn pull(
     let mut opened: BTreeMap<String, ScopeCursor> = BTreeMap::new();
     let mut rebuild: BTreeSet<String> = BTreeSet::new();
     let mut null_cursors: BTreeSet<String> = BTreeSet::new();
-    for (scope, token) in &req.cursors {
+    for (scope, token) in &req.scope_cursors {
         let Some(token) = token else {
             null_cursors.insert(scope.clone());
             continue;
@@ -224,7 +104,7 @@ pub(crate) async fn pull(
         }
     }
     // Reconcile the assignment (writes happen only after validation passed).
-    let assigned = crate::http::assigned_scopes(state, user_id).await?;
+    let assigned = super::assigned_scopes(state, user_id).await?;
     let previous = stored_assigned;
     let row = db
         .query_one(
@@ -238,7 +118,7 @@ pub(crate) async fn pull(
             ],
         )
         .await
-        .map_err(|_| ApiError::unavailable())?;
+        ?;
     let scope_set_version: i64 = row.get(1);
     opened.retain(|s, _| assigned.contains(s));
     null_cursors.retain(|s| assigned.contains(s));
@@ -251,16 +131,14 @@ pub(crate) async fn pull(
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
         .read_only(true)
         .start()
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
     let retention = snap
         .query(
             "SELECT scope_id, retention_generation, resume_floor, membership_generation
                FROM synchro.synchro_scope_retention($1)",
             &[&assigned.iter().cloned().collect::<Vec<_>>()],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
     let mut positions: BTreeMap<String, u64> = BTreeMap::new();
     let mut acknowledged: BTreeMap<String, u64> = BTreeMap::new();
     let mut generations: BTreeMap<String, (u64, u64)> = BTreeMap::new();
@@ -306,8 +184,7 @@ pub(crate) async fn pull(
                 &((req.limit + 1) as i32),
             ],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
     let has_more = rows.len() as u64 > req.limit;
     let mut changes = Vec::new();
     let mut high: BTreeMap<String, u64> = positions.clone();
@@ -330,31 +207,26 @@ pub(crate) async fn pull(
             r.get(6),
         );
         high.insert(scope.clone(), position as u64);
-        let pk_json = Json::parse(&pk).map_err(|_| ApiError::unavailable())?;
-        let mut change = vec![
-            ("scope_id".to_owned(), Json::String(scope)),
-            ("table_id".to_owned(), Json::String(table_id.clone())),
-            ("pk".to_owned(), pk_json.clone()),
-        ];
-        match (kind.as_str(), row_json) {
+        let pk = Json::parse(&pk).map_err(|_| ApiError::integrity())?;
+        let op = match (kind.as_str(), row_json) {
             ("upsert", Some(text)) => {
-                let row = Json::parse(&text).map_err(|_| ApiError::unavailable())?;
-                let d = row_digest(current, &table_id, &pk_json, &row, &version)
+                let row = Json::parse(&text).map_err(|_| ApiError::integrity())?;
+                let d = row_digest(current, &table_id, &pk, &row, &version)
                     .map_err(|_| ApiError::integrity())?;
-                change.push(("op".into(), Json::String("upsert".into())));
-                change.push(("row".into(), row));
-                change.push(("server_version".into(), Json::String(version)));
-                change.push((
-                    "row_checksum".into(),
-                    Json::parse(&Checksum(d.digest).to_json_string()).expect("checksum JSON"),
-                ));
+                ChangeOp::Upsert {
+                    row,
+                    row_checksum: Checksum(d.digest),
+                }
             }
-            _ => {
-                change.push(("op".into(), Json::String("delete".into())));
-                change.push(("server_version".into(), Json::String(version)));
-            }
-        }
-        changes.push(Json::Object(change));
+            _ => ChangeOp::Delete,
+        };
+        changes.push(Change {
+            scope_id: scope,
+            table_id,
+            pk,
+            server_version: version,
+            op,
+        });
     }
     if !has_more {
         // Every resumable scope is current through the snapshot's high-watermark.
@@ -363,15 +235,14 @@ pub(crate) async fn pull(
                 "SELECT effect_position FROM synchro.synchro_pull_watermark()",
                 &[],
             )
-            .await
-            .map_err(|_| ApiError::unavailable())?
+            .await?
             .get(0);
         for p in high.values_mut() {
             *p = (*p).max(hw as u64);
         }
     }
     let issued_at = now_datetime();
-    let cursor_updates: Vec<(String, Json)> = high
+    let scope_cursor_updates: BTreeMap<String, String> = high
         .iter()
         .map(|(scope, position)| {
             let c = ScopeCursor {
@@ -384,54 +255,31 @@ pub(crate) async fn pull(
                 principal: who.clone(),
                 issued_at: issued_at.clone(),
             };
-            (scope.clone(), Json::String(c.sign(&state.cursor_keys)))
+            (scope.clone(), c.sign(&state.cursor_keys))
         })
         .collect();
-    let strings = |items: Vec<&String>| {
-        Json::Array(items.into_iter().map(|s| Json::String(s.clone())).collect())
-    };
-    let mut body = vec![
-        ("protocol_version".to_owned(), Json::Number("3".into())),
-        (
-            "scope_set_version".to_owned(),
-            Json::Number(scope_set_version.to_string()),
-        ),
-        (
-            "scope_updates".to_owned(),
-            Json::Object(vec![
-                (
-                    "added".into(),
-                    strings(assigned.difference(&previous).collect()),
-                ),
-                (
-                    "removed".into(),
-                    strings(previous.difference(&assigned).collect()),
-                ),
-            ]),
-        ),
-        ("changes".to_owned(), Json::Array(changes)),
-        ("has_more".to_owned(), Json::Bool(has_more)),
-        (
-            "scope_cursor_updates".to_owned(),
-            Json::Object(cursor_updates),
-        ),
-        (
-            "rebuild_scopes".to_owned(),
-            strings(rebuild.iter().collect()),
-        ),
-    ];
-    if !has_more {
-        let mut checksums = Vec::new();
+    let checksums = if has_more {
+        None
+    } else {
+        let mut map = BTreeMap::new();
         for scope in &assigned {
-            let digest = scope_checksum(&snap, current, scope).await?;
-            checksums.push((
-                scope.clone(),
-                Json::parse(&digest.to_json_string()).expect("checksum JSON"),
-            ));
+            map.insert(scope.clone(), scope_checksum(&snap, current, scope).await?);
         }
-        body.push(("checksums".to_owned(), Json::Object(checksums)));
-    }
-    snap.commit().await.map_err(|_| ApiError::unavailable())?;
+        Some(map)
+    };
+    let body = PullResponse {
+        scope_set_version: scope_set_version as u64,
+        scope_updates: ScopeUpdates {
+            added: assigned.difference(&previous).cloned().collect(),
+            removed: previous.difference(&assigned).cloned().collect(),
+        },
+        changes,
+        has_more,
+        scope_cursor_updates,
+        rebuild_scopes: rebuild.iter().cloned().collect(),
+        checksums,
+    };
+    snap.commit().await?;
     drop(snapshot_db);
     // The presented positions are acknowledged: they pin this scope's history.
     if !acknowledged.is_empty() {
@@ -445,8 +293,7 @@ pub(crate) async fn pull(
                 &acknowledged.values().map(|p| *p as i64).collect::<Vec<_>>(),
             ],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
     }
     tracing::info!(
         status = 200,
@@ -454,7 +301,7 @@ pub(crate) async fn pull(
         has_more,
         "pull"
     );
-    Ok(Json::Object(body))
+    Ok(body)
 }
 
 /// The scope digest of a scope's current membership in the current projection. Row
@@ -471,8 +318,7 @@ pub(crate) async fn scope_checksum(
             "SELECT table_id, pk, server_version FROM synchro.synchro_scope_keys($1)",
             &[&scope],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
     let cache_keys: Vec<_> = keys
         .iter()
         .map(|r| crate::digest_cache::key(&schema_hash, r.get(0), r.get(1), r.get(2)))
@@ -505,7 +351,7 @@ pub(crate) async fn scope_checksum(
                 &[&scope, &missing_tables, &missing_pks],
             )
             .await
-            .map_err(|_| ApiError::unavailable())?;
+            ?;
         if rows.len() != missing_pks.len() {
             return Err(ApiError::integrity());
         }

@@ -23,37 +23,9 @@ use synchro_protocol::json::Json;
 use synchro_protocol::token::{self, Principal, Purpose, ScopeCursor};
 use synchro_protocol::value::TypedValue;
 
-use crate::http::{ApiError, AppState};
-use crate::pull::{gates, Gates};
+use synchro_protocol::wire::{RebuildEnd, RebuildRecord, RebuildRequest, RebuildResponse};
 
-struct RebuildRequest {
-    client_id: String,
-    client_generation: u64,
-    schema: Json,
-    scope_id: String,
-    limit: u64,
-    continuation: Option<String>,
-}
-
-fn parse(req: &Json) -> Result<RebuildRequest, ApiError> {
-    let bad = ApiError::invalid_request;
-    let (client_id, client_generation, limit) = crate::pull::common_members(req)?;
-    Ok(RebuildRequest {
-        client_id,
-        client_generation,
-        schema: req.get("schema").cloned().unwrap_or(Json::Null),
-        scope_id: match req.get("scope_id") {
-            Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
-            _ => return Err(bad("scope_id must be a nonempty string")),
-        },
-        limit,
-        continuation: match req.get("continuation") {
-            None | Some(Json::Null) => None,
-            Some(Json::String(s)) => Some(s.clone()),
-            Some(_) => return Err(bad("continuation must be a string")),
-        },
-    })
-}
+use super::{gates, ApiError, AppState, Gates};
 
 fn restart(scope: &str) -> ApiError {
     ApiError::rebuild_restart(scope)
@@ -63,9 +35,8 @@ fn restart(scope: &str) -> ApiError {
 pub(crate) async fn rebuild(
     state: &AppState,
     user_id: &str,
-    body: &Json,
-) -> Result<Json, ApiError> {
-    let req = parse(body)?;
+    req: RebuildRequest,
+) -> Result<RebuildResponse, ApiError> {
     let Gates {
         lineage,
         stored_assigned,
@@ -90,7 +61,7 @@ pub(crate) async fn rebuild(
             &[&req.scope_id],
         )
         .await
-        .map_err(|_| ApiError::unavailable())?;
+        ?;
     let stream = synchro_protocol::token::ScopeStreamState {
         membership_generation: scope_generations.get::<_, i64>(0) as u64,
         retention_generation: scope_generations.get::<_, i64>(1) as u64,
@@ -114,8 +85,7 @@ pub(crate) async fn rebuild(
                         &req.scope_id,
                     ],
                 )
-                .await
-                .map_err(|_| ApiError::unavailable())?
+                .await?
                 .get(0);
             if in_progress >= i64::from(state.config.max_rebuild_sessions_per_client) {
                 return Err(too_many_sessions(state));
@@ -156,8 +126,7 @@ pub(crate) async fn rebuild(
             "SELECT * FROM synchro.synchro_rebuild_session($1)",
             &[&session_id],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?
+        .await?
         .ok_or_else(|| restart(&req.scope_id))?;
     let bound_generation = s.get::<_, i64>(2) as u64;
     if s.get::<_, String>(0) != user_id
@@ -182,8 +151,7 @@ pub(crate) async fn rebuild(
             "SELECT * FROM synchro.synchro_rebuild_page($1, $2, $3)",
             &[&session_id, &from, &((req.limit + 1) as i32)],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
     let has_more = rows.len() as u64 > req.limit;
     // A concurrent request completed the session (its rows are gone) after the check above.
     if !has_more && i64::from(from) + rows.len() as i64 != i64::from(row_count) {
@@ -197,29 +165,20 @@ pub(crate) async fn rebuild(
         let row = Json::parse(&row_json).map_err(|_| ApiError::integrity())?;
         let d = row_digest(current, &table_id, &pk, &row, &version)
             .map_err(|_| ApiError::integrity())?;
-        records.push(Json::Object(vec![
-            ("table_id".into(), Json::String(table_id)),
-            ("pk".into(), pk),
-            ("row".into(), row),
-            ("server_version".into(), Json::String(version)),
-            (
-                "row_checksum".into(),
-                Json::parse(&Checksum(d.digest).to_json_string()).expect("checksum JSON"),
-            ),
-        ]));
+        records.push(RebuildRecord {
+            table_id,
+            pk,
+            row,
+            server_version: version,
+            row_checksum: Checksum(d.digest),
+        });
     }
-    let mut out = vec![
-        ("protocol_version".to_owned(), Json::Number("3".into())),
-        ("scope_id".to_owned(), Json::String(req.scope_id.clone())),
-        ("records".to_owned(), Json::Array(records)),
-        ("has_more".to_owned(), Json::Bool(has_more)),
-    ];
     let who = Principal {
         user_id: user_id.to_owned(),
         client_id: req.client_id.clone(),
         client_generation: req.client_generation,
     };
-    if has_more {
+    let end = if has_more {
         let next = from + req.limit as i32;
         let t = token::sign(
             Purpose::RebuildContinuation,
@@ -233,7 +192,7 @@ pub(crate) async fn rebuild(
                 ("next_ordinal".into(), Json::String(next.to_string())),
             ],
         );
-        out.push(("continuation".into(), Json::String(t)));
+        RebuildEnd::More { continuation: t }
     } else {
         // The checksum of exactly this snapshot: every session row.
         let all = db
@@ -241,20 +200,18 @@ pub(crate) async fn rebuild(
                 "SELECT * FROM synchro.synchro_rebuild_page($1, 0, 2147483647)",
                 &[&session_id],
             )
-            .await
-            .map_err(|_| ApiError::unavailable())?;
+            .await?;
         if all.len() as i64 != i64::from(row_count) {
             return Err(restart(&req.scope_id));
         }
         // Session rows: (ordinal, table_id, pk, row_json, server_version).
-        let digest = crate::pull::digest_columns(current, &req.scope_id, &all, 1)?;
+        let digest = super::pull::digest_columns(current, &req.scope_id, &all, 1)?;
         // Complete: the rows go; the header keeps pinning retention at the watermark.
         db.execute(
             "SELECT synchro.synchro_rebuild_complete($1)",
             &[&session_id],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
         let cursor = ScopeCursor {
             scope_id: req.scope_id.clone(),
             stream_generation: stream.stream_generation,
@@ -263,19 +220,19 @@ pub(crate) async fn rebuild(
             position: watermark,
             schema_hash: current.schema_hash(),
             principal: who,
-            issued_at: crate::pull::now_datetime(),
+            issued_at: super::pull::now_datetime(),
         };
-        out.push((
-            "final_scope_cursor".into(),
-            Json::String(cursor.sign(&state.cursor_keys)),
-        ));
-        out.push((
-            "checksum".into(),
-            Json::parse(&digest.to_json_string()).expect("checksum JSON"),
-        ));
-    }
+        RebuildEnd::Final {
+            final_scope_cursor: cursor.sign(&state.cursor_keys),
+            checksum: digest,
+        }
+    };
     tracing::info!(status = 200, has_more, "rebuild");
-    Ok(Json::Object(out))
+    Ok(RebuildResponse {
+        scope_id: req.scope_id,
+        records,
+        end,
+    })
 }
 
 /// Stores the scope's rows as of one snapshot, in row-identity order, as a new session.
@@ -292,24 +249,21 @@ async fn start_session(
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
         .read_only(true)
         .start()
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+        .await?;
     let watermark: i64 = snap
         .query_one(
             "SELECT effect_position FROM synchro.synchro_pull_watermark()",
             &[],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?
+        .await?
         .get(0);
     let rows = snap
         .query(
             "SELECT table_id, pk, row_json, server_version FROM synchro.synchro_scope_rows($1)",
             &[&req.scope_id],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?;
-    snap.commit().await.map_err(|_| ApiError::unavailable())?;
+        .await?;
+    snap.commit().await?;
     drop(snapshot_db);
     // Order by canonical row identity.
     let mut keyed = Vec::with_capacity(rows.len());
@@ -356,7 +310,7 @@ async fn start_session(
             ],
         )
         .await
-        .map_err(|_| ApiError::unavailable())?
+        ?
         .get(0);
     id.ok_or_else(|| too_many_sessions(state))
 }

@@ -37,7 +37,14 @@ use synchro_protocol::types::{FieldSpec, PortableType};
 use synchro_protocol::value::TypedValue;
 use tokio_postgres::Client;
 
-use crate::http::{ApiError, AppState};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use synchro_protocol::wire::{
+    AuthoredSchema, Incompatible, Message, Mutation, Operation, Outcome, OutcomeRow, PushRequest,
+    PushResponse,
+};
+
+use super::{ApiError, AppState};
 
 /// Push bounds (spec-gaps: the original project's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,190 +67,60 @@ impl Default for PushLimits {
     }
 }
 
-struct Mutation {
-    mutation_id: String,
-    table_id: String,
-    pk: Json,
-    operation: String,
-    base_version: Option<String>,
-    columns: Vec<(String, Json)>,
-    authored: (u64, String),
-}
-
-struct Request {
-    client_id: String,
-    client_generation: u64,
-    schema: Json,
-    batch_id: String,
-    fingerprint: String,
-    mutations: Vec<Mutation>,
-}
-
 fn bad(message: &'static str) -> ApiError {
     ApiError::invalid_request(message)
 }
 
-fn text(v: Option<&Json>, max: usize) -> Option<String> {
-    v.and_then(Json::as_str)
-        .filter(|s| !s.is_empty() && s.len() <= max)
-        .map(str::to_owned)
-}
-
-fn parse(req: &Json, limits: &PushLimits) -> Result<Request, ApiError> {
-    let client_id = text(req.get("client_id"), 256)
-        .ok_or_else(|| bad("client_id must be a nonempty string of at most 256 bytes"))?;
-    let client_generation = req
-        .get("client_generation")
-        .and_then(crate::http::positive_integer)
-        .ok_or_else(|| bad("client_generation must be a positive integer"))?;
-    let batch_id =
-        text(req.get("batch_id"), 128).ok_or_else(|| bad("batch_id must be a nonempty string"))?;
-    let Some(Json::Array(items)) = req.get("mutations") else {
-        return Err(bad("mutations must be an array"));
-    };
-    if items.is_empty() || items.len() > limits.mutations {
+/// The server's bounds on a request the wire type already read, and the batch's identity:
+/// the SHA-256 of the canonical `{batch_id, mutations, schema}` (not the generation, so a
+/// replay after a generation change is still exact).
+fn check_limits(r: &PushRequest, limits: &PushLimits) -> Result<String, ApiError> {
+    if r.mutations.len() > limits.mutations {
         return Err(bad("the batch has too many or no mutations"));
     }
-    let mut seen = BTreeSet::new();
-    let mut mutations = Vec::with_capacity(items.len());
-    for m in items {
-        if to_output_string(m).len() > limits.mutation_bytes {
-            return Err(bad("a mutation exceeds the configured size"));
-        }
-        let mutation_id = text(m.get("mutation_id"), 128)
-            .ok_or_else(|| bad("mutation_id must be a nonempty string"))?;
-        if !seen.insert(mutation_id.clone()) {
-            return Err(bad("a mutation_id appears twice"));
-        }
-        let table_id = text(m.get("table_id"), 256).ok_or_else(|| bad("table_id is required"))?;
-        let pk = m.get("pk").cloned().ok_or_else(|| bad("pk is required"))?;
-        let operation = match m.get("operation").and_then(Json::as_str) {
-            Some(op @ ("insert" | "update" | "delete")) => op.to_owned(),
-            _ => return Err(bad("operation must be insert, update or delete")),
-        };
-        let base_version = match m.get("base_version") {
-            None | Some(Json::Null) => None,
-            Some(Json::String(s)) if !s.is_empty() => Some(s.clone()),
-            _ => return Err(bad("base_version must be a string or null")),
-        };
-        if m.get("client_version")
-            .and_then(crate::http::positive_integer)
-            .is_none()
-            || m.get("local_order")
-                .and_then(crate::http::positive_integer)
-                .is_none()
-        {
-            return Err(bad(
-                "client_version and local_order must be positive integers",
-            ));
-        }
-        let Some(Json::Array(cols)) = m.get("columns") else {
-            return Err(bad("columns must be an array"));
-        };
-        if cols.len() > limits.columns {
+    let mutations: Vec<Json> = r.mutations.iter().map(Mutation::to_json).collect();
+    for m in &r.mutations {
+        if m.columns.len() > limits.columns {
             return Err(bad("a mutation has too many columns"));
         }
-        let mut columns = Vec::with_capacity(cols.len());
-        let mut fields = BTreeSet::new();
-        for c in cols {
-            let field_id =
-                text(c.get("field_id"), 256).ok_or_else(|| bad("field_id is required"))?;
-            if !fields.insert(field_id.clone()) {
-                return Err(bad("a field appears twice in one mutation"));
-            }
-            let value = c
-                .get("value")
-                .cloned()
-                .ok_or_else(|| bad("value is required"))?;
-            columns.push((field_id, value));
-        }
-        if operation == "delete" && !columns.is_empty() {
-            return Err(bad("a delete has no columns"));
-        }
-        let authored = m.get("authored_schema");
-        let version = authored
-            .and_then(|a| a.get("version"))
-            .and_then(crate::http::positive_integer);
-        let hash = authored
-            .and_then(|a| a.get("hash"))
-            .and_then(Json::as_str)
-            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-        let (Some(version), Some(hash)) = (version, hash) else {
-            return Err(bad("authored_schema must be {version, hash}"));
-        };
-        mutations.push(Mutation {
-            mutation_id,
-            table_id,
-            pk,
-            operation,
-            base_version,
-            columns,
-            authored: (version, hash.to_owned()),
-        });
     }
-    let schema = req.get("schema").cloned().unwrap_or(Json::Null);
-    // The batch's identity: its ID, request schema and mutations (not the generation, so a
-    // replay after a generation change is still exact).
+    if mutations
+        .iter()
+        .any(|m| to_output_string(m).len() > limits.mutation_bytes)
+    {
+        return Err(bad("a mutation exceeds the configured size"));
+    }
     let content = Json::Object(vec![
-        ("batch_id".into(), Json::String(batch_id.clone())),
-        ("mutations".into(), Json::Array(items.clone())),
-        ("schema".into(), schema.clone()),
+        ("batch_id".into(), Json::String(r.batch_id.clone())),
+        ("mutations".into(), Json::Array(mutations)),
+        ("schema".into(), r.schema.clone()),
     ]);
-    let fingerprint = hex::encode(Sha256::digest(to_output_string(&content).as_bytes()));
-    Ok(Request {
-        client_id,
-        client_generation,
-        schema,
-        batch_id,
-        fingerprint,
-        mutations,
-    })
+    Ok(hex::encode(Sha256::digest(
+        to_output_string(&content).as_bytes(),
+    )))
 }
 
-fn s(v: &str) -> Json {
-    Json::String(v.to_owned())
+fn schema_ref(version: u64, hash: String) -> AuthoredSchema {
+    AuthoredSchema { version, hash }
 }
 
-fn schema_ref_json(version: u64, hash: &str) -> Json {
-    Json::Object(vec![
-        ("version".into(), Json::Number(version.to_string())),
-        ("hash".into(), s(hash)),
-    ])
-}
-
-fn outcome(mutation_id: &str, status: &str, members: Vec<(&str, Json)>) -> Json {
-    let mut o = vec![
-        ("mutation_id".to_owned(), s(mutation_id)),
-        ("status".to_owned(), s(status)),
-    ];
-    o.extend(members.into_iter().map(|(k, v)| (k.to_owned(), v)));
-    Json::Object(o)
-}
-
-fn rejected(mutation_id: &str, code: &str, message: &str) -> Json {
-    outcome(
-        mutation_id,
-        "rejected_terminal",
-        vec![
-            ("code", s(code)),
-            ("message", s(message)),
-            ("retryable", Json::Bool(false)),
-        ],
-    )
+fn rejected(mutation_id: &str, code: &str, message: &str) -> Outcome {
+    Outcome::Rejected {
+        mutation_id: mutation_id.to_owned(),
+        code: code.to_owned(),
+        message: message.to_owned(),
+        incompatible: None,
+    }
 }
 
 /// The conflict outcome of an update or delete whose row does not exist (also given for
 /// a row the user cannot see).
-fn missing_row_conflict(mutation_id: &str) -> Json {
-    outcome(
-        mutation_id,
-        "conflict",
-        vec![
-            ("code", s("version_conflict")),
-            ("message", s("the row changed since the base version")),
-            ("retryable", Json::Bool(false)),
-        ],
-    )
+fn missing_row_conflict(mutation_id: &str) -> Outcome {
+    Outcome::Conflict {
+        mutation_id: mutation_id.to_owned(),
+        message: "the row changed since the base version".to_owned(),
+        current: None,
+    }
 }
 
 /// Whether `authored` can be written as `current` (same type; a decimal no narrower).
@@ -380,9 +257,17 @@ async fn candidate_scopes(
     Ok(scopes)
 }
 
-/// Handles one push request body for `user_id`.
-pub(crate) async fn push(state: &AppState, user_id: &str, req: &Json) -> Result<Json, ApiError> {
-    let r = parse(req, &state.config.push_limits)?;
+fn json_text_response(text: String) -> Response {
+    (StatusCode::OK, [("content-type", "application/json")], text).into_response()
+}
+
+/// Handles one push request for `user_id`.
+pub(crate) async fn push(
+    state: &AppState,
+    user_id: &str,
+    r: PushRequest,
+) -> Result<Response, ApiError> {
+    let fingerprint = check_limits(&r, &state.config.push_limits)?;
     let Some(membership) = state.membership_db.as_ref() else {
         return Err(ApiError::unavailable_because("push_unavailable"));
     };
@@ -393,30 +278,25 @@ pub(crate) async fn push(state: &AppState, user_id: &str, req: &Json) -> Result<
             "SELECT fingerprint, outcomes FROM synchro.synchro_push_lookup($1, $2, $3)",
             &[&user_id, &r.client_id, &r.batch_id],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?
+        .await?
     {
-        let (fingerprint, outcomes): (String, String) = (row.get(0), row.get(1));
-        if fingerprint != r.fingerprint {
+        let (stored, body): (String, String) = (row.get(0), row.get(1));
+        if stored != fingerprint {
             return Err(bad("batch_id was already used for a different batch"));
         }
         tracing::info!(status = 200, replay = true, "push");
-        return Json::parse(&outcomes).map_err(|_| ApiError::unavailable());
+        return Ok(json_text_response(body));
     }
-    let gates =
-        crate::pull::gates(state, user_id, &r.client_id, r.client_generation, &r.schema).await?;
+    let gates = super::gates(state, user_id, &r.client_id, r.client_generation, &r.schema).await?;
     let current = gates
         .lineage
         .current()
         .ok_or_else(ApiError::unavailable)?
         .clone();
-    let assigned = crate::http::assigned_scopes(state, user_id).await?;
+    let assigned = super::assigned_scopes(state, user_id).await?;
 
     let mut conn = state.snapshot_db.lock().await;
-    let tx = conn
-        .transaction()
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+    let tx = conn.transaction().await?;
     let mut membership = membership.lock().await;
     let mut outcomes = Vec::with_capacity(r.mutations.len());
     for m in &r.mutations {
@@ -425,40 +305,46 @@ pub(crate) async fn push(state: &AppState, user_id: &str, req: &Json) -> Result<
                 "SELECT synchro.synchro_push_mutation_outcome($1, $2, $3)",
                 &[&user_id, &r.client_id, &m.mutation_id],
             )
-            .await
-            .map_err(|_| ApiError::unavailable())?
+            .await?
             .get(0);
         if let Some(o) = stored {
-            outcomes.push(Json::parse(&o).map_err(|_| ApiError::unavailable())?);
+            let o = Json::parse(&o)
+                .ok()
+                .and_then(|j| Outcome::from_json(&j).ok())
+                .ok_or_else(ApiError::integrity)?;
+            outcomes.push(o);
             continue;
         }
         let o = execute(&tx, &mut membership, &gates.lineage, &current, &assigned, m).await?;
         outcomes.push(o);
     }
-    let body = Json::Object(vec![
-        ("protocol_version".into(), Json::Number("3".into())),
-        ("batch_id".into(), s(&r.batch_id)),
-        ("outcomes".into(), Json::Array(outcomes.clone())),
-    ]);
+    let body = PushResponse {
+        batch_id: r.batch_id.clone(),
+        outcomes,
+    };
     let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
-    let texts: Vec<String> = outcomes.iter().map(to_output_string).collect();
+    let texts: Vec<String> = body
+        .outcomes
+        .iter()
+        .map(|o| to_output_string(&o.to_json()))
+        .collect();
+    let text = body.to_json_string();
     tx.execute(
         "SELECT synchro.synchro_push_record($1, $2, $3, $4, $5, $6, $7)",
         &[
             &user_id,
             &r.client_id,
             &r.batch_id,
-            &r.fingerprint,
-            &to_output_string(&body),
+            &fingerprint,
+            &text,
             &ids,
             &texts,
         ],
     )
-    .await
-    .map_err(|_| ApiError::unavailable())?;
-    tx.commit().await.map_err(|_| ApiError::unavailable())?;
+    .await?;
+    tx.commit().await?;
     tracing::info!(status = 200, mutations = ids.len(), "push");
-    Ok(body)
+    Ok(json_text_response(text))
 }
 
 /// Evaluates and (when everything allows it) performs one mutation.
@@ -469,11 +355,12 @@ async fn execute(
     current: &Manifest,
     assigned: &BTreeSet<String>,
     m: &Mutation,
-) -> Result<Json, ApiError> {
+) -> Result<Outcome, ApiError> {
     let id = m.mutation_id.as_str();
-    let authored = lineage
-        .manifests()
-        .find(|a| a.schema_version == m.authored.0 && a.schema_hash_hex() == m.authored.1);
+    let authored = lineage.manifests().find(|a| {
+        a.schema_version == m.authored_schema.version
+            && a.schema_hash_hex() == m.authored_schema.hash
+    });
     let Some(authored) = authored else {
         return Ok(rejected(
             id,
@@ -485,38 +372,21 @@ async fn execute(
     let incompatible = |ids: Vec<String>| {
         let mut ids = ids;
         ids.sort();
-        outcome(
-            id,
-            "rejected_terminal",
-            vec![
-                ("code", s("schema_incompatible")),
-                (
-                    "message",
-                    s("authored mutation cannot be represented by the current schema"),
-                ),
-                ("retryable", Json::Bool(false)),
-                (
-                    "outcome_schema",
-                    schema_ref_json(current.schema_version, &current.schema_hash_hex()),
-                ),
-                (
-                    "authored_schema",
-                    schema_ref_json(authored.schema_version, &authored.schema_hash_hex()),
-                ),
-                (
-                    "current_schema",
-                    schema_ref_json(current.schema_version, &current.schema_hash_hex()),
-                ),
-                (
-                    "incompatible_field_ids",
-                    Json::Array(ids.into_iter().map(Json::String).collect()),
-                ),
-            ],
-        )
+        Outcome::Rejected {
+            mutation_id: id.to_owned(),
+            code: "schema_incompatible".to_owned(),
+            message: "authored mutation cannot be represented by the current schema".to_owned(),
+            incompatible: Some(Incompatible {
+                outcome_schema: schema_ref(current.schema_version, current.schema_hash_hex()),
+                authored_schema: schema_ref(authored.schema_version, authored.schema_hash_hex()),
+                current_schema: schema_ref(current.schema_version, current.schema_hash_hex()),
+                incompatible_field_ids: ids,
+            }),
+        }
     };
     let Some(table) = current.table(&m.table_id) else {
-        let ids = m.columns.iter().map(|(f, _)| f.clone()).collect();
-        return Ok(incompatible(if m.operation == "delete" {
+        let ids = m.columns.iter().map(|c| c.field_id.clone()).collect();
+        return Ok(incompatible(if m.operation == Operation::Delete {
             Vec::new()
         } else {
             ids
@@ -525,7 +395,7 @@ async fn execute(
     let authored_table = authored.table(&m.table_id);
     let mut bad_fields = Vec::new();
     let mut fields: Vec<&Field> = Vec::with_capacity(m.columns.len());
-    for (field_id, _) in &m.columns {
+    for field_id in m.columns.iter().map(|c| &c.field_id) {
         let a = authored_table.and_then(|t| t.field(field_id));
         match (a, table.field(field_id)) {
             (Some(a), Some(c)) if compatible(&a.spec, &c.spec) => fields.push(c),
@@ -548,7 +418,7 @@ async fn execute(
         return Ok(rejected(id, "not_writable", "a field is not writable"));
     }
     // Canonical values. PostgreSQL text cannot hold NUL (binding one fails the statement).
-    if crate::http::has_nul(&m.pk) || m.columns.iter().any(|(_, v)| crate::http::has_nul(v)) {
+    if super::has_nul(&m.pk) || m.columns.iter().any(|c| super::has_nul(&c.value)) {
         return Ok(rejected(
             id,
             "invalid_value",
@@ -563,8 +433,8 @@ async fn execute(
         ));
     };
     let mut values = Vec::with_capacity(m.columns.len());
-    for ((_, v), f) in m.columns.iter().zip(&fields) {
-        match TypedValue::from_wire(&f.spec, v) {
+    for (c, f) in m.columns.iter().zip(&fields) {
+        match TypedValue::from_wire(&f.spec, &c.value) {
             Ok(t) => values.push(input_text(&t)),
             Err(_) => {
                 return Ok(rejected(
@@ -583,21 +453,18 @@ async fn execute(
             "SELECT field_id, type_oid FROM synchro.synchro_push_fields($1)",
             &[&table.relation_id],
         )
-        .await
-        .map_err(|_| ApiError::unavailable())?
+        .await?
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
 
-    tx.batch_execute("SAVEPOINT synchro_mutation")
-        .await
-        .map_err(|_| ApiError::unavailable())?;
+    tx.batch_execute("SAVEPOINT synchro_mutation").await?;
     let row = tx
         .query_one(
             "SELECT status, version, pre_image, post_image FROM synchro.synchro_push_write($1, $2, $3, $4, $5, $6, $7)",
             &[
                 &table.relation_id,
-                &m.operation,
+                &m.operation.as_str(),
                 &key,
                 &pk_wire,
                 &m.base_version,
@@ -606,7 +473,7 @@ async fn execute(
             ],
         )
         .await
-        .map_err(|_| ApiError::unavailable())?;
+        ?;
     let (status, version): (String, Option<String>) = (row.get(0), row.get(1));
     let (pre, post): (Option<Image>, Option<Image>) = (row.get(2), row.get(3));
     let rollback = || async {
@@ -665,43 +532,42 @@ async fn execute(
             post_row = Some(r);
         }
     }
-    let row_bearing = |row: Json, version: &str| -> Result<Vec<(&'static str, Json)>, ApiError> {
-        let d = row_digest(current, &table.table_id, &pk.to_wire(), &row, version)
-            .map_err(|_| ApiError::integrity())?;
-        Ok(vec![
-            ("server_version", s(version)),
-            ("row", row),
-            (
-                "row_checksum",
-                Json::parse(&Checksum(d.digest).to_json_string()).expect("checksum JSON"),
-            ),
-        ])
+    let digest = |row: &Json, version: &str| -> Result<Checksum, ApiError> {
+        row_digest(current, &table.table_id, &pk.to_wire(), row, version)
+            .map(|d| Checksum(d.digest))
+            .map_err(|_| ApiError::integrity())
     };
     match status.as_str() {
         "applied" => {
             tx.batch_execute("RELEASE SAVEPOINT synchro_mutation")
-                .await
-                .map_err(|_| ApiError::unavailable())?;
+                .await?;
             let version = version.ok_or_else(ApiError::integrity)?;
-            let members = match post_row {
-                Some(row) => row_bearing(row, &version)?,
-                None => vec![("server_version", s(&version))],
+            let row = match post_row {
+                Some(row) => {
+                    let c = digest(&row, &version)?;
+                    Some((row, c))
+                }
+                None => None,
             };
-            Ok(outcome(id, "applied", members))
+            Ok(Outcome::Applied {
+                mutation_id: id.to_owned(),
+                server_version: version,
+                row,
+            })
         }
         "conflict" => {
             rollback().await?;
-            let Json::Object(mut members) = missing_row_conflict(id) else {
-                unreachable!("an outcome is an object")
-            };
+            let mut conflict = missing_row_conflict(id);
             if let (Some(row), Some(version)) = (pre_row, version) {
-                members.extend(
-                    row_bearing(row, &version)?
-                        .into_iter()
-                        .map(|(k, v)| (k.to_owned(), v)),
-                );
+                if let Outcome::Conflict { current, .. } = &mut conflict {
+                    *current = Some(OutcomeRow {
+                        row_checksum: digest(&row, &version)?,
+                        server_version: version,
+                        row,
+                    });
+                }
             }
-            Ok(Json::Object(members))
+            Ok(conflict)
         }
         "not_writable" => {
             rollback().await?;

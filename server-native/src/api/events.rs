@@ -31,10 +31,11 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use synchro_protocol::json::Json;
 use tokio::sync::{mpsc, watch};
 
-use crate::http::{ApiError, AppState};
+use synchro_protocol::wire::{EventsRequest, StreamEvent};
+
+use super::{ApiError, AppState};
 
 /// How often a stream re-checks without a notification.
 const FALLBACK_TICK: Duration = Duration::from_secs(5);
@@ -165,11 +166,8 @@ async fn listen_once(url: &str, tx: &watch::Sender<u64>) -> anyhow::Result<()> {
     anyhow::bail!("listener connection closed")
 }
 
-fn event(name: &str, data: &Json) -> Bytes {
-    Bytes::from(format!(
-        "event: {name}\ndata: {}\n\n",
-        synchro_protocol::jcs::to_output_string(data)
-    ))
+fn event(e: &StreamEvent) -> Bytes {
+    Bytes::from(e.to_sse())
 }
 
 /// The handler body after the shared preamble: checks the members and the client
@@ -177,21 +175,10 @@ fn event(name: &str, data: &Json) -> Bytes {
 pub(crate) async fn events(
     state: Arc<AppState>,
     user_id: String,
-    req: &Json,
+    req: EventsRequest,
 ) -> Result<Response, ApiError> {
-    let client_id = match req.get("client_id") {
-        Some(Json::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
-        _ => {
-            return Err(ApiError::invalid_request(
-                "client_id must be a nonempty string of at most 256 bytes",
-            ))
-        }
-    };
-    let generation = req
-        .get("client_generation")
-        .and_then(crate::http::positive_integer)
-        .ok_or_else(|| ApiError::invalid_request("client_generation must be a positive integer"))?
-        as i64;
+    let client_id = req.client_id;
+    let generation = req.client_generation as i64;
     let config = &state.config;
     let Some(slot) = state.events.open_stream(
         &user_id,
@@ -212,8 +199,7 @@ pub(crate) async fn events(
                 "SELECT client_generation FROM synchro.synchro_client_state($1, $2)",
                 &[&user_id, &client_id],
             )
-            .await
-            .map_err(|_| ApiError::unavailable())?
+            .await?
             .map(|r| r.get::<_, i64>(0) as u64);
         return Err(ApiError::generation_expired(stored));
     }
@@ -224,11 +210,7 @@ pub(crate) async fn events(
         let deadline = tokio::time::Instant::now() + LIFETIME;
         let mut after = first.watermark;
         let mut last_sent = tokio::time::Instant::now();
-        if tx
-            .send(event("ready", &Json::Object(vec![])))
-            .await
-            .is_err()
-        {
+        if tx.send(event(&StreamEvent::Ready)).await.is_err() {
             return;
         }
         loop {
@@ -250,13 +232,9 @@ pub(crate) async fn events(
             }
             after = c.watermark;
             let sent = if !c.scopes.is_empty() {
-                let scopes = Json::Array(c.scopes.into_iter().map(Json::String).collect());
-                tx.send(event(
-                    "changed",
-                    &Json::Object(vec![("scopes".into(), scopes)]),
-                ))
-                .await
-                .map(|_| true)
+                tx.send(event(&StreamEvent::Changed { scopes: c.scopes }))
+                    .await
+                    .map(|_| true)
             } else if last_sent.elapsed() >= KEEPALIVE {
                 tx.send(Bytes::from_static(b": keepalive\n\n"))
                     .await
@@ -282,10 +260,9 @@ pub(crate) async fn events(
 }
 
 fn end(reason: &str) -> Bytes {
-    event(
-        "end",
-        &Json::Object(vec![("reason".into(), Json::String(reason.into()))]),
-    )
+    event(&StreamEvent::End {
+        reason: reason.to_owned(),
+    })
 }
 
 struct Changed {
@@ -308,7 +285,7 @@ async fn changed(
             &[&user_id, &client_id, &generation, &after],
         )
         .await
-        .map_err(|_| ApiError::unavailable())?;
+        ?;
     Ok(Changed {
         watermark: r.get(0),
         scopes: r.get(1),

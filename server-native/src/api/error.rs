@@ -1,0 +1,189 @@
+//! The one error type of the HTTP API: a [`wire::ErrorBody`](synchro_protocol::wire::ErrorBody)
+//! (the spec's code, status and retryability) plus how to answer it (`Retry-After` for load
+//! limits, closing the connection when a body was not read to its end).
+//!
+//! A database error becomes an [`ApiError`] in one place ([`From<tokio_postgres::Error>`]):
+//! 503 `temporary_unavailable`, logged with its SQLSTATE class only (a server message can
+//! quote a value).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::SchemaRef;
+use synchro_protocol::wire::{ErrorBody, ErrorCode, Message};
+
+/// A wire error with the spec's exact status, code and retryability.
+#[derive(Debug)]
+pub struct ApiError {
+    body: ErrorBody,
+    /// `Retry-After` seconds and the `reason`, for refusals under load.
+    retry_after: Option<(u64, &'static str)>,
+    /// Close the connection after answering (the request body was not read to its end).
+    close: bool,
+}
+
+impl From<ErrorBody> for ApiError {
+    fn from(body: ErrorBody) -> ApiError {
+        ApiError {
+            body,
+            retry_after: None,
+            close: false,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for ApiError {
+    fn from(e: tokio_postgres::Error) -> ApiError {
+        match e.as_db_error() {
+            Some(d) => tracing::warn!(
+                sqlstate_class = &d.code().code()[..2],
+                sqlstate = d.code().code(),
+                "database error"
+            ),
+            None if e.is_closed() => tracing::warn!("database connection closed"),
+            None => tracing::warn!("database error without SQLSTATE"),
+        }
+        ApiError::unavailable()
+    }
+}
+
+impl ApiError {
+    fn new(code: ErrorCode, message: &'static str) -> ApiError {
+        ErrorBody::new(code, message).into()
+    }
+
+    /// 400 `invalid_request`.
+    pub(crate) fn invalid_request(message: &'static str) -> ApiError {
+        ApiError::new(ErrorCode::InvalidRequest, message)
+    }
+
+    /// 401 `unauthorized`.
+    pub(crate) fn unauthorized() -> ApiError {
+        ApiError::new(ErrorCode::Unauthorized, "a valid bearer token is required")
+    }
+
+    /// 503 `temporary_unavailable`.
+    pub(crate) fn unavailable() -> ApiError {
+        ErrorBody::unavailable(None).into()
+    }
+
+    /// 503 `temporary_unavailable` with a `reason`.
+    pub(crate) fn unavailable_because(reason: &str) -> ApiError {
+        ErrorBody::unavailable(Some(reason)).into()
+    }
+
+    /// 503 `temporary_unavailable` with a `reason` and `Retry-After`: a load limit.
+    pub(crate) fn overloaded(reason: &'static str, retry_after_seconds: u64) -> ApiError {
+        let mut e = ApiError::unavailable_because(reason);
+        e.retry_after = Some((retry_after_seconds, reason));
+        e
+    }
+
+    /// This error, and close the connection after answering it.
+    pub(crate) fn closing(mut self) -> ApiError {
+        self.close = true;
+        self
+    }
+
+    /// 500 `sync_integrity_failure`: something the server must verify could not be.
+    pub(crate) fn integrity() -> ApiError {
+        ApiError::new(
+            ErrorCode::SyncIntegrityFailure,
+            "scope assignment could not be evaluated",
+        )
+    }
+
+    /// 422 `schema_mismatch` with the current and received references.
+    pub(crate) fn schema_mismatch(current: SchemaRef, received: &Json) -> ApiError {
+        ErrorBody::new(
+            ErrorCode::SchemaMismatch,
+            "the request schema is not current",
+        )
+        .with(
+            "current_schema",
+            Json::Object(vec![
+                ("version".into(), Json::Number(current.version.to_string())),
+                ("hash".into(), Json::String(hex::encode(current.hash))),
+            ]),
+        )
+        .with("received_schema", received.clone())
+        .into()
+    }
+
+    /// 409 `rebuild_restart_required` for a scope.
+    pub(crate) fn rebuild_restart(scope_id: &str) -> ApiError {
+        ErrorBody::new(
+            ErrorCode::RebuildRestartRequired,
+            "the rebuild session is no longer valid; start again",
+        )
+        .with("scope_id", Json::String(scope_id.to_owned()))
+        .into()
+    }
+
+    /// 409 `client_generation_expired` with the current generation (null when none).
+    pub(crate) fn generation_expired(current: Option<u64>) -> ApiError {
+        ErrorBody::generation_expired(current).into()
+    }
+
+    /// 426 `upgrade_required`: the protocol version, or the client runtime, is too old.
+    pub(crate) fn upgrade_required(
+        received_protocol_version: Option<u64>,
+        runtime: bool,
+    ) -> ApiError {
+        ErrorBody::new(
+            ErrorCode::UpgradeRequired,
+            if runtime {
+                "the client runtime is below the minimum supported version"
+            } else {
+                "protocol version 3 is required"
+            },
+        )
+        .with(
+            "required_protocol_version",
+            Json::Number(synchro_protocol::PROTOCOL_VERSION.to_string()),
+        )
+        .with(
+            "received_protocol_version",
+            received_protocol_version.map_or(Json::Null, |v| Json::Number(v.to_string())),
+        )
+        .into()
+    }
+
+    /// 400 `invalid_schema_reference` echoing the presented reference.
+    pub(crate) fn invalid_schema_reference(reason: &'static str, received: &Json) -> ApiError {
+        ErrorBody::new(ErrorCode::InvalidSchemaReference, reason)
+            .with("received_schema", received.clone())
+            .into()
+    }
+
+    /// The error body, `{"error":{...}}`, as sent.
+    pub(crate) fn body_text(&self) -> String {
+        self.body.to_json_string()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = self.body.code;
+        tracing::info!(
+            status = code.status(),
+            code = code.as_str(),
+            reason = self.retry_after.map(|(_, reason)| reason),
+            "request refused"
+        );
+        let mut response = (
+            StatusCode::from_u16(code.status()).expect("a valid status"),
+            [("content-type", "application/json")],
+            self.body_text(),
+        )
+            .into_response();
+        let headers = response.headers_mut();
+        if let Some((seconds, _)) = self.retry_after {
+            headers.insert("retry-after", seconds.into());
+        }
+        if self.close {
+            headers.insert("connection", "close".parse().expect("header value"));
+        }
+        response
+    }
+}

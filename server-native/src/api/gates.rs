@@ -1,0 +1,148 @@
+//! The checks every endpoint after connect shares, and the assignment they reconcile: the
+//! exact current schema (422), the current client generation (409), and the authoritative
+//! assigned scope set (defaults, grants, shared scopes and the assignment function's).
+
+use std::collections::BTreeSet;
+
+use synchro_protocol::json::Json;
+use synchro_protocol::token::ScopeStreamState;
+
+use super::{ApiError, AppState};
+
+/// What every pull and rebuild request is checked against, in the spec's order.
+pub(crate) struct Gates {
+    /// The manifest history (its current manifest is the request's schema).
+    pub lineage: synchro_protocol::lineage::Lineage,
+    /// The client's stored assigned scopes.
+    pub stored_assigned: BTreeSet<String>,
+    /// The stream state cursors and sessions bind (floor 0: nothing is compacted yet).
+    pub stream: ScopeStreamState,
+}
+
+/// Exact current schema (422) and current client generation (409).
+pub(crate) async fn gates(
+    state: &AppState,
+    user_id: &str,
+    client_id: &str,
+    client_generation: u64,
+    schema: &Json,
+) -> Result<Gates, ApiError> {
+    let db = &state.db;
+    let lineage = serving_lineage(db).await?;
+    let current = lineage.current().ok_or_else(ApiError::unavailable)?;
+    let exact = synchro_protocol::lineage::PresentedSchema::from_json(schema).ok()
+        == Some(synchro_protocol::lineage::PresentedSchema::Exact(
+            current.schema_ref(),
+        ));
+    if !exact {
+        return Err(ApiError::schema_mismatch(current.schema_ref(), schema));
+    }
+    let stored = db
+        .query_opt(
+            "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
+            &[&user_id, &client_id],
+        )
+        .await
+        ?
+        .ok_or(ApiError::generation_expired(None))?;
+    let stored_generation = stored.get::<_, i64>(0) as u64;
+    if stored_generation != client_generation || stored.get::<_, bool>(2) {
+        return Err(ApiError::generation_expired(Some(stored_generation)));
+    }
+    let stream = db
+        .query_one("SELECT * FROM synchro.synchro_stream_state()", &[])
+        .await?;
+    let stream = ScopeStreamState {
+        stream_generation: stream.get::<_, i64>(0) as u64,
+        membership_generation: stream.get::<_, i64>(1) as u64,
+        retention_generation: 1,
+        resume_floor: 0,
+        schema_hash: current.schema_hash(),
+    };
+    Ok(Gates {
+        stored_assigned: stored.get::<_, Vec<String>>(1).into_iter().collect(),
+        lineage,
+        stream,
+    })
+}
+
+/// The authoritative assigned set: defaults, grants, shared scopes and the assignment
+/// function's scopes.
+pub(crate) async fn assigned_scopes(
+    state: &AppState,
+    user_id: &str,
+) -> Result<BTreeSet<String>, ApiError> {
+    let assigned: Vec<String> = state
+        .db
+        .query_one("SELECT synchro.synchro_assigned_scopes($1)", &[&user_id])
+        .await?
+        .get(0);
+    let mut assigned: BTreeSet<String> = assigned.into_iter().collect();
+    assigned.extend(assigned_by_function(state, user_id).await?);
+    Ok(assigned)
+}
+
+/// The scopes the registered assignment function returns for `user_id`, validated: each
+/// non-null, nonempty after trim, not `user:`-prefixed, and at most `max_scopes` distinct.
+async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<String>, ApiError> {
+    let Some(check) = state
+        .db
+        .query_opt(
+            "SELECT function_schema::text, function_name::text, max_scopes, intact
+               FROM synchro.synchro_assignment_function_check()",
+            &[],
+        )
+        .await?
+    else {
+        return Ok(Vec::new());
+    };
+    let (schema, name, max, intact): (String, String, Option<i32>, bool) =
+        (check.get(0), check.get(1), check.get(2), check.get(3));
+    if !intact {
+        tracing::error!("assignment function missing or changed since registration");
+        return Err(ApiError::integrity());
+    }
+    let Some(owner_db) = &state.assignment_db else {
+        tracing::error!(
+            "an assignment function is registered but no evaluator connection is configured"
+        );
+        return Err(ApiError::integrity());
+    };
+    let limit = max.map_or(String::new(), |m| format!(" LIMIT {}", i64::from(m) + 1));
+    let sql = format!(
+        "SELECT DISTINCT s FROM {}.{}($1) AS s{limit}",
+        crate::install::quote_ident(&schema),
+        crate::install::quote_ident(&name)
+    );
+    let rows = owner_db.query(&sql, &[&user_id]).await.map_err(|_| {
+        tracing::error!("assignment function evaluation failed");
+        ApiError::integrity()
+    })?;
+    let mut scopes = Vec::with_capacity(rows.len());
+    for row in rows {
+        let scope: Option<String> = row.get(0);
+        match scope {
+            Some(s) if !s.trim().is_empty() && !s.starts_with("user:") => scopes.push(s),
+            _ => {
+                tracing::error!("assignment function returned an invalid scope");
+                return Err(ApiError::integrity());
+            }
+        }
+    }
+    if max.is_some_and(|m| scopes.len() > m as usize) {
+        tracing::error!("assignment function returned more scopes than its bound");
+        return Err(ApiError::integrity());
+    }
+    Ok(scopes)
+}
+
+/// The served manifest history (what connect dispatches against and the gates compare
+/// with). A failure to read or verify it is 503: the error names no row or manifest.
+pub(crate) async fn serving_lineage(
+    db: &tokio_postgres::Client,
+) -> Result<synchro_protocol::lineage::Lineage, ApiError> {
+    crate::publish::load_serving_lineage(db).await.map_err(|_| {
+        tracing::warn!("the manifest history could not be read");
+        ApiError::unavailable()
+    })
+}

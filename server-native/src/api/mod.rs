@@ -1,0 +1,124 @@
+//! The HTTP API of protocol version 3: `POST /sync/connect`, `/sync/pull`, `/sync/rebuild`,
+//! `/sync/push`, `/sync/events` and `GET /ready`.
+//!
+//! Every request goes through [`preamble`] (body size and arrival, JSON, protocol version —
+//! 426 before anything else —, NUL characters, bearer JWT — 401 —, then the request's
+//! members through its `synchro_protocol::wire` type — 400), then its endpoint. Endpoints
+//! after connect share [`gates`] (exact current schema 422, client generation 409, the
+//! assignment). Every response body is written through a `wire` type; every error is an
+//! [`ApiError`] (the spec's code, status and retryability). Responses and logs never carry
+//! user, client or scope ids, tokens or row values.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `state.rs` | [`Config`], [`AppState`], [`SnapshotPool`] |
+//! | `error.rs` | [`ApiError`]; a database error converted once (SQLSTATE logged, 503) |
+//! | `preamble.rs` | the shared request preamble |
+//! | `gates.rs` | schema and generation gates, the assigned scope set |
+//! | `connect.rs` `pull.rs` `rebuild.rs` `push.rs` `events.rs` `ready.rs` | one endpoint each |
+
+mod connect;
+mod error;
+pub mod events;
+mod gates;
+mod preamble;
+pub mod pull;
+pub mod push;
+mod ready;
+pub mod rebuild;
+mod state;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use synchro_protocol::json::Json;
+use synchro_protocol::wire::Message;
+
+pub use error::ApiError;
+pub use state::{AppState, Config, SnapshotPool};
+
+pub(crate) use gates::{assigned_scopes, gates, Gates};
+pub(crate) use preamble::has_nul;
+
+/// The router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/sync/connect", post(connect))
+        .route("/sync/pull", post(pull))
+        .route("/sync/rebuild", post(rebuild))
+        .route("/sync/push", post(push))
+        .route("/sync/events", post(events))
+        .route("/ready", get(ready::ready))
+        .with_state(state)
+}
+
+pub(crate) fn json_response(status: StatusCode, body: &Json) -> Response {
+    (
+        status,
+        [("content-type", "application/json")],
+        synchro_protocol::jcs::to_output_string(body),
+    )
+        .into_response()
+}
+
+fn message_response(body: &impl Message) -> Response {
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        body.to_json_string(),
+    )
+        .into_response()
+}
+
+async fn connect(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    async {
+        let r = preamble::preamble(&state, &headers, body).await?;
+        let body = connect::connect(&state, &r.user_id, r.request).await?;
+        Ok::<_, ApiError>(message_response(&body))
+    }
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn pull(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    async {
+        let r = preamble::preamble(&state, &headers, body).await?;
+        let body = pull::pull(&state, &r.user_id, r.request).await?;
+        Ok::<_, ApiError>(message_response(&body))
+    }
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn push(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    async {
+        let r = preamble::preamble(&state, &headers, body).await?;
+        push::push(&state, &r.user_id, r.request).await
+    }
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn rebuild(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    async {
+        let r = preamble::preamble(&state, &headers, body).await?;
+        let body = rebuild::rebuild(&state, &r.user_id, r.request).await?;
+        Ok::<_, ApiError>(message_response(&body))
+    }
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn events(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    async {
+        let r = preamble::preamble(&state, &headers, body).await?;
+        events::events(state.clone(), r.user_id, r.request).await
+    }
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}

@@ -1,0 +1,32 @@
+//! `GET /ready`: 200 `{"status":"ready"}` when every readiness check passes
+//! (`synchro.synchro_readiness()`), otherwise 503 `{"status":"unready"}`; no detail (the
+//! detailed checks are `synchro-server health`, for monitor and operator logins).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use synchro_protocol::json::Json;
+
+use super::{json_response, AppState};
+
+pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let ok = matches!(
+        state
+            .db
+            .query_one("SELECT synchro.synchro_readiness()", &[])
+            .await
+            .map(|r| r.get::<_, bool>(0)),
+        Ok(true)
+    );
+    let (status, text) = if ok {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unready")
+    };
+    json_response(
+        status,
+        &Json::Object(vec![("status".into(), Json::String(text.into()))]),
+    )
+}
