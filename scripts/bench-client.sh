@@ -24,4 +24,4 @@ SYNCHRO_BENCH_ROWS=$rows SYNCHRO_BENCH_REPLACE_ROWS=$replace_rows WASM_BINDGEN_U
     --test bench_browser -- --nocapture 2>&1 | grep -E "^(synchro|verified|raw|ratio|Class)|FAIL|panicked"
 
 echo "=== end to end (items workload, real server, native client)"
-cargo run -q --release -p synchro-server --example items_bench -- "$items" "$updates"
+cargo run -q --release -p synchro-tests --example items_bench -- "$items" "$updates"

@@ -3,10 +3,8 @@
 //! recomputed from the local rows before cursors are installed, and a mismatch invalidates
 //! only its own scope.
 
-#[path = "../../protocol/tests/common/mod.rs"]
-mod common;
-#[path = "support/target.rs"]
-mod target;
+use synchro_testkit::manifests as common;
+use synchro_testkit::target;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);

@@ -7,15 +7,12 @@
 //! that still waits for rebuild, an inconsistent journal blocks without a request, and the
 //! application's local-table ladder.
 
-#[path = "../../protocol/tests/common/mod.rs"]
-mod common;
-#[path = "support/target.rs"]
-mod target;
+use synchro_testkit::manifests as common;
+use synchro_testkit::target;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);
-#[path = "support/fake.rs"]
-mod fake;
+use synchro_testkit::fake_server as fake;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -4,12 +4,9 @@
 //! the per-row client version and the local order; a refused write leaves neither; pull and
 //! rebuild never overwrite a row with unresolved intent while still verifying the scope.
 
-#[path = "../../protocol/tests/common/mod.rs"]
-mod common;
-#[path = "support/fake.rs"]
-mod fake;
-#[path = "support/target.rs"]
-mod target;
+use synchro_testkit::fake_server as fake;
+use synchro_testkit::manifests as common;
+use synchro_testkit::target;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);

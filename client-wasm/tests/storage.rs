@@ -2,10 +2,8 @@
 //! class the spec's mapping table names, install is all-or-nothing and refuses a second
 //! schema, and a stored value that no longer fits its field is reported without its value.
 
-#[path = "../../protocol/tests/common/mod.rs"]
-mod common;
-#[path = "support/target.rs"]
-mod target;
+use synchro_testkit::manifests as common;
+use synchro_testkit::target;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);

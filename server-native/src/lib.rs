@@ -16,6 +16,7 @@
 //! | [`api`] | the HTTP API: one file per endpoint, the shared preamble and gates, the error type |
 //! | [`serve`] | the accept loop: connection caps, header and idle timeouts, shutdown |
 //! | [`retention`] | client expiry and scope-local compaction |
+//! | [`cli`] | the `synchro-server` command line |
 //! | [`dev`] | the `dev` command's provisioning |
 //! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
@@ -23,6 +24,7 @@
 pub mod api;
 pub mod auth;
 pub mod capture;
+pub mod cli;
 pub mod dev;
 pub mod digest_cache;
 pub mod install;

@@ -11,7 +11,7 @@
 //! mutations per second against a raw SQL update of the same rows in the same run, and
 //! (d) push-to-visible-in-another-client latency.
 //!
-//! `cargo run --release -p synchro-server --example items_bench -- [rows] [updates]`
+//! `cargo run --release -p synchro-tests --example items_bench -- [rows] [updates]`
 //! (or `scripts/bench-client.sh`).
 
 use std::sync::Arc;

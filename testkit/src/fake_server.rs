@@ -4,7 +4,7 @@
 //! request is read and every response written through `synchro_protocol::wire`, the types
 //! the real server uses, and every checksum it sends is computed with
 //! `synchro_protocol::digest` from its own rows. The engine's behaviour against the real
-//! server is tested in server-native/tests/client_engine.rs.
+//! server is tested in tests/tests/whole_stack.rs.
 #![allow(dead_code)]
 
 use std::cell::RefCell;

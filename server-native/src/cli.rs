@@ -1,0 +1,524 @@
+//! The `synchro-server` command line: install, register, publish, serve, capture, compact,
+//! health, and a one-command dev server. The binary is `main()`; it lives in the library so
+//! test packages can build the same program (`synchro-tests` does).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::api::{router, AppState, Config};
+use crate::auth::{mint, Authenticator};
+use crate::registry::{register, RegisterRequest, RegistrationError};
+use crate::{connect_db, dev, install, pg_harness, publish};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "synchro-server", version, about = "synchro native server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install or upgrade the synchro schema and roles (needs a superuser connection).
+    Install {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Registry operations (as a synchro_operator login).
+    Registry {
+        #[command(subcommand)]
+        command: RegistryCommand,
+    },
+    /// Publish the registry as a new immutable manifest when it changed.
+    Publish {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Print the detailed health checks (synchro_monitor or synchro_operator login).
+    Health {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Serve the sync HTTP API (as a synchro_adapter login).
+    Serve {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+        /// HS256 secret for bearer JWTs.
+        #[arg(long, env = "SYNCHRO_JWT_SECRET", hide_env_values = true)]
+        jwt_secret: String,
+        /// Root secret for scope cursor keys (default: derived from the JWT secret with a
+        /// purpose label). Rotating it invalidates every cursor (scopes rebuild).
+        #[arg(long, env = "SYNCHRO_CURSOR_SECRET", hide_env_values = true)]
+        cursor_secret: Option<String>,
+        /// Longest accepted bearer-token lifetime: a token whose `exp` lies further than
+        /// this from now is refused (401).
+        #[arg(long, default_value_t = crate::auth::DEFAULT_MAX_TOKEN_LIFETIME_SECS)]
+        max_token_lifetime_secs: u64,
+        /// Largest accepted request body in bytes.
+        #[arg(long, default_value_t = 1_048_576)]
+        max_body_bytes: usize,
+        /// Minimum client runtime version (SemVer).
+        #[arg(long)]
+        min_client_version: Option<String>,
+        /// Connection as the owner of the registered scope-assignment function (evaluated
+        /// with that owner's privileges).
+        #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL")]
+        assignment_url: Option<String>,
+        /// Also run the capture worker in this process, as this worker login (REPLICATION,
+        /// member of synchro_worker). Without it, run `synchro-server capture` separately.
+        #[arg(long, env = "SYNCHRO_WORKER_DATABASE_URL")]
+        worker_url: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Run the capture worker (one leader per database; others wait).
+    Capture {
+        /// Worker login connection string (REPLICATION, member of synchro_worker).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Run one retention compaction pass now (the capture leader also runs one every
+    /// minute): expires stale client generations, deletes acknowledged scope effects and
+    /// raises resume floors. Prints counts only.
+    Compact {
+        /// Operator or worker login connection string.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// Effects deleted per transaction (compaction.batch_size), a positive integer.
+        #[arg(long, default_value_t = crate::retention::DEFAULT_BATCH_SIZE)]
+        batch_size: i32,
+    },
+    /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
+    /// with a demo schema registered, serving on 127.0.0.1:8787.
+    Dev {
+        /// Use this database instead of a throwaway cluster (needs superuser rights).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+    },
+}
+
+/// Load limits of `serve` (over one: 503 `temporary_unavailable` with a `reason` and
+/// `Retry-After`, or the connection is closed).
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Open connections at most (lowered at start if the open-file limit is smaller).
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_CONNECTIONS",
+        default_value_t = limits_default().max_connections,
+        value_parser = positive::<usize>()
+    )]
+    max_connections: usize,
+    /// Open connections per peer address (IPv6: per /64) at most; 0 = no per-peer cap
+    /// (behind a reverse proxy, whose address every connection has).
+    #[arg(long, env = "SYNCHRO_MAX_CONNECTIONS_PER_PEER", default_value_t = limits_default().max_connections_per_peer)]
+    max_connections_per_peer: usize,
+    /// Milliseconds within which a request head must arrive (from the accept, or from its
+    /// first byte on a kept-alive connection).
+    #[arg(
+        long,
+        env = "SYNCHRO_HEADER_TIMEOUT_MS",
+        default_value_t = millis(limits_default().header_timeout),
+        value_parser = positive::<u64>()
+    )]
+    header_timeout_ms: u64,
+    /// Milliseconds within which the whole request body must arrive after its head.
+    #[arg(
+        long,
+        env = "SYNCHRO_BODY_TIMEOUT_MS",
+        default_value_t = millis(Config::default().body_timeout),
+        value_parser = positive::<u64>()
+    )]
+    body_timeout_ms: u64,
+    /// Milliseconds a kept-alive connection may wait for its next request.
+    #[arg(
+        long,
+        env = "SYNCHRO_IDLE_TIMEOUT_MS",
+        default_value_t = millis(limits_default().idle_timeout),
+        value_parser = positive::<u64>()
+    )]
+    idle_timeout_ms: u64,
+    /// Open `POST /sync/events` streams at most, server-wide.
+    #[arg(long, env = "SYNCHRO_MAX_EVENT_STREAMS", default_value_t = Config::default().max_event_streams)]
+    max_event_streams: usize,
+    /// Open `POST /sync/events` streams per user and client ID at most.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_EVENT_STREAMS_PER_CLIENT",
+        default_value_t = Config::default().max_event_streams_per_client
+    )]
+    max_event_streams_per_client: usize,
+    /// Rebuild sessions in progress per user and client ID at most.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_REBUILD_SESSIONS_PER_CLIENT",
+        default_value_t = Config::default().max_rebuild_sessions_per_client,
+        value_parser = positive::<u32>()
+    )]
+    max_rebuild_sessions_per_client: u32,
+    /// `Retry-After` seconds sent with a refusal for load.
+    #[arg(long, env = "SYNCHRO_RETRY_AFTER_SECONDS", default_value_t = Config::default().retry_after_seconds)]
+    retry_after_seconds: u64,
+}
+
+fn limits_default() -> crate::serve::ConnectionLimits {
+    crate::serve::ConnectionLimits::default()
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// A parser of integers of at least 1.
+fn positive<T>() -> clap::builder::RangedU64ValueParser<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: Send + Sync + 'static + std::error::Error,
+{
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
+impl LimitArgs {
+    fn apply(self, config: Config) -> Config {
+        use std::time::Duration;
+        Config {
+            connections: crate::serve::ConnectionLimits {
+                max_connections: self.max_connections,
+                max_connections_per_peer: self.max_connections_per_peer,
+                header_timeout: Duration::from_millis(self.header_timeout_ms),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            },
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
+            max_event_streams: self.max_event_streams,
+            max_event_streams_per_client: self.max_event_streams_per_client,
+            max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
+            retry_after_seconds: self.retry_after_seconds,
+            ..config
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum RegistryCommand {
+    /// Register a schema-qualified relation.
+    Register {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// Exact schema name.
+        #[arg(long)]
+        schema: String,
+        /// Exact relation name.
+        #[arg(long)]
+        relation: String,
+        /// synced or capture_dependency.
+        #[arg(long, default_value = "synced")]
+        kind: String,
+        /// single_scope or multi_scope.
+        #[arg(long, default_value = "single_scope")]
+        composition: String,
+        /// Refuse client pushes to this table.
+        #[arg(long)]
+        no_push: bool,
+        /// Client-visible table name (default: the relation name).
+        #[arg(long)]
+        table_name: Option<String>,
+        /// Membership fanout bound.
+        #[arg(long, default_value_t = 1000)]
+        fanout_bound: i32,
+        /// Impact bound.
+        #[arg(long, default_value_t = 1000)]
+        impact_bound: i32,
+    },
+}
+
+/// Runs the command line with the process's arguments and environment.
+pub fn main() -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(async_main()),
+        Err(e) => {
+            eprintln!("synchro-server: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn async_main() -> ExitCode {
+    crate::logging::init(
+        &std::env::var("SYNCHRO_LOG").unwrap_or_else(|_| "info".into()),
+        std::io::stderr,
+    );
+    match run(Cli::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("synchro-server: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Install { database_url } => {
+            let mut db = connect_db(&database_url).await?;
+            let report = install::install(&mut db).await?;
+            println!(
+                "synchro schema at version {} (applied now: {:?})",
+                report.version, report.applied
+            );
+        }
+        Command::Registry {
+            command:
+                RegistryCommand::Register {
+                    database_url,
+                    schema,
+                    relation,
+                    kind,
+                    composition,
+                    no_push,
+                    table_name,
+                    fanout_bound,
+                    impact_bound,
+                },
+        } => {
+            let db = connect_db(&database_url).await?;
+            let req = RegisterRequest {
+                schema,
+                relation,
+                kind,
+                composition,
+                push_enabled: !no_push,
+                fanout_bound,
+                impact_bound,
+                table_name,
+            };
+            match register(&db, &req).await {
+                Ok(v) => println!("{v}"),
+                Err(RegistrationError::Invalid(body, _)) => {
+                    println!("{body}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Command::Publish { database_url } => {
+            let mut db = connect_db(&database_url).await?;
+            println!("{:?}", publish::publish(&mut db).await?);
+        }
+        Command::Health { database_url } => {
+            let db = connect_db(&database_url).await?;
+            let detail: String = db
+                .query_one("SELECT synchro.synchro_health_detail()::text", &[])
+                .await
+                .map_err(|e| anyhow::anyhow!(install::describe(&e)))?
+                .get(0);
+            println!("{detail}");
+        }
+        Command::Serve {
+            database_url,
+            listen,
+            jwt_secret,
+            max_body_bytes,
+            min_client_version,
+            assignment_url,
+            worker_url,
+            cursor_secret,
+            max_token_lifetime_secs,
+            limits,
+        } => {
+            // The worker login also evaluates written rows' scopes for push.
+            let membership_db = match &worker_url {
+                Some(url) => Some(connect_db(url).await?),
+                None => None,
+            };
+            if let Some(url) = worker_url {
+                tokio::spawn(capture_loop(url));
+            }
+            let db = connect_db(&database_url).await?;
+            // Pull and rebuild snapshots run on their own connections, concurrently.
+            let mut snapshot_db = Vec::new();
+            for _ in 0..4 {
+                snapshot_db.push(connect_db(&database_url).await?);
+            }
+            let assignment_db = match assignment_url {
+                Some(url) => Some(connect_db(&url).await?),
+                None => None,
+            };
+            let config = limits.apply(Config {
+                max_body_bytes,
+                min_client_version,
+                ..Config::default()
+            });
+            let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
+            serve(
+                (db, snapshot_db, assignment_db, membership_db),
+                crate::api::events::Notifier::listen(database_url.clone()),
+                Authenticator::hs256_with_max_lifetime(
+                    jwt_secret.as_bytes(),
+                    max_token_lifetime_secs,
+                )?,
+                cursor_root.as_bytes(),
+                config,
+                bind(listen).await?,
+            )
+            .await?;
+        }
+        Command::Capture { database_url } => capture_loop(database_url).await,
+        Command::Compact {
+            database_url,
+            batch_size,
+        } => {
+            let db = connect_db(&database_url).await?;
+            let c = crate::retention::compact(&db, batch_size).await?;
+            println!(
+                "compaction: {} client generations expired, {} scopes compacted, {} effects deleted",
+                c.clients_expired, c.scopes_compacted, c.effects_deleted
+            );
+        }
+        Command::Dev {
+            database_url,
+            listen,
+        } => run_dev(database_url, listen).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn capture_loop(url: String) {
+    // The slot is polled this often while idle: the floor of commit-to-pullable latency.
+    crate::capture::worker::run_forever(url, std::time::Duration::from_millis(25)).await
+}
+
+/// SIGINT or SIGTERM (a container stop): finish in-flight requests, then return, which
+/// also stops a `dev` throwaway cluster.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))
+}
+
+type Connections = (
+    tokio_postgres::Client,
+    Vec<tokio_postgres::Client>,
+    Option<tokio_postgres::Client>,
+    Option<tokio_postgres::Client>,
+);
+
+async fn serve(
+    (db, snapshot_db, assignment_db, membership_db): Connections,
+    events: crate::api::events::Notifier,
+    auth: Authenticator,
+    cursor_root: &[u8],
+    config: Config,
+    listener: tokio::net::TcpListener,
+) -> Result<()> {
+    let cursor_keys = synchro_protocol::token::Keyring::new(
+        "k1",
+        &crate::auth::derive_key(cursor_root, "scope-cursor"),
+    )?;
+    let state = Arc::new(AppState {
+        db,
+        snapshot_db: crate::api::SnapshotPool::new(snapshot_db),
+        cursor_keys,
+        assignment_db,
+        auth,
+        config,
+        events,
+        membership_db: membership_db.map(tokio::sync::Mutex::new),
+    });
+    tracing::info!(listen = %listener.local_addr()?, "serving");
+    let config = state.config.clone();
+    crate::serve::serve(listener, router(state), &config, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()> {
+    // Keep the cluster alive for the whole run; dropping it stops and deletes it.
+    let (_cluster, admin_url, url_for) = match database_url {
+        Some(url) => (
+            None,
+            url.clone(),
+            Box::new(move |_: &str| url.clone()) as Box<dyn Fn(&str) -> String>,
+        ),
+        None => {
+            eprintln!("starting a throwaway PostgreSQL cluster...");
+            let cluster = pg_harness::TempCluster::start()?;
+            let admin = connect_db(&cluster.admin_url()).await?;
+            admin.batch_execute("CREATE DATABASE synchro_dev").await?;
+            let port = cluster.port();
+            (
+                Some(cluster),
+                format!("host=127.0.0.1 port={port} user=postgres dbname=synchro_dev"),
+                Box::new(move |user: &str| {
+                    format!("host=127.0.0.1 port={port} user={user} dbname=synchro_dev")
+                }) as Box<dyn Fn(&str) -> String>,
+            )
+        }
+    };
+    let mut admin = connect_db(&admin_url).await?;
+    install::install(&mut admin).await?;
+    for (login, group) in dev::DEV_LOGINS {
+        dev::ensure_login(&admin, login, group).await?;
+    }
+    dev::ensure_worker_login(&admin, "synchro_dev_worker").await?;
+    dev::create_demo_schema(&admin).await?;
+    let mut operator = connect_db(&url_for("synchro_dev_operator")).await?;
+    dev::register_demo(&operator).await?;
+    publish::publish(&mut operator).await?;
+    let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
+    let assignment = connect_db(&url_for("synchro_dev_operator")).await?;
+    tokio::spawn(capture_loop(url_for("synchro_dev_worker")));
+    let listener = bind(listen).await?;
+    let secret = "synchro-dev-secret-not-for-production";
+    let token = mint(secret.as_bytes(), "dev-user", 30 * 24 * 3600);
+    println!("synchro dev server on http://{listen}");
+    println!("  database: {admin_url}");
+    println!("  JWT secret (HS256): {secret}");
+    println!("  development token for user dev-user:\n  {token}");
+    println!(
+        "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
+    );
+    println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
+    let snapshot = vec![
+        connect_db(&url_for("synchro_dev_adapter")).await?,
+        connect_db(&url_for("synchro_dev_adapter")).await?,
+    ];
+    serve(
+        (
+            adapter,
+            snapshot,
+            Some(assignment),
+            Some(connect_db(&url_for("synchro_dev_worker")).await?),
+        ),
+        crate::api::events::Notifier::listen(url_for("synchro_dev_adapter")),
+        Authenticator::hs256(secret.as_bytes())?,
+        secret.as_bytes(),
+        Config::default(),
+        listener,
+    )
+    .await
+}

@@ -1,0 +1,228 @@
+//! A fresh throwaway cluster per test, with synchro installed and one login per role; the
+//! server binary; the `app.docs` fixtures the server and whole-stack tests share.
+#![allow(dead_code)]
+
+use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
+use synchro_protocol::json::Json;
+use synchro_protocol::value::TypedValue;
+use synchro_server::dev::{ensure_login, DEV_LOGINS};
+use synchro_server::pg_harness::TempCluster;
+use synchro_server::publish::load_lineage;
+use synchro_server::{connect_db, install};
+use tokio_postgres::Client;
+
+pub struct Env {
+    pub cluster: TempCluster,
+    pub admin: Client,
+}
+
+impl Env {
+    /// A cluster with a database `app`, synchro installed, dev logins and an application
+    /// owner role that synchro_owner may act for.
+    pub async fn installed() -> Env {
+        let cluster = TempCluster::start().expect("throwaway PostgreSQL");
+        let boot = connect_db(&cluster.admin_url()).await.unwrap();
+        boot.batch_execute("CREATE DATABASE app").await.unwrap();
+        let mut admin = connect_db(&cluster.url("postgres", "app")).await.unwrap();
+        install::install(&mut admin).await.unwrap();
+        for (login, group) in DEV_LOGINS {
+            ensure_login(&admin, login, group).await.unwrap();
+        }
+        admin
+            .batch_execute(
+                "CREATE ROLE nobody LOGIN;
+                 CREATE ROLE synchro_dev_worker LOGIN REPLICATION NOINHERIT; GRANT synchro_worker TO synchro_dev_worker;
+                 -- The worker evaluates membership and impact functions as their owner.
+                 GRANT synchro_dev_operator TO synchro_dev_worker;
+                 CREATE ROLE app_owner NOLOGIN; GRANT app_owner TO synchro_owner;
+                 CREATE SCHEMA app AUTHORIZATION app_owner;",
+            )
+            .await
+            .unwrap();
+        Env { cluster, admin }
+    }
+
+    pub async fn login(&self, user: &str) -> Client {
+        connect_db(&self.cluster.url(user, "app")).await.unwrap()
+    }
+
+    /// Runs SQL as the application owner (tables it creates are owned by app_owner).
+    pub async fn as_app_owner(&self, sql: &str) {
+        self.admin
+            .batch_execute(&format!("SET ROLE app_owner; {sql}; RESET ROLE;"))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {}", install::describe(&e)));
+    }
+}
+
+/// The SQLSTATE of a failed statement, or "ok".
+pub async fn sqlstate(db: &Client, sql: &str) -> String {
+    match db.batch_execute(sql).await {
+        Ok(()) => "ok".into(),
+        Err(e) => e
+            .as_db_error()
+            .map(|d| d.code().code().to_owned())
+            .unwrap_or_else(|| e.to_string()),
+    }
+}
+
+/// The scope digest of `user:{owner}` for a table `app.docs (id bigint, owner text, title
+/// text)`, recomputed from a direct query of the source table, with the versions
+/// the projection assigned.
+pub async fn docs_digest_from_source(env: &Env, owner: &str) -> String {
+    let db = env.login("synchro_dev_operator").await;
+    let manifest = load_lineage(&db).await.unwrap().current().unwrap().clone();
+    let table = manifest
+        .tables
+        .iter()
+        .find(|t| t.name == "docs")
+        .expect("the docs table");
+    let field = |name: &str| {
+        table
+            .fields
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .field_id
+            .clone()
+    };
+    let rows = env
+        .admin
+        .query(
+            "SELECT d.id, d.owner, d.title, p.server_version FROM app.docs d
+               JOIN synchro.projection_rows p ON p.pk = '\"' || d.id || '\"' WHERE d.owner = $1",
+            &[&owner],
+        )
+        .await
+        .unwrap();
+    let mut entries = Vec::new();
+    for r in rows {
+        let id: i64 = r.get(0);
+        let title: Option<String> = r.get(2);
+        let row = Json::Object(vec![
+            (field("id"), Json::String(id.to_string())),
+            (field("owner"), Json::String(r.get(1))),
+            (field("title"), title.map_or(Json::Null, Json::String)),
+        ]);
+        let pk = Json::String(id.to_string());
+        let d = row_digest(&manifest, &table.table_id, &pk, &row, r.get(3)).unwrap();
+        let key = TypedValue::from_wire(&table.primary_key().spec, &pk).unwrap();
+        entries.push((RowIdentity::new(table, &key).unwrap(), d.digest));
+    }
+    hex::encode(
+        scope_digest(
+            &manifest.schema_hash(),
+            &format!("user:{owner}"),
+            &mut entries,
+            false,
+        )
+        .unwrap()
+        .digest,
+    )
+}
+
+/// A `synchro-server serve` process (HTTP and capture in one); killed when dropped.
+pub struct Server(pub std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the server binary `bin` (`serve`, HTTP and capture in one) on `port` against
+/// `env`'s cluster. A test package passes its own `env!("CARGO_BIN_EXE_...")`.
+pub fn start_server_binary(bin: &str, env: &Env, port: u16, secret: &str) -> Server {
+    Server(
+        std::process::Command::new(bin)
+            .args([
+                "serve",
+                "--database-url",
+                &env.cluster.url("synchro_dev_adapter", "app"),
+                "--worker-url",
+                &env.cluster.url("synchro_dev_worker", "app"),
+                "--jwt-secret",
+                secret,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .env("SYNCHRO_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (up to 60 s) until `GET /ready` answers 200.
+pub async fn wait_ready(http: &reqwest::Client, base: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/ready")).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A free local TCP port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Registers `app.<table>` (already created) as multi_scope with a membership rule: `rule`
+/// is run as the operator after the `rules` schema exists (it creates the function, grants
+/// it to synchro_worker and registers it), then the manifest is published.
+pub async fn register_with_rule(env: &Env, table: &str, rule: &str) {
+    let mut op = env.login("synchro_dev_operator").await;
+    synchro_server::registry::register(
+        &op,
+        &synchro_server::registry::RegisterRequest::synced("app", table, "multi_scope"),
+    )
+    .await
+    .unwrap();
+    env.admin
+        .batch_execute(
+            "CREATE SCHEMA IF NOT EXISTS rules AUTHORIZATION synchro_dev_operator;
+             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+        )
+        .await
+        .unwrap();
+    op.batch_execute(rule).await.unwrap();
+    synchro_server::publish::publish(&mut op).await.unwrap();
+}
+
+/// `app.docs (id, owner, team, title)` with the rows `seed` inserts, in two scopes per row
+/// (`user:<owner>` and `team:<team>`); alice also has `team:red`.
+pub async fn docs_with_owner_and_team(env: &Env, seed: &str) {
+    env.as_app_owner(&format!(
+        "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
+         {seed}"
+    ))
+    .await;
+    register_with_rule(
+        env,
+        "docs",
+        "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
+           UNION ALL SELECT 'team:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');
+         SELECT synchro.synchro_grant_user_scope('alice', 'team:red');",
+    )
+    .await;
+}
