@@ -1,0 +1,109 @@
+-- synchro install 70: fail-closed readiness.
+-- Spec 001 "Fail-closed readiness" (partly: no oldest-unmaterialized-commit age limit);
+-- spec 000 "Relation Drift".
+--
+-- synchro_health_detail gives each check 'ok', 'failed' or 'unknown', for the monitor and
+-- the operator; synchro_readiness only whether every check is 'ok'. Capture is ready when
+-- the leader holds its lock, the slot and the publication are exactly what capture needs,
+-- the heartbeat age and the slot's WAL lag are known and under the configured limits, every
+-- relation is bootstrapped and has its enabled fence trigger, and every projection a
+-- membership function reads is a declared dependency. A missing or invalid limit fails
+-- closed.
+
+INSERT INTO synchro.settings (key, value) VALUES
+    ('capture_max_heartbeat_age_seconds', '60'),
+    ('capture_max_wal_lag_bytes', '1073741824');
+
+-- A readiness limit: a positive integer setting (a missing or invalid one fails closed).
+CREATE FUNCTION synchro.synchro_positive_setting(p_key text) RETURNS bigint
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT CASE WHEN value ~ '^[1-9][0-9]{0,17}$' THEN value::bigint END
+      FROM synchro.settings WHERE key = p_key
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_positive_setting(text) FROM PUBLIC;
+
+CREATE FUNCTION synchro.synchro_health_detail() RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH slot AS (
+        SELECT s.* FROM pg_replication_slots s JOIN synchro.capture_state c ON s.slot_name = c.slot_name
+         WHERE s.plugin = 'pgoutput' AND s.slot_type = 'logical' AND s.database = current_database()
+    ), limits AS (
+        SELECT synchro.synchro_positive_setting('capture_max_heartbeat_age_seconds') AS max_age,
+               synchro.synchro_positive_setting('capture_max_wal_lag_bytes') AS max_lag
+    )
+    SELECT jsonb_build_object(
+        'schema_installed', 'ok',
+        'current_manifest', CASE WHEN EXISTS (SELECT 1 FROM synchro.manifests) THEN 'ok' ELSE 'failed' END,
+        'registry_drift', CASE WHEN EXISTS (
+            SELECT 1 FROM synchro.relations r
+             WHERE NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                                WHERE c.oid = r.physical_relation_oid AND c.relname = r.physical_relation
+                                  AND n.nspname = r.physical_schema AND c.relreplident = r.replica_identity))
+            THEN 'failed' ELSE 'ok' END,
+        'assignment_function', CASE WHEN EXISTS (
+            SELECT 1 FROM synchro.synchro_assignment_function_check() WHERE NOT intact) THEN 'failed' ELSE 'ok' END,
+        'capture_not_blocked', (SELECT CASE WHEN blocked_reason IS NULL THEN 'ok' ELSE 'failed' END
+                                  FROM synchro.capture_state),
+        -- The leader's advisory lock (key 0x73796e6368726f) is held by a live session.
+        'capture_worker', CASE WHEN EXISTS (
+            SELECT 1 FROM pg_locks l
+             WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database
+                                                                           WHERE datname = current_database())
+               AND ((l.classid::bigint << 32) | l.objid::bigint) = 32503137342878319 AND l.objsubid = 1)
+            THEN 'ok' ELSE 'failed' END,
+        'capture_heartbeat', (SELECT CASE WHEN c.heartbeat_at IS NULL OR l.max_age IS NULL THEN 'unknown'
+                                          WHEN c.heartbeat_at > now() - make_interval(secs => l.max_age) THEN 'ok'
+                                          ELSE 'failed' END FROM synchro.capture_state c, limits l),
+        'capture_slot', CASE WHEN EXISTS (SELECT 1 FROM slot) THEN 'ok' ELSE 'failed' END,
+        'capture_wal_lag', (SELECT CASE WHEN s.confirmed_flush_lsn IS NULL OR l.max_lag IS NULL THEN 'unknown'
+                                        WHEN pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn) <= l.max_lag
+                                        THEN 'ok' ELSE 'failed' END
+                              FROM limits l LEFT JOIN slot s ON true),
+        -- The publication holds exactly the registered relations and publishes every change.
+        'capture_publication', CASE WHEN EXISTS (
+            SELECT 1 FROM pg_publication p
+             WHERE p.pubname = 'synchro_publication' AND p.pubinsert AND p.pubupdate AND p.pubdelete
+               AND p.pubtruncate AND NOT p.puballtables AND NOT p.pubviaroot)
+          AND NOT EXISTS (
+            (SELECT physical_relation_oid FROM synchro.relations)
+            EXCEPT (SELECT pr.prrelid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                     WHERE p.pubname = 'synchro_publication' AND pr.prqual IS NULL AND pr.prattrs IS NULL))
+          AND NOT EXISTS (
+            (SELECT pr.prrelid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+              WHERE p.pubname = 'synchro_publication')
+            EXCEPT (SELECT physical_relation_oid FROM synchro.relations))
+            THEN 'ok' ELSE 'failed' END,
+        'capture_bootstrap', CASE WHEN EXISTS (
+            SELECT 1 FROM synchro.relation_capture rc JOIN synchro.relations r USING (relation_id)
+             WHERE rc.status <> 'active')
+            THEN 'unknown' ELSE 'ok' END,
+        -- Every other relation's projection a membership function reads is a declared
+        -- dependency (with its impact function); otherwise its changes would not re-evaluate.
+        'membership_dependencies', CASE WHEN EXISTS (
+            SELECT 1 FROM synchro.membership_functions m
+              JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = m.function_oid
+                              AND d.refclassid = 'pg_class'::regclass
+              JOIN pg_class c ON c.oid = d.refobjid AND c.relnamespace = 'synchro_projection'::regnamespace
+              JOIN synchro.relations r ON r.physical_schema || '.' || r.physical_relation = c.relname
+             WHERE r.relation_id <> m.relation_id
+               AND NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies x
+                                WHERE x.target_relation_id = m.relation_id
+                                  AND x.dependency_relation_id = r.relation_id))
+            THEN 'failed' ELSE 'ok' END,
+        -- Every registered relation has its fence trigger, enabled.
+        'capture_fences', CASE WHEN EXISTS (
+            SELECT 1 FROM synchro.relations r
+             WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t
+                                WHERE t.tgrelid = r.physical_relation_oid AND t.tgname = 'synchro_source_fence'
+                                  AND t.tgenabled = 'O'))
+            THEN 'failed' ELSE 'ok' END)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_health_detail() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_health_detail() TO synchro_monitor, synchro_operator;
+
+CREATE FUNCTION synchro.synchro_readiness() RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM jsonb_each_text(synchro.synchro_health_detail()) WHERE value <> 'ok')
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_readiness() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_readiness() TO synchro_adapter, synchro_monitor;
