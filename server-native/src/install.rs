@@ -1,9 +1,12 @@
-//! `synchro-server install`: the six group roles of spec 001 and the versioned, checked-in
-//! migrations of the fixed `synchro` schema, recorded in a ledger.
+//! `synchro-server install`: the six group roles of spec 001 and the fixed `synchro` schema,
+//! installed from checked-in SQL and recorded in a ledger.
 //!
 //! Roles are cluster-wide, so they are created when missing and always forced to exactly
-//! their attributes. Migrations run in order, each in one transaction; an applied migration
-//! whose file changed, or a ledger newer than this binary, refuses to run.
+//! their attributes. The schema is ledger version 1, the install script (`sql/install/*.sql`,
+//! concatenated in name order); each later version is one upgrade script (`sql/upgrades/`).
+//! A database at version N applies the steps after N in order, each in one transaction. An
+//! applied step whose text changed, or a ledger newer than this binary, refuses to run. See
+//! `server-native/sql/README.md`.
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -23,152 +26,139 @@ pub const ROLES: [&str; 6] = [
 pub const ROLE_ATTRIBUTES: &str =
     "NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS NOREPLICATION";
 
-/// One checked-in migration.
-pub struct Migration {
-    /// Ledger version (1, 2, ...).
-    pub version: i32,
-    /// File name.
+/// One checked-in SQL file.
+#[derive(Debug, Clone, Copy)]
+pub struct SqlFile {
+    /// File name, inside its directory.
     pub name: &'static str,
     /// SQL text.
     pub sql: &'static str,
 }
 
-/// Every migration, in order. Add new ones at the end; never edit an applied one.
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "0001_install.sql",
-        sql: include_str!("../migrations/0001_install.sql"),
+/// The install script: every file of `sql/install/`, in name order (a test holds this list
+/// to the directory). Applied together, in one transaction, as ledger version 1.
+pub const INSTALL: &[SqlFile] = &[
+    SqlFile {
+        name: "00_schema.sql",
+        sql: include_str!("../sql/install/00_schema.sql"),
     },
-    Migration {
-        version: 2,
-        name: "0002_assignment_function.sql",
-        sql: include_str!("../migrations/0002_assignment_function.sql"),
+    SqlFile {
+        name: "10_registry.sql",
+        sql: include_str!("../sql/install/10_registry.sql"),
     },
-    Migration {
-        version: 3,
-        name: "0003_capture.sql",
-        sql: include_str!("../migrations/0003_capture.sql"),
+    SqlFile {
+        name: "11_manifests.sql",
+        sql: include_str!("../sql/install/11_manifests.sql"),
     },
-    Migration {
-        version: 4,
-        name: "0004_membership.sql",
-        sql: include_str!("../migrations/0004_membership.sql"),
+    SqlFile {
+        name: "12_values.sql",
+        sql: include_str!("../sql/install/12_values.sql"),
     },
-    Migration {
-        version: 5,
-        name: "0005_pull.sql",
-        sql: include_str!("../migrations/0005_pull.sql"),
+    SqlFile {
+        name: "20_assignment.sql",
+        sql: include_str!("../sql/install/20_assignment.sql"),
     },
-    Migration {
-        version: 6,
-        name: "0006_rebuild.sql",
-        sql: include_str!("../migrations/0006_rebuild.sql"),
+    SqlFile {
+        name: "21_clients.sql",
+        sql: include_str!("../sql/install/21_clients.sql"),
     },
-    Migration {
-        version: 7,
-        name: "0007_bootstrap.sql",
-        sql: include_str!("../migrations/0007_bootstrap.sql"),
+    SqlFile {
+        name: "30_capture.sql",
+        sql: include_str!("../sql/install/30_capture.sql"),
     },
-    Migration {
-        version: 8,
-        name: "0008_retention.sql",
-        sql: include_str!("../migrations/0008_retention.sql"),
+    SqlFile {
+        name: "31_fences.sql",
+        sql: include_str!("../sql/install/31_fences.sql"),
     },
-    Migration {
-        version: 9,
-        name: "0009_readiness.sql",
-        sql: include_str!("../migrations/0009_readiness.sql"),
+    SqlFile {
+        name: "32_bootstrap.sql",
+        sql: include_str!("../sql/install/32_bootstrap.sql"),
     },
-    Migration {
-        version: 10,
-        name: "0010_events.sql",
-        sql: include_str!("../migrations/0010_events.sql"),
+    SqlFile {
+        name: "40_membership.sql",
+        sql: include_str!("../sql/install/40_membership.sql"),
     },
-    Migration {
-        version: 11,
-        name: "0011_projection_key_index.sql",
-        sql: include_str!("../migrations/0011_projection_key_index.sql"),
+    SqlFile {
+        name: "41_dependencies.sql",
+        sql: include_str!("../sql/install/41_dependencies.sql"),
     },
-    Migration {
-        version: 12,
-        name: "0012_dependencies.sql",
-        sql: include_str!("../migrations/0012_dependencies.sql"),
+    SqlFile {
+        name: "42_staging.sql",
+        sql: include_str!("../sql/install/42_staging.sql"),
     },
-    Migration {
-        version: 13,
-        name: "0013_membership_reevaluation.sql",
-        sql: include_str!("../migrations/0013_membership_reevaluation.sql"),
+    SqlFile {
+        name: "50_pull.sql",
+        sql: include_str!("../sql/install/50_pull.sql"),
     },
-    Migration {
-        version: 14,
-        name: "0014_scope_membership_generation.sql",
-        sql: include_str!("../migrations/0014_scope_membership_generation.sql"),
+    SqlFile {
+        name: "51_rebuild.sql",
+        sql: include_str!("../sql/install/51_rebuild.sql"),
     },
-    Migration {
-        version: 15,
-        name: "0015_fences.sql",
-        sql: include_str!("../migrations/0015_fences.sql"),
+    SqlFile {
+        name: "52_push.sql",
+        sql: include_str!("../sql/install/52_push.sql"),
     },
-    Migration {
-        version: 16,
-        name: "0016_staged_backfill.sql",
-        sql: include_str!("../migrations/0016_staged_backfill.sql"),
+    SqlFile {
+        name: "60_retention.sql",
+        sql: include_str!("../sql/install/60_retention.sql"),
     },
-    Migration {
-        version: 17,
-        name: "0017_staged_dependencies.sql",
-        sql: include_str!("../migrations/0017_staged_dependencies.sql"),
+    SqlFile {
+        name: "70_readiness.sql",
+        sql: include_str!("../sql/install/70_readiness.sql"),
     },
-    Migration {
-        version: 18,
-        name: "0018_owner_privileges.sql",
-        sql: include_str!("../migrations/0018_owner_privileges.sql"),
-    },
-    Migration {
-        version: 19,
-        name: "0019_staged_first_rule.sql",
-        sql: include_str!("../migrations/0019_staged_first_rule.sql"),
-    },
-    Migration {
-        version: 20,
-        name: "0020_manifest_activation.sql",
-        sql: include_str!("../migrations/0020_manifest_activation.sql"),
-    },
-    Migration {
-        version: 21,
-        name: "0021_scope_keys.sql",
-        sql: include_str!("../migrations/0021_scope_keys.sql"),
-    },
-    Migration {
-        version: 22,
-        name: "0022_push.sql",
-        sql: include_str!("../migrations/0022_push.sql"),
-    },
-    Migration {
-        version: 23,
-        name: "0023_stream_watermark.sql",
-        sql: include_str!("../migrations/0023_stream_watermark.sql"),
-    },
-    Migration {
-        version: 24,
-        name: "0024_quiet_projection_index.sql",
-        sql: include_str!("../migrations/0024_quiet_projection_index.sql"),
-    },
-    Migration {
-        version: 25,
-        name: "0025_unrepresentable_values.sql",
-        sql: include_str!("../migrations/0025_unrepresentable_values.sql"),
-    },
-    Migration {
-        version: 26,
-        name: "0026_rebuild_session_cap.sql",
-        sql: include_str!("../migrations/0026_rebuild_session_cap.sql"),
+    SqlFile {
+        name: "71_events.sql",
+        sql: include_str!("../sql/install/71_events.sql"),
     },
 ];
 
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
+/// The upgrade scripts of `sql/upgrades/`: the first takes a database from version 1 to 2,
+/// and so on. Empty until the first release; add new ones at the end and never edit one
+/// that has been released (the ledger records each step's SHA-256).
+pub const UPGRADES: &[SqlFile] = &[];
+
+/// The ledger name of version 1.
+pub const INSTALL_NAME: &str = "install";
+
+/// The schema version this binary installs: the install script and every upgrade.
+pub const VERSION: i32 = 1 + UPGRADES.len() as i32;
+
+/// One ledger step: a version and the SQL that reaches it.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Ledger version (1 is the install script).
+    pub version: i32,
+    /// Ledger name: [`INSTALL_NAME`] or the upgrade's file name.
+    pub name: &'static str,
+    /// SQL text (for version 1, the install files concatenated in name order).
+    pub sql: String,
+}
+
+impl Step {
+    /// The SHA-256 the ledger records for this step.
+    pub fn sha256(&self) -> String {
+        hex::encode(Sha256::digest(self.sql.as_bytes()))
+    }
+}
+
+/// The install script as one text, the files concatenated in name order.
+pub fn install_sql() -> String {
+    INSTALL.iter().map(|f| f.sql).collect()
+}
+
+/// Every step, in version order: the install script, then each upgrade.
+pub fn steps() -> Vec<Step> {
+    let mut steps = vec![Step {
+        version: 1,
+        name: INSTALL_NAME,
+        sql: install_sql(),
+    }];
+    steps.extend(UPGRADES.iter().zip(2..).map(|(f, version)| Step {
+        version,
+        name: f.name,
+        sql: f.sql.to_owned(),
+    }));
+    steps
 }
 
 /// What an install run did.
@@ -216,7 +206,7 @@ pub async fn install(db: &mut Client) -> Result<InstallReport> {
     install_to(db, None).await
 }
 
-/// Installs or upgrades up to migration `target` (all when `None`); used to prove that a
+/// Installs or upgrades up to version `target` (all when `None`); used to prove that a
 /// database upgraded step by step equals a fresh install.
 pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallReport> {
     ensure_roles(db).await?;
@@ -231,7 +221,7 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
         .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = 'synchro'", &[])
         .await?
         .is_some();
-    let mut applied_versions: Vec<(i32, String)> = Vec::new();
+    let mut recorded: Vec<(i32, String, String)> = Vec::new();
     if schema_exists {
         let ledger = db
             .query_one(
@@ -245,52 +235,63 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
         }
         for row in db
             .query(
-                "SELECT version, sha256 FROM synchro.schema_migrations ORDER BY version",
+                "SELECT version, name, sha256 FROM synchro.schema_migrations ORDER BY version",
                 &[],
             )
             .await?
         {
-            applied_versions.push((row.get(0), row.get(1)));
+            recorded.push((row.get(0), row.get(1), row.get(2)));
         }
     }
-    let known = MIGRATIONS.last().map_or(0, |m| m.version);
-    for (version, sha) in &applied_versions {
-        match MIGRATIONS.iter().find(|m| m.version == *version) {
-            None if *version > known => bail!(
-                "the database is at synchro schema version {version}, newer than this binary knows ({known}); upgrade synchro-server"
+    let steps = steps();
+    for (version, name, sha) in &recorded {
+        match steps.iter().find(|s| s.version == *version) {
+            None if *version > VERSION => bail!(
+                "the database is at synchro schema version {version}, newer than this binary knows ({VERSION}); upgrade synchro-server"
             ),
-            None => bail!("the ledger records an unknown migration version {version}"),
-            Some(m) if sha256_hex(m.sql) != *sha => bail!(
-                "migration {} differs from the one applied to this database; applied migrations are immutable",
-                m.name
+            None => bail!("the ledger records an unknown version {version}"),
+            Some(s) if s.sha256() != *sha => bail!(
+                "the ledger's version {version} ({name}) differs from this binary's {}; applied steps are immutable",
+                s.name
             ),
             Some(_) => {}
         }
     }
     let mut applied = Vec::new();
-    for m in MIGRATIONS
+    for step in steps
         .iter()
-        .filter(|m| target.is_none_or(|t| m.version <= t))
+        .filter(|s| target.is_none_or(|t| s.version <= t))
     {
-        if applied_versions.iter().any(|(v, _)| *v == m.version) {
+        if recorded.iter().any(|(v, _, _)| *v == step.version) {
             continue;
         }
         let tx = db.transaction().await?;
-        tx.batch_execute(m.sql)
-            .await
-            .map_err(|e| anyhow::anyhow!("migration {} failed: {}", m.name, describe(&e)))?;
+        tx.batch_execute(&step.sql).await.map_err(|e| {
+            anyhow::anyhow!(
+                "schema version {} ({}) failed: {}",
+                step.version,
+                step.name,
+                describe(&e)
+            )
+        })?;
+        // Scripts create their objects as synchro_owner (SET LOCAL ROLE); the installer
+        // records the step.
+        tx.batch_execute("RESET ROLE").await?;
         tx.execute(
             "INSERT INTO synchro.schema_migrations (version, name, sha256) VALUES ($1, $2, $3)",
-            &[&m.version, &m.name, &sha256_hex(m.sql)],
+            &[&step.version, &step.name, &step.sha256()],
         )
         .await?;
         tx.commit().await?;
-        applied.push(m.version);
+        applied.push(step.version);
     }
-    Ok(InstallReport {
-        applied,
-        version: target.unwrap_or(known).min(known),
-    })
+    let version = recorded
+        .iter()
+        .map(|(v, _, _)| *v)
+        .chain(applied.iter().copied())
+        .max()
+        .unwrap_or(0);
+    Ok(InstallReport { applied, version })
 }
 
 /// `"name"` with embedded quotes doubled.

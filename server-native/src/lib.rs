@@ -8,7 +8,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`pg_harness`] | throwaway PostgreSQL clusters for tests and `dev` |
-//! | [`install`] | roles, migrations, ledger |
+//! | [`install`] | roles, the install script and upgrades (`sql/`), the ledger |
 //! | [`registry`] | relation registration |
 //! | [`publish`] | manifest publication and history |
 //! | [`auth`] | bearer JWT (HS256) |

@@ -497,61 +497,15 @@ async fn registration_refuses_a_relation_whose_rows_hold_an_unrepresentable_valu
     assert_eq!(e.as_db_error().unwrap().code().code(), SQLSTATE);
 }
 
-#[tokio::test]
-async fn an_upgraded_database_gives_existing_registrations_the_checks() {
-    let env = Env::installed().await;
-    let boot = synchro_server::connect_db(&env.cluster.admin_url())
-        .await
-        .unwrap();
-    boot.batch_execute("CREATE DATABASE old").await.unwrap();
-    let mut db = synchro_server::connect_db(&env.cluster.url("postgres", "old"))
-        .await
-        .unwrap();
-    // The version just before the one that added the checks.
-    let previous = synchro_server::install::MIGRATIONS
-        .iter()
-        .find(|m| m.name == "0025_unrepresentable_values.sql")
-        .unwrap()
-        .version
-        - 1;
-    synchro_server::install::install_to(&mut db, Some(previous))
-        .await
-        .unwrap();
-    db.batch_execute(
-        "CREATE SCHEMA app AUTHORIZATION app_owner;
-         SET ROLE app_owner;
-         CREATE TABLE app.events (id bigint PRIMARY KEY, payload jsonb, at timestamptz);
-         RESET ROLE;
-         SELECT synchro.synchro_register_relation('app', 'events');
-         INSERT INTO app.events VALUES (1, '{\"big\": 9007199254740993}', 'infinity')",
-    )
-    .await
-    .unwrap();
-    db.batch_execute("DELETE FROM app.events").await.unwrap();
-    synchro_server::install::install(&mut db).await.unwrap();
-    let e = refused(
-        &db,
-        "INSERT INTO app.events VALUES (1, '{\"big\": 9007199254740993}', now())",
-    )
-    .await;
-    let field: String = db
-        .query_one(
-            "SELECT field_id FROM synchro.fields WHERE column_name = 'payload'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let relation: String = db
-        .query_one("SELECT relation_id FROM synchro.relations", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_names_field_not_value(&e, &relation, &field, "9007199254740993");
-    db.batch_execute("INSERT INTO app.events VALUES (1, '{\"big\": 1}', now())")
-        .await
-        .unwrap();
-}
+// There was a test here, `an_upgraded_database_gives_existing_registrations_the_checks`: it
+// installed the schema up to the version before the value checks (migration 0024), registered
+// a relation, upgraded, and showed the upgrade had given the existing registration the
+// checking fence. That upgrade path no longer exists: the 26 pre-release migrations were
+// squashed into one install script (server-native/sql/install/) before any database outside
+// the team had run them, so every registration is made with the checks in place, and the step
+// that re-created the fences of existing registrations went with the path. The refusal itself
+// is held by `writes_of_unrepresentable_values_are_refused_and_capture_keeps_flowing`. An
+// upgrade script that changes the fence again needs its own test of this kind.
 
 /// Number tokens around every threshold of the I-JSON domain, plus pseudo-random ones.
 fn number_corpus() -> Vec<String> {

@@ -1,53 +1,28 @@
--- synchro schema, version 15: source-trigger fences. Every registered relation gets a BEFORE
--- ROW trigger (named to fire after the key-update guard) that allocates the row's version
--- in the writer's transaction, before the row changes, and emits it as a transactional
--- logical message 'synchro.fence' carrying the relation ID, kind, operation, the key's text
--- form, the version and the DML ordinal within the transaction. The capture worker takes
--- each change's version from its fence; a change of an active relation without one (the
--- trigger disabled, or session_replication_role = replica) blocks capture.
+-- synchro install 70: fail-closed readiness.
+-- Spec 001 "Fail-closed readiness" (partly: no oldest-unmaterialized-commit age limit);
+-- spec 000 "Relation Drift".
+--
+-- synchro_health_detail gives each check 'ok', 'failed' or 'unknown', for the monitor and
+-- the operator; synchro_readiness only whether every check is 'ok'. Capture is ready when
+-- the leader holds its lock, the slot and the publication are exactly what capture needs,
+-- the heartbeat age and the slot's WAL lag are known and under the configured limits, every
+-- relation is bootstrapped and has its enabled fence trigger, and every projection a
+-- membership function reads is a declared dependency. A missing or invalid limit fails
+-- closed.
 
-SET LOCAL ROLE synchro_owner;
+INSERT INTO synchro.settings (key, value) VALUES
+    ('capture_max_heartbeat_age_seconds', '60'),
+    ('capture_max_wal_lag_bytes', '1073741824');
 
-CREATE SEQUENCE synchro.row_version_seq;
+-- A readiness limit: a positive integer setting (a missing or invalid one fails closed).
+CREATE FUNCTION synchro.synchro_positive_setting(p_key text) RETURNS bigint
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT CASE WHEN value ~ '^[1-9][0-9]{0,17}$' THEN value::bigint END
+      FROM synchro.settings WHERE key = p_key
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_positive_setting(text) FROM PUBLIC;
 
-CREATE FUNCTION synchro.synchro_fence() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-DECLARE
-    v_version bigint := nextval('synchro.row_version_seq');
-    v_ordinal integer := coalesce(nullif(current_setting('synchro.dml_ordinal', true), '')::integer, 0) + 1;
-    v_row record;
-BEGIN
-    PERFORM set_config('synchro.dml_ordinal', v_ordinal::text, true);
-    IF TG_OP = 'DELETE' THEN v_row := OLD; ELSE v_row := NEW; END IF;
-    PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro.fence', jsonb_build_object(
-        'relation_id', TG_ARGV[0], 'kind', TG_ARGV[1], 'op', lower(TG_OP),
-        'key', to_jsonb(v_row) ->> TG_ARGV[2], 'version', v_version::text, 'ordinal', v_ordinal)::text);
-    RETURN v_row;
-END $$;
-
-CREATE FUNCTION synchro.synchro_create_fence(p_relation_id text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
-DECLARE
-    v_rel synchro.relations%ROWTYPE;
-BEGIN
-    SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id;
-    EXECUTE format('CREATE TRIGGER synchro_source_fence BEFORE INSERT OR UPDATE OR DELETE ON %I.%I '
-                   'FOR EACH ROW EXECUTE FUNCTION synchro.synchro_fence(%L, %L, %L)',
-                   v_rel.physical_schema, v_rel.physical_relation, v_rel.relation_id, v_rel.kind,
-                   v_rel.capture_key_column);
-END $$;
-
-CREATE FUNCTION synchro.synchro_relation_fence_trigger() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
-BEGIN
-    PERFORM synchro.synchro_create_fence(NEW.relation_id);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER synchro_relation_fence AFTER INSERT ON synchro.relations
-    FOR EACH ROW EXECUTE FUNCTION synchro.synchro_relation_fence_trigger();
-
--- Readiness: a disabled or missing fence trigger fails closed.
-CREATE OR REPLACE FUNCTION synchro.synchro_health_detail() RETURNS jsonb
+CREATE FUNCTION synchro.synchro_health_detail() RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     WITH slot AS (
         SELECT s.* FROM pg_replication_slots s JOIN synchro.capture_state c ON s.slot_name = c.slot_name
@@ -123,24 +98,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                   AND t.tgenabled = 'O'))
             THEN 'failed' ELSE 'ok' END)
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_health_detail() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_health_detail() TO synchro_monitor, synchro_operator;
 
-RESET ROLE;
-
--- Existing registrations (run as the installer, which may act for every owner).
-DO $$
-DECLARE r record;
-BEGIN
-    FOR r IN SELECT relation_id FROM synchro.relations LOOP
-        PERFORM synchro.synchro_create_fence(r.relation_id);
-    END LOOP;
-END $$;
-
-ALTER TABLE synchro.capture_state DROP CONSTRAINT capture_state_blocked_reason_check;
-ALTER TABLE synchro.capture_state ADD CONSTRAINT capture_state_blocked_reason_check CHECK (blocked_reason IN
-    ('registered_relation_drift', 'unrepresentable_value', 'decode_error', 'truncate_unsupported',
-     'scope_evaluation_failed', 'membership_evaluation_failed', 'membership_bound_exceeded', 'missing_fence'));
-
-REVOKE ALL ON SEQUENCE synchro.row_version_seq FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_fence() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_create_fence(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_relation_fence_trigger() FROM PUBLIC;
+CREATE FUNCTION synchro.synchro_readiness() RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM jsonb_each_text(synchro.synchro_health_detail()) WHERE value <> 'ok')
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_readiness() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_readiness() TO synchro_adapter, synchro_monitor;

@@ -1,5 +1,7 @@
--- synchro schema, version 25: source values the portable types cannot hold are refused where
--- they are written, never left to block capture for every relation.
+-- synchro install 12: source values no portable type can hold are refused where they are
+-- written, never left to block capture for every relation.
+-- Spec 000 "Portable Type System", "Canonical Wire Values"; spec 001 "Portable type system
+-- and wire JSON".
 --
 -- Capture converts each source value with `text_to_wire` (server-native/src/capture/values.rs)
 -- and blocks on one it cannot represent; the change stays in the slot, so deleting the row
@@ -18,10 +20,10 @@
 -- Every other mapped type (string, int, int64, boolean, bytes, every key type) has no such
 -- value.
 --
--- The fence trigger now carries, after (relation_id, kind, key column), the mode of the row
--- document it reads ('jsonb': to_jsonb of the row; 'json': row_to_json, so json columns stay
--- verbatim) and one (column, field_id, check) triple per column that can hold such a value.
--- A write of one is refused with SQLSTATE 22SY1 and the message
+-- The fence trigger (31_fences) carries, after (relation_id, kind, key column), the mode of
+-- the row document it reads ('jsonb': to_jsonb of the row; 'json': row_to_json, so json
+-- columns stay verbatim) and one (column, field_id, check) triple per column that can hold
+-- such a value. A write of one is refused with SQLSTATE 22SY1 and the message
 --   unrepresentable_value: relation <relation_id> field <field_id>[, ...] cannot hold this
 --   value in its portable type
 -- (DETAIL {"error":{"code":"unrepresentable_value","relation_id","field_ids"}}); never the
@@ -30,9 +32,7 @@
 -- exists. Registration scans the existing rows of each checked column and refuses the
 -- relation with invalid_registration, reason unrepresentable_value and the field ID. A push
 -- whose write is refused (or fails with any other data exception, such as jsonb's \u0000)
--- gets status invalid_value from synchro_push_write.
-
-SET LOCAL ROLE synchro_owner;
+-- gets status invalid_value from synchro_push_write (52_push).
 
 -- The check a column needs, from its portable type and SQL type; NULL when none can fail.
 CREATE FUNCTION synchro.synchro_value_check_kind(p_portable_type text, p_type oid) RETURNS text
@@ -43,6 +43,7 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
         WHEN 'json' THEN CASE WHEN p_type = 'jsonb'::regtype THEN 'jsonb' ELSE 'json' END
     END
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_value_check_kind(text, oid) FROM PUBLIC;
 
 -- Whether the JSON text of a scalar (as to_jsonb gives it, with TimeZone = UTC) is a value of
 -- kind p_kind that its portable type cannot hold. to_jsonb writes NaN and infinities as
@@ -58,6 +59,7 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
         WHEN 'time' THEN left(p_text, 2) = '24'
     END, false)
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_scalar_refused(text, text) FROM PUBLIC;
 
 -- Whether a JSON number token (already valid JSON grammar) is outside the I-JSON domain of
 -- jcs::canonical_json_number: an integer-form token beyond +-(2^53-1); otherwise a value whose
@@ -108,6 +110,7 @@ BEGIN
     RETURN (v_abs >= 9007199254740991.5 AND v_abs < 999999999999999934464)
         OR v_abs >= 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792;
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_json_number_refused(text) FROM PUBLIC;
 
 -- Whether a jsonb value is outside I-JSON: nesting deeper than 128 (a container at path level
 -- 128 or more; the root is level 0 and depth 1) or a number outside the domain. jsonb keeps
@@ -119,6 +122,7 @@ LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, synchro, pg_temp AS 
                        'strict $.** ? (@.type() == "number" && (@ >= 9007199254740991.5 || @ <= -9007199254740991.5))') n
                     WHERE synchro.synchro_json_number_refused(n::text))
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_jsonb_refused(jsonb) FROM PUBLIC;
 
 -- Whether json text has a lone surrogate escape (a high one not directly followed by a low
 -- one, or a low one alone). Every backslash of valid JSON starts an escape, so matching
@@ -129,6 +133,7 @@ LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, synchro, pg_temp AS 
         '(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})|\\.', 'g') m
         WHERE m[2] IS NOT NULL)
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_json_lone_surrogate(text) FROM PUBLIC;
 
 -- json text with every \u0000 escape replaced by the escape of a character the text holds
 -- nowhere (so member names stay distinct exactly when they were): PostgreSQL's json functions
@@ -150,6 +155,7 @@ BEGIN
     END LOOP;
     RETURN NULL;
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_json_without_nul(text) FROM PUBLIC;
 
 -- Whether a json value (text kept verbatim by PostgreSQL) is one jcs::canonicalize refuses:
 -- a lone surrogate escape, a duplicate member name (after unescaping), nesting deeper than
@@ -196,6 +202,7 @@ BEGIN
                        OR (SELECT count(*) <> count(DISTINCT e.key COLLATE "C") FROM json_each(i.value) e)
                    ELSE false END);
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_json_text_refused(text) FROM PUBLIC;
 
 -- The key's text form (as the fence records it) and the field IDs of p_row's values that the
 -- portable types cannot hold (checked only when p_check). p_args is the fence's argument
@@ -280,6 +287,7 @@ BEGIN
         v_i := v_i + 3;
     END LOOP;
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_row_check(record, text[], boolean) FROM PUBLIC;
 
 -- The refusal: SQLSTATE 22SY1 (class 22, data exception), naming the relation and fields.
 CREATE FUNCTION synchro.synchro_unrepresentable_error(p_relation_id text, p_field_ids text[]) RETURNS void
@@ -293,89 +301,7 @@ BEGIN
               HINT = 'A synced value must be finite, dated within years 1 to 9999 in UTC, before midnight, '
                      'and JSON within I-JSON; see the synchro README.';
 END $$;
-
-CREATE OR REPLACE FUNCTION synchro.synchro_fence() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-DECLARE
-    v_version bigint := nextval('synchro.row_version_seq');
-    v_ordinal integer := coalesce(nullif(current_setting('synchro.dml_ordinal', true), '')::integer, 0) + 1;
-    v_row record;
-    v_key text;
-    v_check record;
-BEGIN
-    IF TG_OP = 'DELETE' THEN v_row := OLD; ELSE v_row := NEW; END IF;
-    IF TG_NARGS <= 4 AND TG_ARGV[3] IS DISTINCT FROM 'json' THEN
-        -- Nothing to check: the key as before.
-        v_key := to_jsonb(v_row) ->> TG_ARGV[2];
-    ELSE
-        v_check := synchro.synchro_row_check(v_row, TG_ARGV, TG_OP <> 'DELETE');
-        IF cardinality(v_check.refused) > 0 THEN
-            PERFORM synchro.synchro_unrepresentable_error(TG_ARGV[0], v_check.refused);
-        END IF;
-        v_key := v_check.key_text;
-    END IF;
-    PERFORM set_config('synchro.dml_ordinal', v_ordinal::text, true);
-    PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro.fence', jsonb_build_object(
-        'relation_id', TG_ARGV[0], 'kind', TG_ARGV[1], 'op', lower(TG_OP),
-        'key', v_key, 'version', v_version::text, 'ordinal', v_ordinal)::text);
-    IF TG_ARGV[1] = 'synced' THEN
-        INSERT INTO synchro.source_versions VALUES (TG_ARGV[0], v_key, v_version)
-            ON CONFLICT (relation_id, pk) DO UPDATE SET version = EXCLUDED.version;
-    END IF;
-    RETURN v_row;
-END $$;
-
--- Stored generated columns exist only after BEFORE triggers: their values are checked after
--- the row is written (same arguments as the fence, with the generated columns' triples).
-CREATE FUNCTION synchro.synchro_generated_values() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-DECLARE
-    v_check record;
-BEGIN
-    v_check := synchro.synchro_row_check(NEW, TG_ARGV, true);
-    IF cardinality(v_check.refused) > 0 THEN
-        PERFORM synchro.synchro_unrepresentable_error(TG_ARGV[0], v_check.refused);
-    END IF;
-    RETURN NULL;
-END $$;
-
--- (Re)creates the fence of a relation from its recorded fields, and the generated-values
--- trigger when a generated column needs a check.
-CREATE OR REPLACE FUNCTION synchro.synchro_create_fence(p_relation_id text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
-DECLARE
-    v_rel synchro.relations%ROWTYPE;
-    v_mode text := 'jsonb';
-    v_plain text := '';
-    v_generated text := '';
-    v_f record;
-BEGIN
-    SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id;
-    FOR v_f IN SELECT f.column_name, f.field_id, a.atttypid, a.attgenerated,
-                      synchro.synchro_value_check_kind(f.portable_type, a.atttypid) AS kind
-                 FROM synchro.fields f
-                 JOIN pg_catalog.pg_attribute a ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-                WHERE f.relation_id = p_relation_id ORDER BY f.attnum LOOP
-        IF v_f.atttypid = 'json'::regtype THEN
-            v_mode := 'json';
-        END IF;
-        IF v_f.kind IS NOT NULL AND v_f.attgenerated = '' THEN
-            v_plain := v_plain || format(', %L, %L, %L', v_f.column_name, v_f.field_id, v_f.kind);
-        ELSIF v_f.kind IS NOT NULL THEN
-            v_generated := v_generated || format(', %L, %L, %L', v_f.column_name, v_f.field_id, v_f.kind);
-        END IF;
-    END LOOP;
-    EXECUTE format('CREATE OR REPLACE TRIGGER synchro_source_fence BEFORE INSERT OR UPDATE OR DELETE ON %I.%I '
-                   'FOR EACH ROW EXECUTE FUNCTION synchro.synchro_fence(%L, %L, %L, %L%s)',
-                   v_rel.physical_schema, v_rel.physical_relation, v_rel.relation_id, v_rel.kind,
-                   v_rel.capture_key_column, v_mode, v_plain);
-    IF v_generated <> '' THEN
-        EXECUTE format('CREATE OR REPLACE TRIGGER synchro_source_generated_values AFTER INSERT OR UPDATE ON %I.%I '
-                       'FOR EACH ROW EXECUTE FUNCTION synchro.synchro_generated_values(%L, %L, %L, %L%s)',
-                       v_rel.physical_schema, v_rel.physical_relation, v_rel.relation_id, v_rel.kind,
-                       v_rel.capture_key_column, v_mode, v_generated);
-    END IF;
-END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_unrepresentable_error(text, text[]) FROM PUBLIC;
 
 -- A recorded field that needs a check refreshes the fence and refuses the registration when
 -- an existing row already holds such a value (registration runs as synchro_owner, which may
@@ -412,132 +338,6 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_fields_value_trigger() FROM PUBLIC;
 CREATE TRIGGER synchro_fields_value_checks AFTER INSERT ON synchro.fields
     FOR EACH ROW EXECUTE FUNCTION synchro.synchro_fields_value_trigger();
-
--- Push: a write refused as unrepresentable, or failing with another data exception caused by
--- a pushed value (jsonb's \u0000, a float4 overflow, a too long varchar), is invalid_value;
--- integrity violations stay constraint_violation. Otherwise as in version 22.
-CREATE OR REPLACE FUNCTION synchro.synchro_push_write(p_relation_id text, p_op text, p_key text, p_key_wire text,
-    p_base_version text, p_columns text[], p_values text[])
-RETURNS TABLE (status text, version text, pre_image text[], post_image text[])
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, synchro, pg_temp
-SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
-SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
-DECLARE
-    v_rel synchro.relations%ROWTYPE;
-    v_key_col text;
-    v_key_type text;
-    v_image text;
-    v_current text;
-    v_pre text[];
-    v_post text[];
-    v_sets text := '';
-    v_names text := '';
-    v_vals text := '';
-    v_i integer;
-    v_col record;
-BEGIN
-    SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id AND kind = 'synced';
-    IF NOT FOUND OR NOT v_rel.push_enabled THEN
-        RETURN QUERY SELECT 'not_writable'::text, NULL::text, NULL::text[], NULL::text[];
-        RETURN;
-    END IF;
-    SELECT quote_ident(f.column_name), format_type(a.atttypid, a.atttypmod)
-      INTO v_key_col, v_key_type
-      FROM synchro.fields f JOIN pg_catalog.pg_attribute a
-        ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-     WHERE f.relation_id = p_relation_id AND f.is_key;
-    SELECT 'ARRAY[' || string_agg(format('%I::text', f.column_name), ', ' ORDER BY f.attnum) || ']::text[]'
-      INTO v_image FROM synchro.fields f WHERE f.relation_id = p_relation_id;
-    -- Lock the source row (if any) and read its current image and version.
-    EXECUTE format('SELECT %s FROM %I.%I WHERE %s = $1::%s FOR UPDATE', v_image,
-                   v_rel.physical_schema, v_rel.physical_relation, v_key_col, v_key_type)
-       INTO v_pre USING p_key;
-    SELECT s.version::text INTO v_current FROM synchro.source_versions s
-     WHERE s.relation_id = p_relation_id AND s.pk = p_key;
-    IF v_current IS NULL THEN
-        SELECT p.server_version INTO v_current FROM synchro.projection_rows p
-         WHERE p.relation_id = p_relation_id AND p.pk = p_key_wire;
-    END IF;
-    IF (p_op = 'insert' AND v_pre IS NOT NULL)
-       OR (p_op <> 'insert' AND (v_pre IS NULL OR v_current IS NULL OR v_current <> p_base_version)) THEN
-        RETURN QUERY SELECT 'conflict'::text, CASE WHEN v_pre IS NULL THEN NULL ELSE v_current END, v_pre, v_pre;
-        RETURN;
-    END IF;
-    BEGIN
-        IF p_op = 'delete' THEN
-            EXECUTE format('DELETE FROM %I.%I WHERE %s = $1::%s', v_rel.physical_schema,
-                           v_rel.physical_relation, v_key_col, v_key_type) USING p_key;
-        ELSE
-            FOR v_i IN 1 .. coalesce(array_length(p_columns, 1), 0) LOOP
-                SELECT quote_ident(f.column_name) AS name, format_type(a.atttypid, a.atttypmod) AS type
-                  INTO v_col
-                  FROM synchro.fields f JOIN pg_catalog.pg_attribute a
-                    ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-                 WHERE f.relation_id = p_relation_id AND f.field_id = p_columns[v_i] AND f.writable;
-                IF NOT FOUND THEN
-                    RETURN QUERY SELECT 'not_writable'::text, NULL::text, v_pre, v_pre;
-                    RETURN;
-                END IF;
-                v_sets := v_sets || CASE WHEN v_i > 1 THEN ', ' ELSE '' END
-                          || format('%s = ($2[%s])::%s', v_col.name, v_i, v_col.type);
-                v_names := v_names || ', ' || v_col.name;
-                v_vals := v_vals || format(', ($2[%s])::%s', v_i, v_col.type);
-            END LOOP;
-            IF p_op = 'insert' THEN
-                EXECUTE format('INSERT INTO %I.%I (%s%s) VALUES ($1::%s%s)', v_rel.physical_schema,
-                               v_rel.physical_relation, v_key_col, v_names, v_key_type, v_vals)
-                  USING p_key, p_values;
-            ELSIF v_sets <> '' THEN
-                EXECUTE format('UPDATE %I.%I SET %s WHERE %s = $1::%s', v_rel.physical_schema,
-                               v_rel.physical_relation, v_sets, v_key_col, v_key_type)
-                  USING p_key, p_values;
-            ELSE
-                -- An update that changes nothing still takes a new version.
-                EXECUTE format('UPDATE %I.%I SET %s = %s WHERE %s = $1::%s', v_rel.physical_schema,
-                               v_rel.physical_relation, v_key_col, v_key_col, v_key_col, v_key_type)
-                  USING p_key;
-            END IF;
-            EXECUTE format('SELECT %s FROM %I.%I WHERE %s = $1::%s', v_image,
-                           v_rel.physical_schema, v_rel.physical_relation, v_key_col, v_key_type)
-               INTO v_post USING p_key;
-        END IF;
-    EXCEPTION
-        WHEN SQLSTATE '22SY1' OR data_exception THEN
-            RETURN QUERY SELECT 'invalid_value'::text, NULL::text, v_pre, v_pre;
-            RETURN;
-        WHEN integrity_constraint_violation THEN
-            RETURN QUERY SELECT 'constraint_violation'::text, NULL::text, v_pre, v_pre;
-            RETURN;
-    END;
-    SELECT s.version::text INTO v_current FROM synchro.source_versions s
-     WHERE s.relation_id = p_relation_id AND s.pk = p_key;
-    RETURN QUERY SELECT 'applied'::text, v_current, v_pre, v_post;
-END $$;
-
-RESET ROLE;
-
--- Existing registrations get the checking fence (run as the installer, which may act for
--- every owner). Rows already stored are not rescanned: a value capture could not represent
--- has already blocked it.
-DO $$
-DECLARE r record;
-BEGIN
-    FOR r IN SELECT relation_id FROM synchro.relations ORDER BY relation_id LOOP
-        PERFORM synchro.synchro_create_fence(r.relation_id);
-    END LOOP;
-END $$;
-
-REVOKE EXECUTE ON FUNCTION synchro.synchro_value_check_kind(text, oid) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_scalar_refused(text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_json_number_refused(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_jsonb_refused(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_json_lone_surrogate(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_json_without_nul(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_json_text_refused(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_row_check(record, text[], boolean) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_unrepresentable_error(text, text[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_generated_values() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_fields_value_trigger() FROM PUBLIC;

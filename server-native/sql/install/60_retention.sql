@@ -1,23 +1,14 @@
--- synchro schema, version 8: per-scope retention (spec 003 "Per-Scope Retention and Client
--- Generations", "Scope-local compaction").
+-- synchro install 60: per-scope retention: acknowledgements, durable expiry and compaction.
+-- Spec 003 "Per-Scope Retention and Client Generations", "Explicit client generation and
+-- expiry", "Scope-local compaction".
 --
 -- Pull records the position of every valid cursor a client presents (its acknowledgement).
 -- Compaction first makes client expiry durable, then, per scope, deletes effects at or
 -- below the smallest acknowledged position of the nonexpired clients assigned the scope
 -- (the scope's whole log when there is none), never past the watermark of a live rebuild
--- session of the scope, and raises the scope's resume_floor to the largest deleted position
--- in the same transaction. A cursor below the floor is stale; a null cursor may replay the
--- log from the start only while the floor is 0.
-
-SET LOCAL ROLE synchro_owner;
-
-CREATE TABLE synchro.scope_retention (
-    scope_id text PRIMARY KEY CHECK (scope_id <> ''),
-    retention_generation bigint NOT NULL DEFAULT 1 CHECK (retention_generation >= 1),
-    -- Inclusive minimum resumable position; every effect at or below it is deleted.
-    resume_floor bigint NOT NULL DEFAULT 0 CHECK (resume_floor >= 0),
-    compacted_at timestamptz
-);
+-- session of the scope, and raises the scope's resume_floor (scope_retention, 50_pull) to
+-- the largest deleted position in the same transaction. A cursor below the floor is stale;
+-- a null cursor may replay the log from the start only while the floor is 0.
 
 CREATE TABLE synchro.client_scope_acks (
     user_id text NOT NULL,
@@ -30,43 +21,7 @@ CREATE TABLE synchro.client_scope_acks (
     FOREIGN KEY (user_id, client_id) REFERENCES synchro.clients ON DELETE CASCADE
 );
 CREATE INDEX client_scope_acks_scope ON synchro.client_scope_acks (scope_id);
-
--- Durable expiry: once set, a generation stays expired whatever the TTL setting becomes.
-ALTER TABLE synchro.clients ADD COLUMN expired_at timestamptz;
-
-INSERT INTO synchro.settings (key, value) VALUES ('rebuild_session_ttl_minutes', '60');
-
-CREATE OR REPLACE FUNCTION synchro.synchro_client_state(p_user_id text, p_client_id text)
-RETURNS TABLE (client_generation bigint, scope_set_version bigint, assigned_scopes text[],
-               schema_version bigint, schema_hash text, expired boolean)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT c.client_generation, c.scope_set_version, c.assigned_scopes, c.schema_version, c.schema_hash,
-           c.expired_at IS NOT NULL
-           OR coalesce(c.last_acknowledged_at, c.generation_started_at)
-             + make_interval(days => (SELECT value::integer FROM synchro.settings WHERE key = 'client_ttl_days')) <= now()
-      FROM synchro.clients c WHERE c.user_id = p_user_id AND c.client_id = p_client_id
-$$;
-
--- A new generation clears the durable expiry (the old generation stays unusable: its
--- number is gone).
-CREATE FUNCTION synchro.synchro_clients_generation_trigger() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
-BEGIN
-    IF NEW.client_generation <> OLD.client_generation THEN
-        NEW.expired_at := NULL;
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER synchro_clients_generation BEFORE UPDATE ON synchro.clients
-    FOR EACH ROW EXECUTE FUNCTION synchro.synchro_clients_generation_trigger();
-
--- Each scope's retention state (defaults for a scope never compacted).
-CREATE FUNCTION synchro.synchro_scope_retention(p_scopes text[])
-RETURNS TABLE (scope_id text, retention_generation bigint, resume_floor bigint)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT s, coalesce(r.retention_generation, 1), coalesce(r.resume_floor, 0)
-      FROM unnest(p_scopes) AS s LEFT JOIN synchro.scope_retention r ON r.scope_id = s
-$$;
+REVOKE ALL ON synchro.client_scope_acks FROM PUBLIC;
 
 -- Records the positions of valid cursors a pull presented. A newer position refreshes the
 -- client's last_acknowledged_at; positions never move backwards within a generation.
@@ -92,6 +47,8 @@ BEGIN
          WHERE user_id = p_user_id AND client_id = p_client_id AND client_generation = p_client_generation;
     END IF;
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_record_acks(text, text, bigint, text[], bigint[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_record_acks(text, text, bigint, text[], bigint[]) TO synchro_adapter;
 
 -- Makes expiry durable and drops expired rebuild sessions. Returns the clients expired.
 CREATE FUNCTION synchro.synchro_expire() RETURNS bigint
@@ -109,12 +66,16 @@ BEGIN
                                                  WHERE key = 'rebuild_session_ttl_minutes')) <= now();
     RETURN v_expired;
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_expire() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_expire() TO synchro_worker, synchro_operator;
 
 -- Scopes that have retained effects.
 CREATE FUNCTION synchro.synchro_compaction_scopes() RETURNS SETOF text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT DISTINCT scope_id FROM synchro.scope_effects
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_compaction_scopes() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_compaction_scopes() TO synchro_worker, synchro_operator;
 
 -- One compaction batch of one scope: deletes at most p_batch_size of its oldest effects at
 -- or below the safe position and raises the floor to the largest deleted position, in this
@@ -168,31 +129,5 @@ BEGIN
     END IF;
     RETURN v_deleted;
 END $$;
-
--- An expired rebuild session is gone for its client too (409 restart).
-CREATE OR REPLACE FUNCTION synchro.synchro_rebuild_session(p_session_id text)
-RETURNS TABLE (user_id text, client_id text, client_generation bigint, scope_id text, schema_hash text,
-               stream_generation bigint, membership_generation bigint, watermark bigint, row_count integer)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT user_id, client_id, client_generation, scope_id, schema_hash, stream_generation, membership_generation,
-           watermark, row_count
-      FROM synchro.rebuild_sessions
-     WHERE session_id = p_session_id
-       AND created_at + make_interval(mins => (SELECT value::integer FROM synchro.settings
-                                               WHERE key = 'rebuild_session_ttl_minutes')) > now()
-$$;
-
-RESET ROLE;
-
-REVOKE ALL ON synchro.scope_retention, synchro.client_scope_acks FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_clients_generation_trigger() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_scope_retention(text[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_record_acks(text, text, bigint, text[], bigint[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_expire() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_compaction_scopes() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_compact_scope(text, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_scope_retention(text[]) TO synchro_adapter;
-GRANT EXECUTE ON FUNCTION synchro.synchro_record_acks(text, text, bigint, text[], bigint[]) TO synchro_adapter;
-GRANT EXECUTE ON FUNCTION synchro.synchro_expire() TO synchro_worker, synchro_operator;
-GRANT EXECUTE ON FUNCTION synchro.synchro_compaction_scopes() TO synchro_worker, synchro_operator;
 GRANT EXECUTE ON FUNCTION synchro.synchro_compact_scope(text, integer) TO synchro_worker, synchro_operator;

@@ -1,47 +1,14 @@
--- synchro schema, version 22: POST /sync/push.
+-- synchro install 52: POST /sync/push.
+-- Spec 003 "Exact Current Schema Gate and Authored Mutation Schema"; spec 000
+-- "Authored-Schema Queued Mutations", "Primary Key And Replica Identity" (the key is not
+-- writable).
 --
--- source_versions: the current version of every source row, written by the fence trigger in
--- the writer's transaction (so a push compares-and-swaps against the source itself, never
--- against a projection that may lag). Rows untouched since their bootstrap have no entry;
--- their version is the projection's.
---
--- push_batches / push_mutations: the idempotency ledger. A completed batch keeps its
--- fingerprint and outcomes; an exact replay returns them without writing.
---
--- synchro_push_write: one compare-and-swap write of a registered relation, as synchro_owner
--- (which may act for the table owner), returning the row's text images before and after
--- under the capture session's output settings, so the server builds the same canonical row
--- capture will.
-
-SET LOCAL ROLE synchro_owner;
-
-CREATE TABLE synchro.source_versions (
-    relation_id text NOT NULL,
-    pk text NOT NULL,
-    version bigint NOT NULL,
-    PRIMARY KEY (relation_id, pk)
-);
-
-CREATE OR REPLACE FUNCTION synchro.synchro_fence() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-DECLARE
-    v_version bigint := nextval('synchro.row_version_seq');
-    v_ordinal integer := coalesce(nullif(current_setting('synchro.dml_ordinal', true), '')::integer, 0) + 1;
-    v_row record;
-    v_key text;
-BEGIN
-    PERFORM set_config('synchro.dml_ordinal', v_ordinal::text, true);
-    IF TG_OP = 'DELETE' THEN v_row := OLD; ELSE v_row := NEW; END IF;
-    v_key := to_jsonb(v_row) ->> TG_ARGV[2];
-    PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro.fence', jsonb_build_object(
-        'relation_id', TG_ARGV[0], 'kind', TG_ARGV[1], 'op', lower(TG_OP),
-        'key', v_key, 'version', v_version::text, 'ordinal', v_ordinal)::text);
-    IF TG_ARGV[1] = 'synced' THEN
-        INSERT INTO synchro.source_versions VALUES (TG_ARGV[0], v_key, v_version)
-            ON CONFLICT (relation_id, pk) DO UPDATE SET version = EXCLUDED.version;
-    END IF;
-    RETURN v_row;
-END $$;
+-- push_batches / push_mutations are the idempotency ledger: a completed batch keeps its
+-- fingerprint and outcomes; an exact replay returns them without writing. synchro_push_write
+-- is one compare-and-swap write of a registered relation against source_versions
+-- (31_fences), as synchro_owner (which may act for the table owner), returning the row's
+-- text images before and after under the capture session's output settings, so the server
+-- builds the same canonical row capture will.
 
 CREATE TABLE synchro.push_batches (
     user_id text NOT NULL,
@@ -52,6 +19,7 @@ CREATE TABLE synchro.push_batches (
     completed_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (user_id, client_id, batch_id)
 );
+REVOKE ALL ON synchro.push_batches FROM PUBLIC;
 
 CREATE TABLE synchro.push_mutations (
     user_id text NOT NULL,
@@ -61,6 +29,7 @@ CREATE TABLE synchro.push_mutations (
     outcome text NOT NULL,
     PRIMARY KEY (user_id, client_id, mutation_id)
 );
+REVOKE ALL ON synchro.push_mutations FROM PUBLIC;
 
 -- The stored outcomes of a completed batch and its fingerprint, if any.
 CREATE FUNCTION synchro.synchro_push_lookup(p_user_id text, p_client_id text, p_batch_id text)
@@ -69,6 +38,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     SELECT fingerprint, outcomes FROM synchro.push_batches
      WHERE user_id = p_user_id AND client_id = p_client_id AND batch_id = p_batch_id
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_lookup(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_lookup(text, text, text) TO synchro_adapter;
 
 -- The stored outcome of one mutation already executed in an earlier batch, if any.
 CREATE FUNCTION synchro.synchro_push_mutation_outcome(p_user_id text, p_client_id text, p_mutation_id text)
@@ -77,6 +48,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     SELECT outcome FROM synchro.push_mutations
      WHERE user_id = p_user_id AND client_id = p_client_id AND mutation_id = p_mutation_id
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcome(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcome(text, text, text) TO synchro_adapter;
 
 -- Records a completed batch (in the transaction of its writes).
 CREATE FUNCTION synchro.synchro_push_record(p_user_id text, p_client_id text, p_batch_id text,
@@ -90,12 +63,17 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS 
       FROM unnest(p_mutation_ids, p_mutation_outcomes) AS m(id, outcome)
     ON CONFLICT DO NOTHING;
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) TO synchro_adapter;
 
 -- One write. p_key is the key's text form, p_key_wire its wire JSON text (the projection's
 -- key), p_columns the written fields' IDs and p_values their text input forms (NULL for
--- null). Returns status 'applied', 'conflict', 'not_writable' or 'constraint_violation',
--- the row's version after (or the current one on conflict), and the text images of the
--- synced fields (in attnum order) before and after.
+-- null). Returns status 'applied', 'conflict', 'not_writable', 'invalid_value' or
+-- 'constraint_violation', the row's version after (or the current one on conflict), and the
+-- text images of the synced fields (in attnum order) before and after. A write refused as
+-- unrepresentable (12_values), or failing with another data exception caused by a pushed
+-- value (jsonb's \u0000, a float4 overflow, a too long varchar), is invalid_value; integrity
+-- violations are constraint_violation.
 CREATE FUNCTION synchro.synchro_push_write(p_relation_id text, p_op text, p_key text, p_key_wire text,
     p_base_version text, p_columns text[], p_values text[])
 RETURNS TABLE (status text, version text, pre_image text[], post_image text[])
@@ -182,14 +160,20 @@ BEGIN
                            v_rel.physical_schema, v_rel.physical_relation, v_key_col, v_key_type)
                INTO v_post USING p_key;
         END IF;
-    EXCEPTION WHEN integrity_constraint_violation OR data_exception OR invalid_text_representation THEN
-        RETURN QUERY SELECT 'constraint_violation'::text, NULL::text, v_pre, v_pre;
-        RETURN;
+    EXCEPTION
+        WHEN SQLSTATE '22SY1' OR data_exception THEN
+            RETURN QUERY SELECT 'invalid_value'::text, NULL::text, v_pre, v_pre;
+            RETURN;
+        WHEN integrity_constraint_violation THEN
+            RETURN QUERY SELECT 'constraint_violation'::text, NULL::text, v_pre, v_pre;
+            RETURN;
     END;
     SELECT s.version::text INTO v_current FROM synchro.source_versions s
      WHERE s.relation_id = p_relation_id AND s.pk = p_key;
     RETURN QUERY SELECT 'applied'::text, v_current, v_pre, v_post;
 END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_write(text, text, text, text, text, text[], text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_write(text, text, text, text, text, text[], text[]) TO synchro_adapter;
 
 -- The synced fields of a relation in attnum order, with their source type OIDs (the order
 -- of synchro_push_write's images).
@@ -202,20 +186,5 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
      WHERE f.relation_id = p_relation_id
      ORDER BY f.attnum
 $$;
-
--- Rows bootstrapped or captured before this version keep the projection's version until
--- their next write; nothing to backfill.
-
-RESET ROLE;
-
-REVOKE ALL ON synchro.source_versions, synchro.push_batches, synchro.push_mutations FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_fields(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_fields(text) TO synchro_adapter;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_push_lookup(text, text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcome(text, text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_push_write(text, text, text, text, text, text[], text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_push_lookup(text, text, text) TO synchro_adapter;
-GRANT EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcome(text, text, text) TO synchro_adapter;
-GRANT EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) TO synchro_adapter;
-GRANT EXECUTE ON FUNCTION synchro.synchro_push_write(text, text, text, text, text, text[], text[]) TO synchro_adapter;

@@ -1,0 +1,271 @@
+-- synchro install 10: registered relations and their fields, and registration.
+-- Spec 003 "Logical and Physical Relation Identity", "Registered-relation validation",
+-- "Primary key and replica identity contract"; spec 000 "Registered Relation Identity",
+-- "Registration Contract", "Primary Key And Replica Identity", "Registration Errors",
+-- "Portable Type System".
+--
+-- Fields of a capture_dependency relation are recorded by 41_dependencies; the checks that
+-- refuse values no portable type holds by 12_values; a relation's capture state, fence and
+-- projection view by triggers of 30_capture, 31_fences and 40_membership.
+
+-- Registered source relations. Physical identity is recorded at registration and never
+-- rebound; IDs are opaque and random, never derived from names.
+CREATE TABLE synchro.relations (
+    relation_id text PRIMARY KEY,
+    kind text NOT NULL CHECK (kind IN ('synced', 'capture_dependency')),
+    physical_schema name NOT NULL,
+    physical_relation name NOT NULL,
+    physical_relation_oid oid NOT NULL UNIQUE,
+    replica_identity "char" NOT NULL,
+    capture_key_column name NOT NULL,
+    primary_key_type oid NOT NULL,
+    table_id text UNIQUE,
+    table_name text,
+    composition text CHECK (composition IN ('single_scope', 'multi_scope')),
+    push_enabled boolean NOT NULL,
+    fanout_bound integer NOT NULL,
+    impact_bound integer NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    CHECK ((kind = 'synced') = (table_id IS NOT NULL AND table_name IS NOT NULL AND composition IS NOT NULL))
+);
+REVOKE ALL ON synchro.relations FROM PUBLIC;
+GRANT SELECT ON synchro.relations TO synchro_worker;
+
+CREATE TABLE synchro.fields (
+    relation_id text NOT NULL REFERENCES synchro.relations,
+    field_id text NOT NULL,
+    column_name name NOT NULL,
+    attnum smallint NOT NULL,
+    portable_type text NOT NULL CHECK (portable_type IN
+        ('string', 'int', 'int64', 'decimal', 'float', 'boolean', 'datetime', 'date', 'time', 'json', 'bytes')),
+    nullable boolean NOT NULL,
+    writable boolean NOT NULL,
+    is_key boolean NOT NULL,
+    decimal_precision integer,
+    decimal_scale integer,
+    PRIMARY KEY (relation_id, field_id),
+    UNIQUE (relation_id, attnum),
+    CHECK ((portable_type = 'decimal') = (decimal_precision IS NOT NULL AND decimal_scale IS NOT NULL))
+);
+REVOKE ALL ON synchro.fields FROM PUBLIC;
+GRANT SELECT ON synchro.fields TO synchro_worker;
+
+-- Raises invalid_registration with the spec's error body as DETAIL: SQLSTATE 22023 for
+-- invalid_limit, 42P17 for every other reason.
+CREATE FUNCTION synchro.synchro_registration_error(p_reason text, p_relation_id text DEFAULT NULL,
+    p_field_id text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_error jsonb := jsonb_build_object('code', 'invalid_registration', 'reason', p_reason);
+BEGIN
+    IF p_relation_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('relation_id', p_relation_id); END IF;
+    IF p_field_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('field_id', p_field_id); END IF;
+    RAISE EXCEPTION 'invalid_registration: %', p_reason
+        USING ERRCODE = CASE WHEN p_reason = 'invalid_limit' THEN '22023' ELSE '42P17' END,
+              DETAIL = jsonb_build_object('error', v_error)::text;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_registration_error(text, text, text) FROM PUBLIC;
+
+-- An opaque random ID: the prefix and 32 hex digits.
+CREATE FUNCTION synchro.synchro_new_id(p_prefix text) RETURNS text
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT p_prefix || replace(gen_random_uuid()::text, '-', '')
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_new_id(text) FROM PUBLIC;
+
+-- Maps a column type to a portable type: (portable_type, precision, scale), or NULL.
+CREATE FUNCTION synchro.synchro_portable_type(p_type oid, p_typmod integer,
+    OUT portable_type text, OUT decimal_precision integer, OUT decimal_scale integer)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    portable_type := CASE p_type
+        WHEN 'text'::regtype THEN 'string' WHEN 'varchar'::regtype THEN 'string'
+        WHEN 'bpchar'::regtype THEN 'string' WHEN 'uuid'::regtype THEN 'string'
+        WHEN 'int2'::regtype THEN 'int' WHEN 'int4'::regtype THEN 'int'
+        WHEN 'int8'::regtype THEN 'int64'
+        WHEN 'float4'::regtype THEN 'float' WHEN 'float8'::regtype THEN 'float'
+        WHEN 'bool'::regtype THEN 'boolean'
+        WHEN 'timestamptz'::regtype THEN 'datetime'
+        WHEN 'date'::regtype THEN 'date'
+        WHEN 'time'::regtype THEN 'time'
+        WHEN 'json'::regtype THEN 'json' WHEN 'jsonb'::regtype THEN 'json'
+        WHEN 'bytea'::regtype THEN 'bytes'
+        WHEN 'numeric'::regtype THEN CASE WHEN p_typmod >= 4 THEN 'decimal' END
+        ELSE NULL END;
+    IF portable_type = 'decimal' THEN
+        decimal_precision := ((p_typmod - 4) >> 16) & 65535;
+        decimal_scale := (p_typmod - 4) & 65535;
+        IF decimal_scale > decimal_precision THEN portable_type := NULL; END IF;
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_portable_type(oid, integer) FROM PUBLIC;
+
+-- The registration result, {"relation_id","kind","table_id"?,"fields":[...]}.
+CREATE FUNCTION synchro.synchro_relation_json(p_relation_id text) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'relation_id', r.relation_id, 'kind', r.kind, 'table_id', r.table_id,
+        'fields', coalesce((SELECT jsonb_agg(jsonb_build_object('field_id', f.field_id, 'column', f.column_name,
+                                                                'type', f.portable_type) ORDER BY f.attnum)
+                              FROM synchro.fields f WHERE f.relation_id = r.relation_id), '[]'::jsonb)))
+      FROM synchro.relations r WHERE r.relation_id = p_relation_id
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_relation_json(text) FROM PUBLIC;
+
+-- The trigger registration puts on every source relation: a primary-key update is refused
+-- before any other effect.
+CREATE FUNCTION synchro.synchro_reject_key_update() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'the primary key of a synced row cannot be updated; delete and insert instead'
+        USING ERRCODE = '55000';
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_reject_key_update() FROM PUBLIC;
+
+-- Registers one schema-qualified relation (spec 000 "Registered Relation Identity", spec 003
+-- "Primary key and replica identity contract"). Idempotent for an already registered
+-- relation: its IDs are returned, never reassigned. Returns
+-- {"relation_id","table_id"?,"fields":[{"field_id","column","type"}]}.
+CREATE FUNCTION synchro.synchro_register_relation(
+    p_schema text, p_relation text,
+    p_kind text DEFAULT 'synced', p_composition text DEFAULT 'single_scope',
+    p_push_enabled boolean DEFAULT true, p_fanout_bound integer DEFAULT 1000,
+    p_impact_bound integer DEFAULT 1000, p_table_name text DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_max integer := (SELECT value::integer FROM synchro.settings WHERE key = 'max_bound');
+    v_rel pg_class%ROWTYPE;
+    v_pk pg_constraint%ROWTYPE;
+    v_key pg_attribute%ROWTYPE;
+    v_key_type text;
+    v_relation_id text;
+    v_table_id text;
+    v_col record;
+    v_type text;
+    v_precision integer;
+    v_scale integer;
+    v_fields jsonb := '[]'::jsonb;
+    v_field_id text;
+BEGIN
+    IF p_fanout_bound IS NULL OR p_fanout_bound < 1 OR p_fanout_bound > v_max
+       OR p_impact_bound IS NULL OR p_impact_bound < 1 OR p_impact_bound > v_max THEN
+        PERFORM synchro.synchro_registration_error('invalid_limit');
+    END IF;
+    IF p_kind IS NULL OR p_kind NOT IN ('synced', 'capture_dependency')
+       OR (p_kind = 'synced' AND (p_composition IS NULL OR p_composition NOT IN ('single_scope', 'multi_scope'))) THEN
+        RAISE EXCEPTION 'kind must be synced or capture_dependency, composition single_scope or multi_scope'
+            USING ERRCODE = '22023';
+    END IF;
+    -- Exactly one ordinary or partitioned table named by exact catalog names.
+    SELECT c.* INTO v_rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = p_schema AND c.relname = p_relation AND c.relkind IN ('r', 'p');
+    IF NOT FOUND OR p_schema IS NULL OR p_relation IS NULL THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    SELECT relation_id INTO v_relation_id FROM synchro.relations WHERE physical_relation_oid = v_rel.oid;
+    IF FOUND THEN
+        RETURN synchro.synchro_relation_json(v_relation_id);
+    END IF;
+    IF NOT pg_has_role(current_user, v_rel.relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'registration needs synchro_owner to be granted the relation owner''s role'
+            USING ERRCODE = '42501';
+    END IF;
+    SELECT * INTO v_pk FROM pg_constraint WHERE conrelid = v_rel.oid AND contype = 'p';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('missing_primary_key');
+    END IF;
+    IF array_length(v_pk.conkey, 1) <> 1 THEN
+        PERFORM synchro.synchro_registration_error('composite_primary_key');
+    END IF;
+    IF v_pk.condeferrable THEN
+        -- A deferrable key is not an immediate key and cannot back the replica identity.
+        PERFORM synchro.synchro_registration_error('unsupported_replica_identity');
+    END IF;
+    SELECT * INTO v_key FROM pg_attribute WHERE attrelid = v_rel.oid AND attnum = v_pk.conkey[1];
+    IF NOT v_key.attnotnull THEN
+        PERFORM synchro.synchro_registration_error('nullable_primary_key');
+    END IF;
+    -- Built-in key types only, by OID (a domain over one of them is refused).
+    v_key_type := CASE v_key.atttypid
+        WHEN 'int2'::regtype THEN 'int' WHEN 'int4'::regtype THEN 'int'
+        WHEN 'int8'::regtype THEN 'int64'
+        WHEN 'text'::regtype THEN 'string' WHEN 'varchar'::regtype THEN 'string'
+        WHEN 'bpchar'::regtype THEN 'string' WHEN 'uuid'::regtype THEN 'string'
+        WHEN 'inet'::regtype THEN 'string' WHEN 'cidr'::regtype THEN 'string'
+        WHEN 'macaddr'::regtype THEN 'string' WHEN 'macaddr8'::regtype THEN 'string'
+        WHEN 'int4range'::regtype THEN 'string' WHEN 'int8range'::regtype THEN 'string'
+        WHEN 'numrange'::regtype THEN 'string' WHEN 'int4multirange'::regtype THEN 'string'
+        WHEN 'int8multirange'::regtype THEN 'string' WHEN 'nummultirange'::regtype THEN 'string'
+        ELSE NULL END;
+    IF v_key_type IS NULL THEN
+        PERFORM synchro.synchro_registration_error('unsupported_primary_key_type');
+    END IF;
+    IF p_kind = 'synced' AND p_push_enabled AND (v_key.attidentity = 'a' OR v_key.attgenerated <> '') THEN
+        -- A database-generated key cannot be written by a pushing client.
+        PERFORM synchro.synchro_registration_error('unsupported_primary_key_type');
+    END IF;
+    IF v_rel.relreplident <> 'd' THEN
+        PERFORM synchro.synchro_registration_error('unsupported_replica_identity');
+    END IF;
+
+    v_relation_id := synchro.synchro_new_id('rel_');
+    IF p_kind = 'synced' THEN
+        v_table_id := synchro.synchro_new_id('tbl_');
+    END IF;
+    INSERT INTO synchro.relations (relation_id, kind, physical_schema, physical_relation, physical_relation_oid,
+        replica_identity, capture_key_column, primary_key_type, table_id, table_name, composition, push_enabled,
+        fanout_bound, impact_bound)
+    VALUES (v_relation_id, p_kind, p_schema, p_relation, v_rel.oid, v_rel.relreplident, v_key.attname,
+        v_key.atttypid, v_table_id, CASE WHEN p_kind = 'synced' THEN coalesce(p_table_name, p_relation) END,
+        CASE WHEN p_kind = 'synced' THEN p_composition END, p_push_enabled, p_fanout_bound, p_impact_bound);
+
+    IF p_kind = 'synced' THEN
+        FOR v_col IN SELECT a.* FROM pg_attribute a
+                      WHERE a.attrelid = v_rel.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum LOOP
+            IF v_col.attnum = v_key.attnum THEN
+                v_type := v_key_type; v_precision := NULL; v_scale := NULL;
+            ELSE
+                SELECT t.portable_type, t.decimal_precision, t.decimal_scale INTO v_type, v_precision, v_scale
+                  FROM synchro.synchro_portable_type(v_col.atttypid, v_col.atttypmod) t;
+            END IF;
+            IF v_type IS NULL THEN
+                -- No portable type: the relation cannot be represented (see protocol-decisions).
+                PERFORM synchro.synchro_registration_error('unsupported_column_type', v_relation_id);
+            END IF;
+            v_field_id := synchro.synchro_new_id('fld_');
+            INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,
+                is_key, decimal_precision, decimal_scale)
+            VALUES (v_relation_id, v_field_id, v_col.attname, v_col.attnum, v_type,
+                NOT v_col.attnotnull,
+                v_col.attnum <> v_key.attnum AND v_col.attgenerated = '' AND v_col.attidentity <> 'a',
+                v_col.attnum = v_key.attnum, v_precision, v_scale);
+        END LOOP;
+    END IF;
+
+    -- The source trigger refuses primary-key updates before any other effect.
+    EXECUTE format('CREATE TRIGGER synchro_reject_key_update BEFORE UPDATE OF %I ON %I.%I FOR EACH ROW '
+                   'WHEN (OLD.%I IS DISTINCT FROM NEW.%I) EXECUTE FUNCTION synchro.synchro_reject_key_update()',
+                   v_key.attname, p_schema, p_relation, v_key.attname, v_key.attname);
+    EXECUTE format('ALTER PUBLICATION synchro_publication ADD TABLE ONLY %I.%I', p_schema, p_relation);
+    RETURN synchro.synchro_relation_json(v_relation_id);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text)
+    TO synchro_operator;
+
+-- The synced registry as the manifest builder reads it.
+CREATE FUNCTION synchro.synchro_registry_snapshot() RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+        'relation_id', r.relation_id, 'table_id', r.table_id, 'name', r.table_name, 'composition', r.composition,
+        'schema', r.physical_schema, 'relation', r.physical_relation,
+        'fields', (SELECT jsonb_agg(jsonb_build_object('field_id', f.field_id, 'name', f.column_name,
+                       'type', f.portable_type, 'nullable', f.nullable, 'writable', f.writable, 'is_key', f.is_key,
+                       'precision', f.decimal_precision, 'scale', f.decimal_scale) ORDER BY f.field_id)
+                     FROM synchro.fields f WHERE f.relation_id = r.relation_id)) ORDER BY r.table_id), '[]'::jsonb)
+      FROM synchro.relations r WHERE r.kind = 'synced'
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() TO synchro_operator;

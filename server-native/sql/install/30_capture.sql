@@ -1,0 +1,67 @@
+-- synchro install 30: capture progress, each relation's capture state and the projections.
+-- Spec 001 "Fail-closed readiness" (capture blocked); spec 000 "Relation Drift"; spec 003
+-- "Relation drift and controlled reconfiguration".
+--
+-- The capture worker (server-native/src/capture/) decodes the publication through a logical
+-- slot in commit order and, per source transaction, applies the rows to the projections and
+-- records its progress in the same transaction; only then does it advance the slot.
+
+-- The publication capture decodes; registration adds each relation.
+CREATE PUBLICATION synchro_publication;
+
+CREATE TABLE synchro.capture_state (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    slot_name name NOT NULL,
+    -- End LSN of the last applied source transaction (text form of pg_lsn).
+    confirmed_lsn pg_lsn NOT NULL DEFAULT '0/0',
+    stream_generation bigint NOT NULL DEFAULT 1 CHECK (stream_generation >= 1),
+    applied_transactions bigint NOT NULL DEFAULT 0,
+    heartbeat_at timestamptz,
+    -- A bounded reason code when capture is blocked; never row data.
+    blocked_reason text CHECK (blocked_reason IN
+        ('registered_relation_drift', 'unrepresentable_value', 'decode_error', 'truncate_unsupported',
+         'scope_evaluation_failed', 'membership_evaluation_failed', 'membership_bound_exceeded', 'missing_fence')),
+    blocked_at timestamptz
+);
+REVOKE ALL ON synchro.capture_state FROM PUBLIC;
+GRANT SELECT, UPDATE ON synchro.capture_state TO synchro_worker;
+INSERT INTO synchro.capture_state (slot_name) VALUES ('synchro_capture');
+
+-- The latest captured state of every registered row: canonical wire JSON keyed by field ID,
+-- and an opaque server version. Deleted rows are removed. The worker materializes
+-- projections and progress; nothing else writes them.
+CREATE TABLE synchro.projection_rows (
+    relation_id text NOT NULL REFERENCES synchro.relations,
+    pk text NOT NULL,
+    row_json text NOT NULL,
+    server_version text NOT NULL,
+    PRIMARY KEY (relation_id, pk)
+);
+REVOKE ALL ON synchro.projection_rows FROM PUBLIC;
+GRANT SELECT, INSERT, UPDATE, DELETE ON synchro.projection_rows TO synchro_worker;
+
+-- Each relation's capture status (32_bootstrap): a newly registered relation is 'pending'
+-- until its bootstrap copy is reached in the stream. membership_evaluated is the membership
+-- contract generation last evaluated for it.
+CREATE TABLE synchro.relation_capture (
+    relation_id text PRIMARY KEY REFERENCES synchro.relations,
+    status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'copied', 'active')),
+    -- Commit LSN of the bootstrap transaction, once the worker has reached it.
+    bootstrap_lsn pg_lsn,
+    rows_copied bigint,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    membership_evaluated bigint NOT NULL DEFAULT 0
+);
+REVOKE ALL ON synchro.relation_capture FROM PUBLIC;
+GRANT SELECT, UPDATE ON synchro.relation_capture TO synchro_worker;
+GRANT SELECT ON synchro.relation_capture TO synchro_monitor;
+
+CREATE FUNCTION synchro.synchro_relation_capture_trigger() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    INSERT INTO synchro.relation_capture (relation_id) VALUES (NEW.relation_id);
+    RETURN NULL;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_relation_capture_trigger() FROM PUBLIC;
+CREATE TRIGGER synchro_relation_capture AFTER INSERT ON synchro.relations
+    FOR EACH ROW EXECUTE FUNCTION synchro.synchro_relation_capture_trigger();

@@ -1,0 +1,193 @@
+-- synchro install 40: projection views, membership functions and membership edges.
+-- Spec 003 "Deterministic Scope Membership", "Function signatures", "Function restrictions";
+-- spec 000 "Deterministic Membership Registration".
+--
+-- Membership functions read only the typed projection views in synchro_projection (never
+-- live application tables); the capture worker evaluates them, as their owner, inside its
+-- materialization transaction, after applying the source transaction, and records edge
+-- diffs and scope effects (50_pull) in that same transaction. A rule is staged before it is
+-- live (42_staging); dependencies declare which other projections it reads (41_dependencies).
+
+-- One typed view per registered relation, named "<schema>.<relation>" after its source.
+-- Only the operator and the worker may read them (spec 001).
+CREATE SCHEMA synchro_projection;
+REVOKE ALL ON SCHEMA synchro_projection FROM PUBLIC;
+GRANT USAGE ON SCHEMA synchro_projection TO synchro_operator, synchro_worker;
+ALTER DEFAULT PRIVILEGES FOR ROLE synchro_owner IN SCHEMA synchro_projection
+    GRANT SELECT ON TABLES TO synchro_operator, synchro_worker;
+
+-- The SQL type a portable type reads back as in a projection view.
+CREATE FUNCTION synchro.synchro_projection_expression(p_field_id text, p_type text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT CASE p_type
+        WHEN 'string' THEN format('(r.row_json::jsonb ->> %L)', p_field_id)
+        WHEN 'int' THEN format('(r.row_json::jsonb ->> %L)::integer', p_field_id)
+        WHEN 'int64' THEN format('(r.row_json::jsonb ->> %L)::bigint', p_field_id)
+        WHEN 'decimal' THEN format('(r.row_json::jsonb ->> %L)::numeric', p_field_id)
+        WHEN 'float' THEN format('(r.row_json::jsonb ->> %L)::double precision', p_field_id)
+        WHEN 'boolean' THEN format('(r.row_json::jsonb ->> %L)::boolean', p_field_id)
+        WHEN 'datetime' THEN format('(r.row_json::jsonb ->> %L)::timestamptz', p_field_id)
+        WHEN 'date' THEN format('(r.row_json::jsonb ->> %L)::date', p_field_id)
+        WHEN 'time' THEN format('(r.row_json::jsonb ->> %L)::time', p_field_id)
+        WHEN 'json' THEN format('(r.row_json::jsonb ->> %L)::jsonb', p_field_id)
+        ELSE format('(r.row_json::jsonb ->> %L)', p_field_id) -- bytes stay base64url text
+    END
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_projection_expression(text, text) FROM PUBLIC;
+
+-- (Re)creates the typed view of one registered relation (synced or capture_dependency):
+-- synchro_projection."<schema>.<relation>", columns named after the source columns, and an
+-- expression index on its key as the view exposes it, so a membership function's
+-- `WHERE <key> = p_row_key` lookup is an index probe instead of a scan that parses every
+-- projected row. The index is created only when the catalog does not have it (CREATE INDEX
+-- IF NOT EXISTS would emit a NOTICE for every field after the first).
+CREATE FUNCTION synchro.synchro_create_projection_view(p_relation_id text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_cols text;
+    v_key text;
+    v_index text := 'projection_key_' || md5(p_relation_id);
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id;
+    IF NOT FOUND THEN RETURN; END IF;
+    SELECT string_agg(synchro.synchro_projection_expression(f.field_id, f.portable_type) || ' AS '
+                      || quote_ident(f.column_name), ', ' ORDER BY f.attnum)
+      INTO v_cols FROM synchro.fields f WHERE f.relation_id = p_relation_id;
+    IF v_cols IS NULL THEN RETURN; END IF;
+    EXECUTE format('CREATE OR REPLACE VIEW synchro_projection.%I AS SELECT %s FROM synchro.projection_rows r '
+                   'WHERE r.relation_id = %L',
+                   v_rel.physical_schema || '.' || v_rel.physical_relation, v_cols, p_relation_id);
+    SELECT synchro.synchro_projection_expression(f.field_id, f.portable_type)
+      INTO v_key FROM synchro.fields f WHERE f.relation_id = p_relation_id AND f.is_key;
+    IF v_key IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM pg_class c WHERE c.relname = v_index AND c.relnamespace = 'synchro'::regnamespace) THEN
+        EXECUTE format('CREATE INDEX %I ON synchro.projection_rows ((%s)) WHERE relation_id = %L',
+                       v_index, replace(v_key, 'r.row_json', 'row_json'), p_relation_id);
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_create_projection_view(text) FROM PUBLIC;
+
+CREATE FUNCTION synchro.synchro_fields_view_trigger() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    PERFORM synchro.synchro_create_projection_view(NEW.relation_id);
+    RETURN NULL;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_fields_view_trigger() FROM PUBLIC;
+-- Registration inserts fields after the relation row: each insert refreshes the view.
+CREATE TRIGGER synchro_fields_projection_view AFTER INSERT ON synchro.fields
+    FOR EACH ROW EXECUTE FUNCTION synchro.synchro_fields_view_trigger();
+
+-- The membership rule of each synced relation: the live function, and a pending one while a
+-- change (or the first rule) is staged (42_staging). live is false until the first rule has
+-- been activated.
+CREATE TABLE synchro.membership_functions (
+    relation_id text PRIMARY KEY REFERENCES synchro.relations,
+    function_oid oid NOT NULL,
+    function_signature text NOT NULL,
+    definition_sha256 text NOT NULL,
+    membership_generation bigint NOT NULL DEFAULT 1 CHECK (membership_generation >= 1),
+    pending_function_oid oid,
+    pending_signature text,
+    pending_sha256 text,
+    -- The last key staged, in byte order (NULL: nothing yet).
+    staged_through text,
+    staging_started_at timestamptz,
+    live boolean NOT NULL DEFAULT true
+);
+REVOKE ALL ON synchro.membership_functions FROM PUBLIC;
+GRANT SELECT, UPDATE ON synchro.membership_functions TO synchro_worker;
+
+-- The live edge set: which scopes each row is in.
+CREATE TABLE synchro.membership_edges (
+    scope_id text NOT NULL CHECK (scope_id <> ''),
+    relation_id text NOT NULL REFERENCES synchro.relations,
+    pk text NOT NULL,
+    PRIMARY KEY (scope_id, relation_id, pk)
+);
+CREATE INDEX membership_edges_row ON synchro.membership_edges (relation_id, pk);
+REVOKE ALL ON synchro.membership_edges FROM PUBLIC;
+GRANT SELECT, INSERT, DELETE ON synchro.membership_edges TO synchro_worker;
+
+-- Whether a membership or impact function's owner may read what the function reads (spec
+-- 003: USAGE on synchro_projection and SELECT on every projection view it depends on), since
+-- the worker evaluates it as that owner.
+CREATE FUNCTION synchro.synchro_function_owner_can_read(p_function oid) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT has_schema_privilege(p.proowner, 'synchro_projection', 'USAGE')
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
+            WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.refclassid = 'pg_class'::regclass
+              AND NOT has_table_privilege(p.proowner, c.oid, 'SELECT'))
+      FROM pg_proc p WHERE p.oid = p_function
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_function_owner_can_read(oid) FROM PUBLIC;
+
+-- Registers the membership function of a synced relation (spec 000/003): LANGUAGE sql with
+-- a SQL-standard body, STABLE, SECURITY INVOKER, exactly one argument of the key's SQL type,
+-- RETURNS SETOF text, executable by synchro_worker and not by PUBLIC, reading only projection
+-- views its owner may read (no live relation, no function outside pg_catalog). A first rule
+-- and every change are staged: recorded as pending, evaluated by the worker in batches and
+-- activated atomically (42_staging).
+CREATE FUNCTION synchro.synchro_register_membership_function(p_schema text, p_relation text, p_function text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_oid oid;
+    v_proc pg_proc%ROWTYPE;
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    BEGIN
+        v_oid := to_regprocedure(p_function);
+    EXCEPTION WHEN OTHERS THEN
+        v_oid := NULL;
+    END;
+    IF v_oid IS NULL THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_rel.relation_id);
+    END IF;
+    SELECT * INTO v_proc FROM pg_proc WHERE oid = v_oid;
+    IF v_proc.prolang <> (SELECT oid FROM pg_language WHERE lanname = 'sql') OR v_proc.prosqlbody IS NULL
+       OR v_proc.pronargs <> 1 OR v_proc.proargtypes[0] <> v_rel.primary_key_type
+       OR NOT v_proc.proretset OR v_proc.prorettype <> 'text'::regtype
+       OR v_proc.provolatile <> 's' OR v_proc.prosecdef
+       OR has_function_privilege('public', v_oid, 'EXECUTE')
+       OR NOT has_function_privilege('synchro_worker', v_oid, 'EXECUTE') THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_rel.relation_id);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_depend d JOIN pg_proc p ON p.oid = d.refobjid
+                WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_proc'::regclass
+                  AND p.pronamespace <> 'pg_catalog'::regnamespace)
+       OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
+                   WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
+                     AND c.relnamespace <> 'synchro_projection'::regnamespace) THEN
+        PERFORM synchro.synchro_registration_error('undeclared_dependency', v_rel.relation_id);
+    END IF;
+    IF NOT synchro.synchro_function_owner_can_read(v_oid) THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_rel.relation_id);
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id) THEN
+        -- A rule change is staged: the live rule keeps serving until the worker has evaluated
+        -- the new one over every row and activates it atomically.
+        UPDATE synchro.membership_functions
+           SET pending_function_oid = v_oid, pending_signature = v_oid::regprocedure::text,
+               pending_sha256 = synchro.synchro_function_definition_sha256(v_oid),
+               staged_through = NULL, staging_started_at = now()
+         WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
+    ELSE
+        -- A first rule is staged too and becomes live only at activation, so no client sees
+        -- a partially evaluated relation.
+        INSERT INTO synchro.membership_functions (relation_id, function_oid, function_signature, definition_sha256,
+            live, pending_function_oid, pending_signature, pending_sha256, staging_started_at)
+        VALUES (v_rel.relation_id, v_oid, v_oid::regprocedure::text, synchro.synchro_function_definition_sha256(v_oid),
+            false, v_oid, v_oid::regprocedure::text, synchro.synchro_function_definition_sha256(v_oid), now());
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_register_membership_function(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_register_membership_function(text, text, text) TO synchro_operator;

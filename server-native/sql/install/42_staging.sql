@@ -1,0 +1,44 @@
+-- synchro install 42: staged membership backfill.
+-- Spec 003 "Staged membership backfill", "Registry and Membership Generations"; spec 000
+-- "Membership Generations And Controlled Reconfiguration" (partly: no registry generation,
+-- no staging through an exported snapshot).
+--
+-- Registering a relation's first membership rule, or a changed one, records it as pending
+-- (40_membership); so does (re)registering a dependency of a relation that has a rule. The
+-- worker evaluates the pending rule over the projections in bounded batches (setting
+-- backfill_batch_size) between source transactions, keeps the staged edges of
+-- already-staged rows current as it applies later transactions, and when every row is
+-- staged activates it in one transaction: diffs the live edge set against the staged one,
+-- writes those edge changes and their effects, advances the membership generation of
+-- exactly the scopes that changed (scope_retention, 50_pull), and makes the pending function
+-- the live one. No live edge set is deleted and rebuilt in place; no client sees a
+-- partially staged rule.
+
+INSERT INTO synchro.settings (key, value) VALUES ('backfill_batch_size', '1000');
+
+CREATE TABLE synchro.membership_staged_edges (
+    relation_id text NOT NULL REFERENCES synchro.relations,
+    pk text NOT NULL,
+    scope_id text NOT NULL CHECK (scope_id <> ''),
+    PRIMARY KEY (relation_id, pk, scope_id)
+);
+REVOKE ALL ON synchro.membership_staged_edges FROM PUBLIC;
+GRANT SELECT, INSERT, DELETE ON synchro.membership_staged_edges TO synchro_worker;
+
+-- A (re)registered dependency re-stages its target's rule: the live rule becomes pending
+-- again (unless a change already is) and staging restarts.
+CREATE FUNCTION synchro.synchro_dependency_staging_trigger() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    UPDATE synchro.membership_functions
+       SET pending_function_oid = coalesce(pending_function_oid, function_oid),
+           pending_signature = coalesce(pending_signature, function_signature),
+           pending_sha256 = coalesce(pending_sha256, definition_sha256),
+           staged_through = NULL, staging_started_at = now()
+     WHERE relation_id = NEW.target_relation_id;
+    DELETE FROM synchro.membership_staged_edges WHERE relation_id = NEW.target_relation_id;
+    RETURN NULL;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_dependency_staging_trigger() FROM PUBLIC;
+CREATE TRIGGER synchro_dependency_staging AFTER INSERT OR UPDATE ON synchro.membership_dependencies
+    FOR EACH ROW EXECUTE FUNCTION synchro.synchro_dependency_staging_trigger();

@@ -1,0 +1,26 @@
+-- synchro install 71: change notification for the event stream.
+-- Spec 003 "Per-Scope Retention and Client Generations" (the stream boundary it reports).
+--
+-- The capture worker sends an empty NOTIFY on channel synchro_effects in every
+-- materialization transaction that wrote scope effects (delivered at its commit, never with
+-- data: any database role may LISTEN); the adapter then asks, for each connected client,
+-- which of its assigned scopes have effects after the position it last reported.
+
+-- The boundary (synchro_pull_watermark: it never moves backwards), the client's assigned
+-- scopes with effects after p_after, and whether p_client_generation is its current,
+-- unexpired generation.
+CREATE FUNCTION synchro.synchro_changed_scopes(p_user_id text, p_client_id text,
+    p_client_generation bigint, p_after bigint)
+RETURNS TABLE (watermark bigint, scopes text[], current_generation boolean)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH c AS (
+        SELECT s.assigned_scopes, s.client_generation = p_client_generation AND NOT s.expired AS current_generation
+          FROM synchro.synchro_client_state(p_user_id, p_client_id) s
+    )
+    SELECT (SELECT effect_position FROM synchro.synchro_pull_watermark()),
+           coalesce((SELECT array_agg(DISTINCT e.scope_id ORDER BY e.scope_id) FROM synchro.scope_effects e, c
+                      WHERE e.position > p_after AND e.scope_id = ANY (c.assigned_scopes)), '{}'),
+           coalesce((SELECT current_generation FROM c), false)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_changed_scopes(text, text, bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_changed_scopes(text, text, bigint, bigint) TO synchro_adapter;
