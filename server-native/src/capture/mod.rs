@@ -2,6 +2,9 @@
 //! wire values, and the worker that applies transactions to the synced projections.
 //! Membership evaluation and per-scope effects are the next steps.
 
+mod block;
 pub mod pgoutput;
 pub mod values;
 pub mod worker;
+
+pub use block::BlockReason;

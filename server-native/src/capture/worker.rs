@@ -30,6 +30,7 @@ use membership::{
     activate, as_owner, column_image, membership_round, reevaluate_relation, stage_rows, Eval,
 };
 
+use super::block::{block_reason, BlockReason, Blocked};
 use super::pgoutput::{decode, Message, Value};
 use super::values::{text_to_wire, SESSION_SETTINGS};
 
@@ -130,17 +131,6 @@ pub struct Worker {
     last_compaction: std::time::Instant,
     last_heartbeat: std::time::Instant,
 }
-
-fn block_reason(e: &anyhow::Error) -> Option<&'static str> {
-    e.chain()
-        .find_map(|c| c.downcast_ref::<Blocked>())
-        .map(|b| b.0)
-}
-
-/// A blocking condition (bounded reason code).
-#[derive(Debug, thiserror::Error)]
-#[error("capture blocked: {0}")]
-struct Blocked(&'static str);
 
 impl Worker {
     /// Connects both sessions (`url` is the worker login) and ensures the slot exists.
@@ -428,7 +418,7 @@ impl Worker {
             for r in &rows {
                 match decode(r.get::<_, &[u8]>(0)) {
                     Ok(m) => messages.push(m),
-                    Err(_) => return self.block("decode_error").await,
+                    Err(_) => return self.block(BlockReason::DecodeError).await,
                 }
             }
             let transactions = complete_transactions(messages);
@@ -509,15 +499,15 @@ impl Worker {
         Ok(StepOutcome::Applied(applied))
     }
 
-    async fn block(&self, reason: &'static str) -> Result<StepOutcome> {
+    async fn block(&self, reason: BlockReason) -> Result<StepOutcome> {
         self.materialize
             .execute(
                 "UPDATE synchro.capture_state SET blocked_reason = $1, blocked_at = now()",
-                &[&reason],
+                &[&reason.as_str()],
             )
             .await?;
-        tracing::error!(reason, "capture blocked");
-        Ok(StepOutcome::Blocked(reason.to_owned()))
+        tracing::error!(reason = reason.as_str(), "capture blocked");
+        Ok(StepOutcome::Blocked(reason.as_str().to_owned()))
     }
 
     async fn apply(
@@ -546,13 +536,13 @@ impl Worker {
                     let fence = std::str::from_utf8(content)
                         .ok()
                         .and_then(|t| Json::parse(t).ok())
-                        .ok_or(Blocked("decode_error"))?;
+                        .ok_or(Blocked(BlockReason::DecodeError))?;
                     let text = |k: &str| fence.get(k).and_then(Json::as_str).map(str::to_owned);
                     match (text("relation_id"), text("key"), text("version")) {
                         (Some(r), Some(k), Some(v)) => {
                             fences.insert((r, k), v);
                         }
-                        _ => bail!(Blocked("decode_error")),
+                        _ => bail!(Blocked(BlockReason::DecodeError)),
                     }
                     continue;
                 }
@@ -579,7 +569,7 @@ impl Worker {
                 }
                 Message::Truncate { relations, .. } => {
                     if relations.iter().any(|r| registry.contains_key(r)) {
-                        bail!(Blocked("truncate_unsupported"));
+                        bail!(Blocked(BlockReason::TruncateUnsupported));
                     }
                     continue;
                 }
@@ -598,17 +588,17 @@ impl Worker {
                 || shape.name != reg.relation
                 || shape.replica_identity != reg.replica_identity
             {
-                bail!(Blocked("registered_relation_drift"));
+                bail!(Blocked(BlockReason::RegisteredRelationDrift));
             }
             ordinal += 1;
             let seq = ordinal as usize;
             // The version its fence allocated before the row changed.
-            let key_values = key.or(new).ok_or(Blocked("decode_error"))?;
-            let raw_key =
-                raw_key_text(reg, shape, key_values).ok_or(Blocked("registered_relation_drift"))?;
+            let key_values = key.or(new).ok_or(Blocked(BlockReason::DecodeError))?;
+            let raw_key = raw_key_text(reg, shape, key_values)
+                .ok_or(Blocked(BlockReason::RegisteredRelationDrift))?;
             let version = fences
                 .remove(&(reg.relation_id.clone(), raw_key))
-                .ok_or(Blocked("missing_fence"))?;
+                .ok_or(Blocked(BlockReason::MissingFence))?;
             let old_pk = match key {
                 Some(k) => Some(key_text(reg, shape, k)?),
                 None => None,
@@ -991,7 +981,7 @@ impl Worker {
                     .materialize
                     .prepare(&sql)
                     .await
-                    .map_err(|_| Blocked("scope_evaluation_failed"))?;
+                    .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?;
                 self.eval.lock().expect("eval cache").insert(key, s.clone());
                 s
             }
@@ -1002,7 +992,7 @@ impl Worker {
             .expect("owners")
             .get(&impact.function)
             .cloned()
-            .ok_or(Blocked("scope_evaluation_failed"))?;
+            .ok_or(Blocked(BlockReason::ScopeEvaluationFailed))?;
         let rows = as_owner(&self.materialize, &owner, &statement, &[&olds, &news]).await?;
         let key_spec = target
             .fields_by_column
@@ -1022,16 +1012,16 @@ impl Worker {
             let count = per_event.entry(n).or_default();
             *count += 1;
             if *count > impact.max_rows || table_id.is_none() || table_id != target.table_id {
-                bail!(Blocked("scope_evaluation_failed"));
+                bail!(Blocked(BlockReason::ScopeEvaluationFailed));
             }
             let wire = match (pk_type.as_deref(), pk_value) {
                 (Some("string"), Some(v)) if key_spec.ty == PortableType::String => Json::String(v),
                 (Some("int"), Some(v)) if key_spec.ty == PortableType::Int => Json::Number(v),
                 (Some("int64"), Some(v)) if key_spec.ty == PortableType::Int64 => Json::String(v),
-                _ => bail!(Blocked("scope_evaluation_failed")),
+                _ => bail!(Blocked(BlockReason::ScopeEvaluationFailed)),
             };
             let pk = synchro_protocol::value::TypedValue::from_wire(&key_spec, &wire)
-                .map_err(|_| Blocked("scope_evaluation_failed"))?
+                .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?
                 .to_wire_text();
             if !out.contains(&pk) {
                 out.push(pk);
@@ -1051,7 +1041,7 @@ impl Worker {
             .expect("owners")
             .get(function)
             .cloned()
-            .ok_or(Blocked("scope_evaluation_failed"))?;
+            .ok_or(Blocked(BlockReason::ScopeEvaluationFailed))?;
         let key = format!("{function}\u{0}{key_type}");
         let cached = self.eval.lock().expect("eval cache").get(&key).cloned();
         let statement = match cached {
@@ -1065,7 +1055,7 @@ impl Worker {
                     .materialize
                     .prepare(&sql)
                     .await
-                    .map_err(|_| Blocked("scope_evaluation_failed"))?;
+                    .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?;
                 self.eval.lock().expect("eval cache").insert(key, s.clone());
                 s
             }
@@ -1112,7 +1102,7 @@ impl Worker {
                     tracing::warn!("bootstrap lock not available; retrying later");
                     Ok(())
                 }
-                Some("55000") => Err(Blocked("registered_relation_drift").into()),
+                Some("55000") => Err(Blocked(BlockReason::RegisteredRelationDrift).into()),
                 _ => Err(e.into()),
             };
         }
@@ -1350,13 +1340,14 @@ fn key_text(reg: &Registered, shape: &RelationShape, values: &[Value]) -> Result
     for (i, v) in values.iter().enumerate() {
         if let Some((f, oid)) = field_of(reg, shape, i).filter(|(f, _)| f.is_key) {
             let Value::Text(t) = v else {
-                bail!(Blocked("unrepresentable_value"))
+                bail!(Blocked(BlockReason::UnrepresentableValue))
             };
-            let tv = text_to_wire(&f.spec, oid, t).map_err(|_| Blocked("unrepresentable_value"))?;
+            let tv = text_to_wire(&f.spec, oid, t)
+                .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?;
             return Ok(tv.to_wire_text());
         }
     }
-    bail!(Blocked("registered_relation_drift"))
+    bail!(Blocked(BlockReason::RegisteredRelationDrift))
 }
 
 /// The canonical wire row (object keyed by field ID), taking unchanged TOAST values from
@@ -1375,19 +1366,19 @@ fn row_json(
         };
         let wire = match v {
             Value::Null if f.spec.nullable => Json::Null,
-            Value::Null => bail!(Blocked("unrepresentable_value")),
+            Value::Null => bail!(Blocked(BlockReason::UnrepresentableValue)),
             Value::Text(t) => text_to_wire(&f.spec, oid, t)
-                .map_err(|_| Blocked("unrepresentable_value"))?
+                .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?
                 .to_wire(),
             Value::Unchanged => previous
                 .as_ref()
                 .and_then(|p| p.get(&f.field_id).cloned())
-                .ok_or(Blocked("unrepresentable_value"))?,
+                .ok_or(Blocked(BlockReason::UnrepresentableValue))?,
         };
         members.push((f.field_id.clone(), wire));
     }
     if members.len() != reg.fields_by_column.len() {
-        bail!(Blocked("registered_relation_drift"));
+        bail!(Blocked(BlockReason::RegisteredRelationDrift));
     }
     Ok(jcs::to_output_string(&Json::Object(members)))
 }

@@ -9,7 +9,8 @@ use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
 use tokio_postgres::{Client, Statement};
 
-use super::{Blocked, EvalRow, Registered, Statements};
+use super::super::block::{BlockReason, Blocked};
+use super::{EvalRow, Registered, Statements};
 
 /// Re-evaluates the membership of every row of a synced relation (and of every row that
 /// still has edges), in batches.
@@ -91,11 +92,11 @@ pub(super) fn scope_sets<'a>(
                     set.push(s);
                 }
             }
-            _ => bail!(Blocked("scope_evaluation_failed")),
+            _ => bail!(Blocked(BlockReason::ScopeEvaluationFailed)),
         }
     }
     if sets.values().any(|s| s.len() as i64 > fanout) {
-        bail!(Blocked("scope_evaluation_failed"));
+        bail!(Blocked(BlockReason::ScopeEvaluationFailed));
     }
     Ok(sets)
 }
@@ -260,7 +261,7 @@ pub(super) fn key_argument(pk_wire: &str) -> Result<String> {
     Ok(match Json::parse(pk_wire)? {
         Json::String(s) => s,
         Json::Number(t) => t,
-        _ => bail!(Blocked("unrepresentable_value")),
+        _ => bail!(Blocked(BlockReason::UnrepresentableValue)),
     })
 }
 
@@ -386,7 +387,7 @@ pub(super) async fn as_owner(
     statement: &Statement,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>> {
-    let failed = |_| anyhow::Error::from(Blocked("scope_evaluation_failed"));
+    let failed = |_| anyhow::Error::from(Blocked(BlockReason::ScopeEvaluationFailed));
     db.batch_execute(&format!(
         "SET LOCAL ROLE {}",
         crate::install::quote_ident(owner)
