@@ -4,6 +4,7 @@
 
 mod block;
 pub mod pgoutput;
+mod registry;
 pub mod values;
 pub mod worker;
 

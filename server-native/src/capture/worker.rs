@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use futures_util::FutureExt;
 use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
-use synchro_protocol::types::{DecimalSpec, FieldSpec, PortableType};
+use synchro_protocol::types::PortableType;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::{Client, Statement};
 
@@ -32,6 +32,7 @@ use membership::{
 
 use super::block::{block_reason, BlockReason, Blocked};
 use super::pgoutput::{decode, Message, Value};
+use super::registry::{self, by_id, Field, Impact, Pending, Registered, Relations, Status};
 use super::values::{text_to_wire, SESSION_SETTINGS};
 
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
@@ -61,48 +62,6 @@ pub enum Failpoint {
     None,
     /// Stop after committing the first transaction, before advancing the slot.
     AfterCommitBeforeAdvance,
-}
-
-struct Field {
-    field_id: String,
-    spec: FieldSpec,
-    is_key: bool,
-}
-
-struct Registered {
-    relation_id: String,
-    schema: String,
-    relation: String,
-    replica_identity: u8,
-    fields_by_column: HashMap<String, Field>,
-    /// `(function as regproc text, key type as regtype text, fanout bound)` when the
-    /// relation has a membership function.
-    membership: Option<(String, String, i64)>,
-    /// Bootstrap status (`pending`, `copied`, `active`); only `active` relations apply
-    /// changes, the others are covered by their bootstrap copy.
-    status: String,
-    /// Client-visible table ID (synced relations).
-    table_id: Option<String>,
-    /// Targets whose membership a change of this relation can affect.
-    impacts: Vec<Impact>,
-    /// Generation of the membership contract (function and dependencies), and the one last
-    /// evaluated over every row.
-    contract: (i64, i64),
-    /// A staged rule change: the pending function and the last key staged (byte order).
-    pending: Option<(String, Option<String>)>,
-    /// Whether `membership` is live (a first rule is not, until its staging activates).
-    live: bool,
-}
-
-/// A registered dependency, seen from the dependency relation.
-#[derive(Clone)]
-struct Impact {
-    /// Physical OID of the synced target relation.
-    target: u32,
-    /// The impact function (regproc text).
-    function: String,
-    /// Most target rows one event may name.
-    max_rows: i64,
 }
 
 struct RelationShape {
@@ -187,120 +146,11 @@ impl Worker {
         })
     }
 
-    async fn registry(&self) -> Result<HashMap<u32, Registered>> {
-        let rows = self
-            .materialize
-            .query(
-                "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
-                        r.replica_identity::text, f.field_id, f.column_name::text, f.portable_type, f.nullable,
-                        f.is_key, f.decimal_precision, f.decimal_scale, c.status, r.table_id,
-                        c.membership_evaluated
-                   FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
-                   JOIN synchro.relation_capture c USING (relation_id)",
-                &[],
-            )
-            .await?;
-        let mut out: HashMap<u32, Registered> = HashMap::new();
-        for r in rows {
-            let oid: u32 = r.get(3);
-            let entry = out.entry(oid).or_insert_with(|| Registered {
-                relation_id: r.get(0),
-                schema: r.get(1),
-                relation: r.get(2),
-                replica_identity: r.get::<_, String>(4).bytes().next().unwrap_or(b'?'),
-                fields_by_column: HashMap::new(),
-                membership: None,
-                status: r.get(12),
-                table_id: r.get(13),
-                impacts: Vec::new(),
-                contract: (0, r.get(14)),
-                pending: None,
-                live: false,
-            });
-            let ty = PortableType::parse(&r.get::<_, String>(7))
-                .context("registry holds an unknown type")?;
-            let nullable: bool = r.get(8);
-            let spec = match ty {
-                PortableType::Decimal => FieldSpec {
-                    ty,
-                    nullable,
-                    decimal: Some(DecimalSpec::new(
-                        r.get::<_, i32>(10) as u32,
-                        r.get::<_, i32>(11) as u32,
-                    )?),
-                },
-                _ => FieldSpec::new(ty, nullable)?,
-            };
-            entry.fields_by_column.insert(
-                r.get(6),
-                Field {
-                    field_id: r.get(5),
-                    spec,
-                    is_key: r.get(9),
-                },
-            );
-        }
-        for r in self
-            .materialize
-            .query(
-                "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
-                        r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
-                        m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
-                                                             WHERE d.target_relation_id = m.relation_id), 0)::bigint,
-                        pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
-                        m.live
-                   FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
-                   LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
-                   LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid",
-                &[],
-            )
-            .await?
-        {
-            if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
-                reg.membership = Some((r.get(1), r.get(2), r.get(3)));
-                reg.pending = r.get::<_, Option<String>>(4).map(|f| (f, r.get(5)));
-                reg.contract.0 = r.get(6);
-                reg.live = r.get(9);
-                let mut owners = self.owners.lock().expect("owners");
-                for (function, owner) in [(1, 7), (4, 8)] {
-                    if let (Some(f), Some(o)) = (
-                        r.get::<_, Option<String>>(function),
-                        r.get::<_, Option<String>>(owner),
-                    ) {
-                        owners.insert(f, o);
-                    }
-                }
-            }
-        }
-        for r in self
-            .materialize
-            .query(
-                "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
-                        m.max_impact_rows::bigint,
-                        (SELECT pg_catalog.pg_get_userbyid(p.proowner)::text FROM pg_catalog.pg_proc p
-                          WHERE p.oid = m.impact_function_oid)
-                   FROM synchro.membership_dependencies m
-                   JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
-                   JOIN synchro.relations t ON t.relation_id = m.target_relation_id",
-                &[],
-            )
-            .await?
-        {
-            if let Some(owner) = r.get::<_, Option<String>>(4) {
-                self.owners
-                    .lock()
-                    .expect("owners")
-                    .insert(r.get(2), owner);
-            }
-            if let Some(reg) = out.get_mut(&r.get::<_, u32>(0)) {
-                reg.impacts.push(Impact {
-                    target: r.get(1),
-                    function: r.get(2),
-                    max_rows: r.get(3),
-                });
-            }
-        }
-        Ok(out)
+    /// Loads the registry and records its function owners.
+    async fn registry(&self) -> Result<Relations> {
+        let loaded = registry::load(&self.materialize).await?;
+        self.owners.lock().expect("owners").extend(loaded.owners);
+        Ok(loaded.relations)
     }
 
     /// Applies the complete transactions available, in commit order, until caught up (then
@@ -330,7 +180,7 @@ impl Worker {
         let mut registry = self.registry().await?;
         let pending: Vec<String> = registry
             .values()
-            .filter(|r| r.status == "pending")
+            .filter(|r| r.status == Status::Pending)
             .map(|r| r.relation_id.clone())
             .collect();
         for relation_id in pending {
@@ -342,7 +192,7 @@ impl Worker {
                 },
             }
         }
-        if !registry.values().all(|r| r.status != "pending") {
+        if !registry.values().all(|r| r.status != Status::Pending) {
             registry = self.registry().await?;
         }
         // A changed membership contract: re-evaluate every row under the new rule.
@@ -350,10 +200,10 @@ impl Worker {
             .iter()
             .filter(|(_, r)| {
                 // (A pending rule is staged instead; its activation records the contract.)
-                r.status == "active"
+                r.status == Status::Active
                     && r.membership.is_some()
                     && r.pending.is_none()
-                    && r.contract.0 != r.contract.1
+                    && r.contract.current != r.contract.evaluated
             })
             .map(|(oid, _)| *oid)
             .collect();
@@ -365,7 +215,7 @@ impl Worker {
                 };
             }
             let reg = registry.get_mut(&oid).expect("listed");
-            reg.contract.1 = reg.contract.0;
+            reg.contract.evaluated = reg.contract.current;
         }
         // Work done this step: source transactions applied plus staging batches, so
         // `Applied(0)` means caught up with both.
@@ -373,7 +223,7 @@ impl Worker {
         // Staged rule changes: one bounded batch each per step (activation when complete).
         let staging: Vec<u32> = registry
             .iter()
-            .filter(|(_, r)| r.status == "active" && r.pending.is_some())
+            .filter(|(_, r)| r.status == Status::Active && r.pending.is_some())
             .map(|(oid, _)| *oid)
             .collect();
         for oid in staging {
@@ -382,7 +232,7 @@ impl Worker {
                     applied += 1;
                     let reg = registry.get_mut(&oid).expect("listed");
                     match through {
-                        Some(t) => reg.pending.as_mut().expect("pending").1 = Some(t),
+                        Some(t) => reg.pending.as_mut().expect("pending").staged_through = Some(t),
                         None => {
                             // Activated: reload the registry for the new live rule.
                             registry = self.registry().await?;
@@ -513,7 +363,7 @@ impl Worker {
     async fn apply(
         &mut self,
         tx: &Transaction,
-        registry: &mut HashMap<u32, Registered>,
+        registry: &mut Relations,
         shapes: &HashMap<u32, RelationShape>,
     ) -> Result<()> {
         let commit = u64::from(tx.commit_lsn);
@@ -578,7 +428,7 @@ impl Worker {
             let Some(reg) = registry.get(&relation) else {
                 continue;
             };
-            if reg.status != "active" {
+            if reg.status != Status::Active {
                 continue; // its bootstrap copy (pending, or committed later in the stream) has it
             }
             let shape = shapes
@@ -774,34 +624,35 @@ impl Worker {
             let mut effects = 0;
             for (rel, rows) in &targets {
                 let reg = &registry[rel];
-                if let Some(m) = reg.membership.as_ref().filter(|_| reg.live) {
-                    let eval = self.eval_statement(m).await?;
+                if let Some(m) = reg.live_membership() {
+                    let eval = self.eval_statement(&m.function, &m.key_type).await?;
                     effects +=
-                        membership_round(db, &self.statements, &eval, reg, m.2, rows).await?;
+                        membership_round(db, &self.statements, &eval, reg, m.fanout, rows).await?;
                 }
                 // A staged rule: rows already staged are re-staged from this final state.
-                if let (Some(m), Some((pending, Some(through)))) = (&reg.membership, &reg.pending) {
+                if let (
+                    Some(m),
+                    Some(Pending {
+                        function: pending,
+                        staged_through: Some(through),
+                    }),
+                ) = (&reg.membership, &reg.pending)
+                {
                     let staged: Vec<&EvalRow> = rows
                         .iter()
                         .filter(|(pk, ..)| pk.as_bytes() <= through.as_bytes())
                         .collect();
                     if !staged.is_empty() {
-                        let eval = self
-                            .eval_statement(&(pending.clone(), m.1.clone(), m.2))
-                            .await?;
-                        stage_rows(db, &eval, reg, m.2, &staged).await?;
+                        let eval = self.eval_statement(pending, &m.key_type).await?;
+                        stage_rows(db, &eval, reg, m.fanout, &staged).await?;
                     }
                 }
             }
             for relation_id in &bootstrapped {
-                let copied = registry.values().find(|r| &r.relation_id == relation_id);
-                let eval = match copied {
-                    Some(Registered {
-                        membership: Some(m),
-                        live: true,
-                        ..
-                    }) => Some(self.eval_statement(m).await?),
-                    _ => None,
+                let copied = by_id(registry, relation_id);
+                let eval = match copied.and_then(Registered::live_membership) {
+                    Some(m) => Some(self.eval_statement(&m.function, &m.key_type).await?),
+                    None => None,
                 };
                 effects += finish_bootstrap(
                     db,
@@ -815,8 +666,8 @@ impl Worker {
                 // Its dependents were evaluated without its rows: re-evaluate all of them.
                 for impact in copied.map(|r| r.impacts.clone()).unwrap_or_default() {
                     let target = &registry[&impact.target];
-                    if let Some(m) = target.membership.as_ref().filter(|_| target.live) {
-                        let eval = self.eval_statement(m).await?;
+                    if let Some(m) = target.live_membership() {
+                        let eval = self.eval_statement(&m.function, &m.key_type).await?;
                         effects += reevaluate_relation(db, &self.statements, &eval, target, commit)
                             .await?
                             .0;
@@ -842,7 +693,7 @@ impl Worker {
         }
         for reg in registry.values_mut() {
             if bootstrapped.contains(&reg.relation_id) {
-                reg.status = "active".into();
+                reg.status = Status::Active;
             }
         }
         Ok(())
@@ -853,10 +704,9 @@ impl Worker {
     /// transaction. Returns the new `staged_through`, or `None` once activated.
     async fn stage_batch(&self, reg: &Registered) -> Result<Option<String>> {
         let m = reg.membership.as_ref().context("no membership function")?;
-        let (pending, through) = reg.pending.as_ref().context("nothing pending")?;
-        let eval = self
-            .eval_statement(&(pending.clone(), m.1.clone(), m.2))
-            .await?;
+        let pending = reg.pending.as_ref().context("nothing pending")?;
+        let through = &pending.staged_through;
+        let eval = self.eval_statement(&pending.function, &m.key_type).await?;
         let db = &self.materialize;
         db.batch_execute("BEGIN").await?;
         let result = async {
@@ -882,7 +732,7 @@ impl Worker {
                 .iter()
                 .map(|pk| (pk.clone(), String::new(), true))
                 .collect();
-            stage_rows(db, &eval, reg, m.2, &rows.iter().collect::<Vec<_>>()).await?;
+            stage_rows(db, &eval, reg, m.fanout, &rows.iter().collect::<Vec<_>>()).await?;
             let outcome = if (pks.len() as i64) < batch.max(1) {
                 let at: PgLsn = db
                     .query_one("SELECT confirmed_lsn FROM synchro.capture_state", &[])
@@ -917,7 +767,7 @@ impl Worker {
     /// transaction at the worker's current position, and records the generation evaluated.
     async fn reevaluate(&self, reg: &Registered) -> Result<()> {
         let m = reg.membership.as_ref().context("no membership function")?;
-        let eval = self.eval_statement(m).await?;
+        let eval = self.eval_statement(&m.function, &m.key_type).await?;
         let db = &self.materialize;
         db.batch_execute("BEGIN").await?;
         let result = async {
@@ -939,7 +789,7 @@ impl Worker {
             db.execute(
                 "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now()
                   WHERE relation_id = $1",
-                &[&reg.relation_id, &reg.contract.0],
+                &[&reg.relation_id, &reg.contract.current],
             )
             .await?;
             if effects > 0 {
@@ -1031,10 +881,7 @@ impl Worker {
     }
 
     /// The prepared evaluation statement of a membership function (cached).
-    async fn eval_statement(
-        &self,
-        (function, key_type, _): &(String, String, i64),
-    ) -> Result<Eval> {
+    async fn eval_statement(&self, function: &str, key_type: &str) -> Result<Eval> {
         let owner = self
             .owners
             .lock()
@@ -1066,15 +913,8 @@ impl Worker {
     /// Copies one pending relation into its projection in a transaction that holds a SHARE
     /// lock on the source (see migration 0007), and emits the bootstrap message. A lock
     /// that cannot be taken within the timeout leaves the relation pending for the next step.
-    async fn bootstrap(
-        &mut self,
-        registry: &HashMap<u32, Registered>,
-        relation_id: &str,
-    ) -> Result<()> {
-        let reg = registry
-            .values()
-            .find(|r| r.relation_id == relation_id)
-            .context("bootstrap of an unknown relation")?;
+    async fn bootstrap(&mut self, registry: &Relations, relation_id: &str) -> Result<()> {
+        let reg = by_id(registry, relation_id).context("bootstrap of an unknown relation")?;
         let columns: Vec<(String, u32)> = self
             .materialize
             .query(
@@ -1166,23 +1006,17 @@ async fn finish_bootstrap(
     db: &Client,
     statements: &Statements,
     eval: Option<&Eval>,
-    registry: &HashMap<u32, Registered>,
+    registry: &Relations,
     relation_id: &str,
     commit: u64,
 ) -> Result<usize> {
     let mut effects = 0;
-    if let (Some(reg), Some(eval)) = (
-        registry.values().find(|r| r.relation_id == relation_id),
-        eval,
-    ) {
+    if let (Some(reg), Some(eval)) = (by_id(registry, relation_id), eval) {
         effects += reevaluate_relation(db, statements, eval, reg, commit)
             .await?
             .0;
     }
-    let contract = registry
-        .values()
-        .find(|r| r.relation_id == relation_id)
-        .map_or(0, |r| r.contract.0);
+    let contract = by_id(registry, relation_id).map_or(0, |r| r.contract.current);
     db.execute(
         "UPDATE synchro.relation_capture SET status = 'active', bootstrap_lsn = $2,
                 membership_evaluated = $3, updated_at = now()

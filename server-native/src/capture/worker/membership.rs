@@ -10,7 +10,8 @@ use synchro_protocol::json::Json;
 use tokio_postgres::{Client, Statement};
 
 use super::super::block::{BlockReason, Blocked};
-use super::{EvalRow, Registered, Statements};
+use super::super::registry::Registered;
+use super::{EvalRow, Statements};
 
 /// Re-evaluates the membership of every row of a synced relation (and of every row that
 /// still has edges), in batches.
@@ -21,7 +22,7 @@ pub(super) async fn reevaluate_relation(
     reg: &Registered,
     commit: u64,
 ) -> Result<(usize, std::collections::BTreeSet<String>)> {
-    let fanout = reg.membership.as_ref().map_or(0, |m| m.2);
+    let fanout = reg.membership.as_ref().map_or(0, |m| m.fanout);
     let rows: Vec<(String, Option<String>)> = db
         .query(
             "SELECT pk, max(server_version) FROM (
@@ -230,7 +231,7 @@ pub(super) async fn activate(
     .await?;
     db.execute(
         "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now() WHERE relation_id = $1",
-        &[&reg.relation_id, &(reg.contract.0 + 1)],
+        &[&reg.relation_id, &(reg.contract.current + 1)],
     )
     .await?;
     db.execute(
