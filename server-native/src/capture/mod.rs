@@ -5,6 +5,8 @@
 mod block;
 pub mod pgoutput;
 mod registry;
+mod row;
+mod statements;
 pub mod values;
 pub mod worker;
 

@@ -18,7 +18,6 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
 use futures_util::FutureExt;
-use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
 use synchro_protocol::types::PortableType;
 use tokio_postgres::types::PgLsn;
@@ -32,8 +31,10 @@ use membership::{
 
 use super::block::{block_reason, BlockReason, Blocked};
 use super::pgoutput::{decode, Message, Value};
-use super::registry::{self, by_id, Field, Impact, Pending, Registered, Relations, Status};
-use super::values::{text_to_wire, SESSION_SETTINGS};
+use super::registry::{self, by_id, Impact, Pending, Registered, Relations, Status};
+use super::row::{key_text, raw_key_text, row_json, Column, RelationShape};
+use super::statements::Statements;
+use super::values::SESSION_SETTINGS;
 
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
 pub const LEADER_LOCK: i64 = 0x73796e6368726f;
@@ -62,13 +63,6 @@ pub enum Failpoint {
     None,
     /// Stop after committing the first transaction, before advancing the slot.
     AfterCommitBeforeAdvance,
-}
-
-struct RelationShape {
-    namespace: String,
-    name: String,
-    replica_identity: u8,
-    columns: Vec<(String, u32)>,
 }
 
 /// How often an idle leader records its heartbeat.
@@ -306,7 +300,10 @@ impl Worker {
                                 replica_identity: *replica_identity,
                                 columns: columns
                                     .iter()
-                                    .map(|c| (c.name.clone(), c.type_oid))
+                                    .map(|c| Column {
+                                        name: c.name.clone(),
+                                        type_oid: c.type_oid,
+                                    })
                                     .collect(),
                             },
                         );
@@ -434,10 +431,7 @@ impl Worker {
             let shape = shapes
                 .get(&relation)
                 .context("a change arrived before its relation message")?;
-            if shape.namespace != reg.schema
-                || shape.name != reg.relation
-                || shape.replica_identity != reg.replica_identity
-            {
+            if !shape.matches(reg) {
                 bail!(Blocked(BlockReason::RegisteredRelationDrift));
             }
             ordinal += 1;
@@ -915,7 +909,7 @@ impl Worker {
     /// that cannot be taken within the timeout leaves the relation pending for the next step.
     async fn bootstrap(&mut self, registry: &Relations, relation_id: &str) -> Result<()> {
         let reg = by_id(registry, relation_id).context("bootstrap of an unknown relation")?;
-        let columns: Vec<(String, u32)> = self
+        let columns: Vec<Column> = self
             .materialize
             .query(
                 "SELECT column_name, type_oid FROM synchro.synchro_bootstrap_columns($1)",
@@ -923,7 +917,10 @@ impl Worker {
             )
             .await?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map(|r| Column {
+                name: r.get(0),
+                type_oid: r.get(1),
+            })
             .collect();
         let shape = RelationShape {
             namespace: reg.schema.clone(),
@@ -1027,88 +1024,6 @@ async fn finish_bootstrap(
     Ok(effects)
 }
 
-/// Statements the worker prepares once per session.
-struct Statements {
-    previous: Statement,
-    current_rows: Statement,
-    versions: Statement,
-    delete: Statement,
-    upsert: Statement,
-    old_edges: Statement,
-    delete_edges: Statement,
-    insert_edges: Statement,
-    insert_effects: Statement,
-    progress: Statement,
-}
-
-impl Statements {
-    async fn prepare(db: &Client) -> Result<Statements> {
-        Ok(Statements {
-            previous: db
-                .prepare("SELECT row_json FROM synchro.projection_rows WHERE relation_id = $1 AND pk = $2")
-                .await?,
-            current_rows: db
-                .prepare(
-                    "SELECT pk, row_json FROM synchro.projection_rows
-                      WHERE relation_id = $1 AND pk = ANY($2::text[])",
-                )
-                .await?,
-            versions: db
-                .prepare(
-                    "SELECT pk, server_version FROM synchro.projection_rows
-                      WHERE relation_id = $1 AND pk = ANY($2::text[]) ORDER BY pk",
-                )
-                .await?,
-            delete: db
-                .prepare("DELETE FROM synchro.projection_rows WHERE relation_id = $1 AND pk = ANY($2::text[])")
-                .await?,
-            upsert: db
-                .prepare(
-                    "INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
-                     SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[])
-                     ON CONFLICT (relation_id, pk) DO UPDATE SET row_json = EXCLUDED.row_json,
-                         server_version = EXCLUDED.server_version",
-                )
-                .await?,
-            old_edges: db
-                .prepare(
-                    "SELECT pk, scope_id FROM synchro.membership_edges
-                      WHERE relation_id = $1 AND pk = ANY($2::text[])",
-                )
-                .await?,
-            delete_edges: db
-                .prepare(
-                    // `pk = ANY` keeps the plan an index probe (a join on the relation
-                    // alone scans all of its edges: measured linear growth).
-                    "DELETE FROM synchro.membership_edges e
-                      WHERE e.relation_id = $1 AND e.pk = ANY($3::text[])
-                        AND (e.scope_id, e.pk) IN (SELECT * FROM unnest($2::text[], $3::text[]))",
-                )
-                .await?,
-            insert_edges: db
-                .prepare(
-                    "INSERT INTO synchro.membership_edges (scope_id, relation_id, pk)
-                     SELECT s, $1, k FROM unnest($2::text[], $3::text[]) AS a(s, k)",
-                )
-                .await?,
-            insert_effects: db
-                .prepare(
-                    "INSERT INTO synchro.scope_effects (scope_id, relation_id, pk, kind, server_version)
-                     SELECT s, $1, k, kind, v FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
-                            WITH ORDINALITY AS a(s, k, kind, v, n)
-                      ORDER BY n",
-                )
-                .await?,
-            progress: db
-                .prepare(
-                    "UPDATE synchro.capture_state SET confirmed_lsn = $1,
-                            applied_transactions = applied_transactions + 1, heartbeat_at = now()",
-                )
-                .await?,
-        })
-    }
-}
-
 /// A row to (re-)evaluate: (pk, version of its last change, whether it exists now).
 type EvalRow = (String, String, bool);
 
@@ -1153,68 +1068,6 @@ fn complete_transactions(messages: Vec<Message>) -> Vec<Transaction> {
         }
     }
     out
-}
-
-fn field_of<'a>(reg: &'a Registered, shape: &RelationShape, i: usize) -> Option<(&'a Field, u32)> {
-    let (name, oid) = shape.columns.get(i)?;
-    reg.fields_by_column.get(name).map(|f| (f, *oid))
-}
-
-/// The key column's text exactly as the source sent it (what the fence recorded).
-fn raw_key_text(reg: &Registered, shape: &RelationShape, values: &[Value]) -> Option<String> {
-    values.iter().enumerate().find_map(|(i, v)| {
-        match (field_of(reg, shape, i).filter(|(f, _)| f.is_key), v) {
-            (Some(_), Value::Text(t)) => String::from_utf8(t.clone()).ok(),
-            _ => None,
-        }
-    })
-}
-
-fn key_text(reg: &Registered, shape: &RelationShape, values: &[Value]) -> Result<String> {
-    for (i, v) in values.iter().enumerate() {
-        if let Some((f, oid)) = field_of(reg, shape, i).filter(|(f, _)| f.is_key) {
-            let Value::Text(t) = v else {
-                bail!(Blocked(BlockReason::UnrepresentableValue))
-            };
-            let tv = text_to_wire(&f.spec, oid, t)
-                .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?;
-            return Ok(tv.to_wire_text());
-        }
-    }
-    bail!(Blocked(BlockReason::RegisteredRelationDrift))
-}
-
-/// The canonical wire row (object keyed by field ID), taking unchanged TOAST values from
-/// the previous projection row.
-fn row_json(
-    reg: &Registered,
-    shape: &RelationShape,
-    values: &[Value],
-    previous: Option<&str>,
-) -> Result<String> {
-    let previous = previous.map(Json::parse).transpose().ok().flatten();
-    let mut members = Vec::new();
-    for (i, v) in values.iter().enumerate() {
-        let Some((f, oid)) = field_of(reg, shape, i) else {
-            continue;
-        };
-        let wire = match v {
-            Value::Null if f.spec.nullable => Json::Null,
-            Value::Null => bail!(Blocked(BlockReason::UnrepresentableValue)),
-            Value::Text(t) => text_to_wire(&f.spec, oid, t)
-                .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?
-                .to_wire(),
-            Value::Unchanged => previous
-                .as_ref()
-                .and_then(|p| p.get(&f.field_id).cloned())
-                .ok_or(Blocked(BlockReason::UnrepresentableValue))?,
-        };
-        members.push((f.field_id.clone(), wire));
-    }
-    if members.len() != reg.fields_by_column.len() {
-        bail!(Blocked(BlockReason::RegisteredRelationDrift));
-    }
-    Ok(jcs::to_output_string(&Json::Object(members)))
 }
 
 /// Runs the worker forever: reconnects after errors, idles while blocked or not leader.

@@ -11,7 +11,8 @@ use tokio_postgres::{Client, Statement};
 
 use super::super::block::{BlockReason, Blocked};
 use super::super::registry::Registered;
-use super::{EvalRow, Statements};
+use super::super::statements::Statements;
+use super::EvalRow;
 
 /// Re-evaluates the membership of every row of a synced relation (and of every row that
 /// still has edges), in batches.
