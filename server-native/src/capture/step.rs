@@ -1,18 +1,7 @@
-//! The capture worker: decodes the publication through the logical slot in commit order and
-//! applies each complete source transaction to the synced projections, together with its
-//! progress row, in one transaction; only after that commit does it advance the slot.
-//!
-//! Exactly once: a crash after the commit but before the slot advance replays transactions
-//! whose end LSN is at or below the recorded `confirmed_lsn`; they are skipped. A crash
-//! before the commit leaves nothing applied. One worker per database holds an advisory
-//! lock. Drift of a registered relation (renamed, moved, recreated, other replica identity)
-//! or a value its portable type cannot hold blocks capture durably with a bounded reason;
-//! the transaction is neither applied nor acknowledged.
-//!
-//! Two sessions: `replication` (the worker login, which has REPLICATION) peeks and advances
-//! the slot; `materialize` runs `SET ROLE synchro_worker` and writes projections. Row
-//! versions are `<commit LSN>:<ordinal>` strings, opaque to clients. (Versions allocated by
-//! a source-trigger fence before the row changes arrive with push.)
+//! One step of the worker: the leader lock, the durable blocked state, pending bootstraps,
+//! changed membership contracts and staged rules, then peeks of the slot applied in commit
+//! order within a time budget, each followed by the slot advance; an idle leader records
+//! its heartbeat.
 
 use std::collections::HashMap;
 
@@ -21,11 +10,9 @@ use futures_util::FutureExt;
 use synchro_protocol::json::Json;
 use synchro_protocol::types::PortableType;
 use tokio_postgres::types::PgLsn;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::Client;
 
-mod membership;
-
-use membership::{
+use super::membership::{
     activate, as_owner, column_image, membership_round, reevaluate_relation, stage_rows, Eval,
 };
 
@@ -34,7 +21,7 @@ use super::pgoutput::{decode, Message, Value};
 use super::registry::{self, by_id, Impact, Pending, Registered, Relations, Status};
 use super::row::{key_text, raw_key_text, row_json, Column, RelationShape};
 use super::statements::Statements;
-use super::values::SESSION_SETTINGS;
+use super::{Failpoint, StepOutcome, Worker};
 
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
 pub const LEADER_LOCK: i64 = 0x73796e6368726f;
@@ -45,101 +32,10 @@ const PEEK_CHANGES: i32 = 10_000;
 /// How long one step keeps applying once it has applied something.
 const STEP_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// What one step did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StepOutcome {
-    /// Another worker is the leader.
-    NotLeader,
-    /// Capture is blocked (bounded reason).
-    Blocked(String),
-    /// Applied this many source transactions and staging batches (0 when caught up).
-    Applied(usize),
-}
-
-/// A fault to inject in tests, standing in for a crash at a boundary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failpoint {
-    /// None.
-    None,
-    /// Stop after committing the first transaction, before advancing the slot.
-    AfterCommitBeforeAdvance,
-}
-
 /// How often an idle leader records its heartbeat.
-const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How often the leader compacts retention.
-pub const COMPACTION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// The capture worker of one database.
-pub struct Worker {
-    replication: Client,
-    materialize: Client,
-    statements: Statements,
-    /// Prepared membership evaluations by function.
-    eval: std::sync::Mutex<HashMap<String, Statement>>,
-    /// The owner role of every registered membership and impact function, by function.
-    owners: std::sync::Mutex<HashMap<String, String>>,
-    slot: String,
-    last_compaction: std::time::Instant,
-    last_heartbeat: std::time::Instant,
-}
+pub(super) const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Worker {
-    /// Connects both sessions (`url` is the worker login) and ensures the slot exists.
-    pub async fn connect(url: &str) -> Result<Worker> {
-        let replication = crate::connect_db(url).await?;
-        let materialize = crate::connect_db(url).await?;
-        materialize.batch_execute("SET ROLE synchro_worker").await?;
-        replication.batch_execute(SESSION_SETTINGS).await?;
-        // The bootstrap copy reads output-function text through this session.
-        materialize.batch_execute(SESSION_SETTINGS).await?;
-        // Plan every execution with the tables' current sizes: a generic plan cached while
-        // the projections were small keeps scanning them as they grow (the capture
-        // benchmark measured per-transaction cost growing linearly with the table).
-        materialize
-            .batch_execute("SET plan_cache_mode = force_custom_plan")
-            .await?;
-        let slot: String = materialize
-            .query_one("SELECT slot_name::text FROM synchro.capture_state", &[])
-            .await?
-            .get(0);
-        let exists = replication
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
-            )
-            .await?
-            .is_some();
-        if !exists {
-            replication
-                .query(
-                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[&slot],
-                )
-                .await
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "creating the capture slot: {}",
-                        crate::install::describe(&e)
-                    )
-                })?;
-        }
-        let statements = Statements::prepare(&materialize).await?;
-        Ok(Worker {
-            replication,
-            materialize,
-            statements,
-            eval: std::sync::Mutex::new(HashMap::new()),
-            owners: std::sync::Mutex::new(HashMap::new()),
-            slot,
-            last_compaction: std::time::Instant::now(),
-            last_heartbeat: std::time::Instant::now()
-                .checked_sub(HEARTBEAT_INTERVAL)
-                .unwrap_or_else(std::time::Instant::now),
-        })
-    }
-
     /// Loads the registry and records its function owners.
     async fn registry(&self) -> Result<Relations> {
         let loaded = registry::load(&self.materialize).await?;
@@ -1025,7 +921,7 @@ async fn finish_bootstrap(
 }
 
 /// A row to (re-)evaluate: (pk, version of its last change, whether it exists now).
-type EvalRow = (String, String, bool);
+pub(super) type EvalRow = (String, String, bool);
 
 /// A row's final state in a source transaction: (sequence of its last change, pk, version,
 /// row JSON or `None` when deleted).
@@ -1068,48 +964,4 @@ fn complete_transactions(messages: Vec<Message>) -> Vec<Transaction> {
         }
     }
     out
-}
-
-/// Runs the worker forever: reconnects after errors, idles while blocked or not leader.
-/// Logs carry no row data (a failed step logs only that it failed).
-/// The leader also compacts retention every [`COMPACTION_INTERVAL`].
-pub async fn run_forever(url: String, interval: std::time::Duration) {
-    loop {
-        match Worker::connect(&url).await {
-            Ok(mut worker) => loop {
-                match worker.step(Failpoint::None).await {
-                    Ok(StepOutcome::Applied(0)) => {
-                        if worker.last_compaction.elapsed() >= COMPACTION_INTERVAL {
-                            worker.last_compaction = std::time::Instant::now();
-                            match crate::retention::compact(
-                                &worker.materialize,
-                                crate::retention::DEFAULT_BATCH_SIZE,
-                            )
-                            .await
-                            {
-                                Ok(c) => tracing::info!(
-                                    clients_expired = c.clients_expired,
-                                    scopes = c.scopes_compacted,
-                                    effects = c.effects_deleted,
-                                    "compaction"
-                                ),
-                                Err(_) => tracing::warn!("compaction failed"),
-                            }
-                        }
-                        tokio::time::sleep(interval).await
-                    }
-                    Ok(StepOutcome::Applied(_)) => {}
-                    Ok(StepOutcome::NotLeader | StepOutcome::Blocked(_)) => {
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await
-                    }
-                    Err(_) => {
-                        tracing::warn!("capture step failed; reconnecting");
-                        break;
-                    }
-                }
-            },
-            Err(_) => tracing::warn!("capture worker cannot connect; retrying"),
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
 }

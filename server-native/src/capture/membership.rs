@@ -9,10 +9,10 @@ use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
 use tokio_postgres::{Client, Statement};
 
-use super::super::block::{BlockReason, Blocked};
-use super::super::registry::Registered;
-use super::super::statements::Statements;
-use super::EvalRow;
+use super::block::{BlockReason, Blocked};
+use super::registry::Registered;
+use super::statements::Statements;
+use super::step::EvalRow;
 
 /// Re-evaluates the membership of every row of a synced relation (and of every row that
 /// still has edges), in batches.
