@@ -1,18 +1,42 @@
-//! Membership evaluation for the capture worker: running membership and impact functions
-//! as their owners, diffing edges into scope effects, staging a pending rule and activating
-//! it, and re-evaluating a whole relation.
+//! Membership evaluation for the capture worker: the prepared membership and impact
+//! functions and the owner each runs as, evaluating rows into validated scope sets, diffing
+//! edges into scope effects, and re-evaluating a whole relation.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
+use synchro_protocol::types::PortableType;
 use tokio_postgres::{Client, Statement};
 
 use super::block::{BlockReason, Blocked};
-use super::registry::Registered;
+use super::registry::{Impact, Owners, Registered};
 use super::statements::Statements;
-use super::step::EvalRow;
+
+/// A row to (re-)evaluate.
+pub(super) struct EvalRow {
+    /// Key (canonical wire text).
+    pub(super) pk: String,
+    /// Version of its last change (the version of its scope effects).
+    pub(super) version: String,
+    /// Whether it exists now (a row that does not is in no scope).
+    pub(super) exists: bool,
+}
+
+/// What an edge diff recorded.
+pub(super) struct Diff {
+    /// Scope effects written.
+    pub(super) effects: usize,
+    /// Scopes whose edge set changed.
+    pub(super) changed: BTreeSet<String>,
+}
+
+/// The version of an effect for a row that no longer exists, found at `lsn`: `<LSN>:d<n>`.
+pub(super) fn rowless_version(lsn: u64, n: usize) -> String {
+    format!("{:X}/{:X}:d{n}", lsn >> 32, lsn & 0xffff_ffff)
+}
 
 /// Re-evaluates the membership of every row of a synced relation (and of every row that
 /// still has edges), in batches.
@@ -22,9 +46,9 @@ pub(super) async fn reevaluate_relation(
     eval: &Eval,
     reg: &Registered,
     commit: u64,
-) -> Result<(usize, std::collections::BTreeSet<String>)> {
+) -> Result<Diff> {
     let fanout = reg.membership.as_ref().map_or(0, |m| m.fanout);
-    let rows: Vec<(String, Option<String>)> = db
+    let rows: Vec<EvalRow> = db
         .query(
             "SELECT pk, max(server_version) FROM (
                 SELECT pk, server_version FROM synchro.projection_rows WHERE relation_id = $1
@@ -35,39 +59,37 @@ pub(super) async fn reevaluate_relation(
         )
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let lsn = format!("{:X}/{:X}", commit >> 32, commit & 0xffff_ffff);
-    let rows: Vec<(String, String, bool)> = rows
-        .into_iter()
         .enumerate()
-        .map(|(i, (pk, v))| {
-            let exists = v.is_some();
-            (pk, v.unwrap_or_else(|| format!("{lsn}:d{}", i + 1)), exists)
+        .map(|(i, r)| {
+            let version: Option<String> = r.get(1);
+            EvalRow {
+                pk: r.get(0),
+                exists: version.is_some(),
+                version: version.unwrap_or_else(|| rowless_version(commit, i + 1)),
+            }
         })
         .collect();
-    let mut effects = 0;
-    let mut changed = std::collections::BTreeSet::new();
+    let mut total = Diff {
+        effects: 0,
+        changed: BTreeSet::new(),
+    };
     for chunk in rows.chunks(1000) {
-        let (n, scopes) = membership_diff(db, statements, eval, reg, fanout, chunk).await?;
-        effects += n;
-        changed.extend(scopes);
+        let diff = membership_diff(db, statements, eval, reg, fanout, chunk).await?;
+        total.effects += diff.effects;
+        total.changed.extend(diff.changed);
     }
-    Ok((effects, changed))
+    Ok(total)
 }
 
 /// Evaluates a rule for the rows that exist now and returns each one's validated scope set
 /// (a row that no longer exists is in no scope and is not evaluated).
-async fn evaluate<'a>(
+pub(super) async fn evaluate<'a>(
     db: &Client,
     eval: &Eval,
     rows: impl Iterator<Item = &'a EvalRow>,
     fanout: i64,
 ) -> Result<HashMap<&'a str, Vec<String>>> {
-    let existing: Vec<&str> = rows
-        .filter(|(_, _, exists)| *exists)
-        .map(|(pk, ..)| pk.as_str())
-        .collect();
+    let existing: Vec<&str> = rows.filter(|r| r.exists).map(|r| r.pk.as_str()).collect();
     let args = existing
         .iter()
         .map(|pk| key_argument(pk))
@@ -79,7 +101,7 @@ async fn evaluate<'a>(
 /// Each evaluated row's scope set from `(pk, scope)` result rows: a null, empty or blank
 /// scope, a row that was not asked for, or more scopes than the fanout bound fails the
 /// evaluation (never an empty or truncated set). Duplicates count once.
-pub(super) fn scope_sets<'a>(
+fn scope_sets<'a>(
     existing: &[&'a str],
     evaluated: &[tokio_postgres::Row],
     fanout: i64,
@@ -103,146 +125,6 @@ pub(super) fn scope_sets<'a>(
     Ok(sets)
 }
 
-/// Replaces the staged edges of these rows with the pending rule's result over their
-/// current projected state (rows that no longer exist get none).
-pub(super) async fn stage_rows(
-    db: &Client,
-    eval: &Eval,
-    reg: &Registered,
-    fanout: i64,
-    rows: &[&EvalRow],
-) -> Result<()> {
-    let pks: Vec<&str> = rows.iter().map(|(pk, ..)| pk.as_str()).collect();
-    let scopes = evaluate(db, eval, rows.iter().copied(), fanout).await?;
-    let (mut s_pks, mut s_scopes) = (Vec::new(), Vec::new());
-    for (pk, set) in &scopes {
-        for s in set {
-            s_pks.push(*pk);
-            s_scopes.push(s.as_str());
-        }
-    }
-    db.execute(
-        "DELETE FROM synchro.membership_staged_edges WHERE relation_id = $1 AND pk = ANY($2::text[])",
-        &[&reg.relation_id, &pks],
-    )
-    .await?;
-    db.execute(
-        "INSERT INTO synchro.membership_staged_edges (relation_id, pk, scope_id)
-         SELECT $1, k, s FROM unnest($2::text[], $3::text[]) AS a(k, s)",
-        &[&reg.relation_id, &s_pks, &s_scopes],
-    )
-    .await?;
-    Ok(())
-}
-
-/// Activates a fully staged rule: the live edges become the staged ones through a diff
-/// (deletes then upserts per row, with each row's current version), the scopes that changed
-/// get a new membership generation, and the pending function becomes the live one.
-pub(super) async fn activate(
-    db: &Client,
-    statements: &Statements,
-    reg: &Registered,
-    at: u64,
-) -> Result<usize> {
-    let diff: Vec<(String, String, String)> = db
-        .query(
-            "(SELECT 'delete', scope_id, pk FROM synchro.membership_edges WHERE relation_id = $1
-              EXCEPT SELECT 'delete', scope_id, pk FROM synchro.membership_staged_edges WHERE relation_id = $1)
-             UNION ALL
-             (SELECT 'upsert', scope_id, pk FROM synchro.membership_staged_edges WHERE relation_id = $1
-              EXCEPT SELECT 'upsert', scope_id, pk FROM synchro.membership_edges WHERE relation_id = $1)",
-            &[&reg.relation_id],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let mut diff = diff;
-    diff.sort_by(|a, b| {
-        (a.2.as_bytes(), a.0 != "delete", a.1.as_bytes()).cmp(&(
-            b.2.as_bytes(),
-            b.0 != "delete",
-            b.1.as_bytes(),
-        ))
-    });
-    let pks: Vec<&str> = diff.iter().map(|(_, _, pk)| pk.as_str()).collect();
-    let versions: HashMap<String, String> = db
-        .query(&statements.versions, &[&reg.relation_id, &pks])
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let lsn = format!("{:X}/{:X}", at >> 32, at & 0xffff_ffff);
-    let (mut removed_scopes, mut removed_pks, mut added_scopes, mut added_pks) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut e_scopes, mut e_pks, mut e_kinds, mut e_versions) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (i, (kind, scope, pk)) in diff.iter().enumerate() {
-        if kind == "delete" {
-            removed_scopes.push(scope.as_str());
-            removed_pks.push(pk.as_str());
-        } else {
-            added_scopes.push(scope.as_str());
-            added_pks.push(pk.as_str());
-        }
-        e_scopes.push(scope.as_str());
-        e_pks.push(pk.as_str());
-        e_kinds.push(kind.as_str());
-        e_versions.push(
-            versions
-                .get(pk)
-                .cloned()
-                .unwrap_or_else(|| format!("{lsn}:d{}", i + 1)),
-        );
-    }
-    db.execute(
-        &statements.delete_edges,
-        &[&reg.relation_id, &removed_scopes, &removed_pks],
-    )
-    .await?;
-    db.execute(
-        &statements.insert_edges,
-        &[&reg.relation_id, &added_scopes, &added_pks],
-    )
-    .await?;
-    db.execute(
-        &statements.insert_effects,
-        &[&reg.relation_id, &e_scopes, &e_pks, &e_kinds, &e_versions],
-    )
-    .await?;
-    let mut changed: Vec<&str> = e_scopes.clone();
-    changed.sort_unstable();
-    changed.dedup();
-    db.execute(
-        "INSERT INTO synchro.scope_retention AS r (scope_id, membership_generation)
-         SELECT s, 2 FROM unnest($1::text[]) AS s
-         ON CONFLICT (scope_id) DO UPDATE SET membership_generation = r.membership_generation + 1",
-        &[&changed],
-    )
-    .await?;
-    db.execute(
-        "UPDATE synchro.membership_functions
-            SET function_oid = pending_function_oid, function_signature = pending_signature,
-                definition_sha256 = pending_sha256, membership_generation = membership_generation + 1,
-                pending_function_oid = NULL, pending_signature = NULL, pending_sha256 = NULL,
-                staged_through = NULL, staging_started_at = NULL, live = true
-          WHERE relation_id = $1",
-        &[&reg.relation_id],
-    )
-    .await?;
-    db.execute(
-        "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now() WHERE relation_id = $1",
-        &[&reg.relation_id, &(reg.contract.current + 1)],
-    )
-    .await?;
-    db.execute(
-        "DELETE FROM synchro.membership_staged_edges WHERE relation_id = $1",
-        &[&reg.relation_id],
-    )
-    .await?;
-    Ok(e_scopes.len())
-}
-
 /// A projected row (canonical wire JSON keyed by field ID) as the image impact functions
 /// receive: an object keyed by column name, with the same wire values.
 pub(super) fn column_image(reg: &Registered, row_json: &str) -> Result<String> {
@@ -259,7 +141,7 @@ pub(super) fn column_image(reg: &Registered, row_json: &str) -> Result<String> {
 }
 
 /// The SQL literal argument for a key given as its canonical wire text.
-pub(super) fn key_argument(pk_wire: &str) -> Result<String> {
+fn key_argument(pk_wire: &str) -> Result<String> {
     Ok(match Json::parse(pk_wire)? {
         Json::String(s) => s,
         Json::Number(t) => t,
@@ -267,21 +149,63 @@ pub(super) fn key_argument(pk_wire: &str) -> Result<String> {
     })
 }
 
-/// Re-evaluates the membership of rows of one relation, each `(pk, version of its last
-/// change, whether it exists now)`, diffs their edges and records scope effects: per row, in
-/// the given order, a delete for every scope it left, then an upsert for every scope it is
-/// in. Two pipelined round trips: evaluation with the old edges, then the writes.
+/// Re-evaluates the membership of rows of one relation, in the given order, diffs their
+/// edges and records scope effects: per row, a delete for every scope it left, then an
+/// upsert for every scope it is in (at the row's version). Two pipelined round trips:
+/// evaluation with the old edges, then the writes. Returns the effects written.
 pub(super) async fn membership_round(
     db: &Client,
     statements: &Statements,
     eval: &Eval,
     reg: &Registered,
     fanout: i64,
-    rows: &[(String, String, bool)],
+    rows: &[EvalRow],
 ) -> Result<usize> {
     Ok(membership_diff(db, statements, eval, reg, fanout, rows)
         .await?
-        .0)
+        .effects)
+}
+
+/// The edge and effect writes of one diff, as parallel arrays for `unnest`.
+#[derive(Default)]
+struct EdgeWrites<'a> {
+    removed_scopes: Vec<String>,
+    removed_pks: Vec<&'a str>,
+    added_scopes: Vec<String>,
+    added_pks: Vec<&'a str>,
+    e_scopes: Vec<String>,
+    e_pks: Vec<&'a str>,
+    e_kinds: Vec<&'static str>,
+    e_versions: Vec<&'a str>,
+}
+
+impl<'a> EdgeWrites<'a> {
+    /// One row's diff: deletes for the scopes it left (byte order), then upserts for every
+    /// scope it is in (byte order).
+    fn row(&mut self, row: &'a EvalRow, mut old: Vec<String>, mut new: Vec<String>) {
+        new.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        old.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let (pk, version) = (row.pk.as_str(), row.version.as_str());
+        for s in old.iter().filter(|s| !new.contains(s)) {
+            self.removed_scopes.push(s.clone());
+            self.removed_pks.push(pk);
+            self.effect(s.clone(), pk, "delete", version);
+        }
+        for s in new {
+            if !old.contains(&s) {
+                self.added_scopes.push(s.clone());
+                self.added_pks.push(pk);
+            }
+            self.effect(s, pk, "upsert", version);
+        }
+    }
+
+    fn effect(&mut self, scope: String, pk: &'a str, kind: &'static str, version: &'a str) {
+        self.e_scopes.push(scope);
+        self.e_pks.push(pk);
+        self.e_kinds.push(kind);
+        self.e_versions.push(version);
+    }
 }
 
 /// [`membership_round`], also returning the scopes whose edge set changed.
@@ -291,9 +215,9 @@ pub(super) async fn membership_diff(
     eval: &Eval,
     reg: &Registered,
     fanout: i64,
-    rows: &[(String, String, bool)],
-) -> Result<(usize, std::collections::BTreeSet<String>)> {
-    let pks: Vec<&str> = rows.iter().map(|(pk, ..)| pk.as_str()).collect();
+    rows: &[EvalRow],
+) -> Result<Diff> {
+    let pks: Vec<&str> = rows.iter().map(|r| r.pk.as_str()).collect();
     let mut new_scopes = evaluate(db, eval, rows.iter(), fanout).await?;
     let old_edges = db
         .query(&statements.old_edges, &[&reg.relation_id, &pks])
@@ -302,62 +226,50 @@ pub(super) async fn membership_diff(
     for r in &old_edges {
         old_scopes.entry(r.get(0)).or_default().push(r.get(1));
     }
-    let (mut removed_scopes, mut removed_pks) = (Vec::new(), Vec::new());
-    let (mut added_scopes, mut added_pks) = (Vec::new(), Vec::new());
-    let (mut e_scopes, mut e_pks, mut e_kinds, mut e_versions) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (pk, version, _) in rows {
-        let mut new = new_scopes.remove(pk.as_str()).unwrap_or_default();
-        new.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        let mut old = old_scopes.remove(pk).unwrap_or_default();
-        old.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        for s in old.iter().filter(|s| !new.contains(s)) {
-            removed_scopes.push(s.clone());
-            removed_pks.push(pk.as_str());
-            e_scopes.push(s.clone());
-            e_pks.push(pk.as_str());
-            e_kinds.push("delete");
-            e_versions.push(version.as_str());
-        }
-        for s in new {
-            if !old.contains(&s) {
-                added_scopes.push(s.clone());
-                added_pks.push(pk.as_str());
-            }
-            e_scopes.push(s);
-            e_pks.push(pk.as_str());
-            e_kinds.push("upsert");
-            e_versions.push(version.as_str());
-        }
+    let mut w = EdgeWrites::default();
+    for row in rows {
+        let new = new_scopes.remove(row.pk.as_str()).unwrap_or_default();
+        let old = old_scopes.remove(&row.pk).unwrap_or_default();
+        w.row(row, old, new);
     }
     let delete_edges = async {
         db.execute(
             &statements.delete_edges,
-            &[&reg.relation_id, &removed_scopes, &removed_pks],
+            &[&reg.relation_id, &w.removed_scopes, &w.removed_pks],
         )
         .await
     };
     let insert_edges = async {
         db.execute(
             &statements.insert_edges,
-            &[&reg.relation_id, &added_scopes, &added_pks],
+            &[&reg.relation_id, &w.added_scopes, &w.added_pks],
         )
         .await
     };
     let insert_effects = async {
         db.execute(
             &statements.insert_effects,
-            &[&reg.relation_id, &e_scopes, &e_pks, &e_kinds, &e_versions],
+            &[
+                &reg.relation_id,
+                &w.e_scopes,
+                &w.e_pks,
+                &w.e_kinds,
+                &w.e_versions,
+            ],
         )
         .await
     };
     futures_util::try_join!(delete_edges, insert_edges, insert_effects)?;
-    let changed = removed_scopes
+    let changed = w
+        .removed_scopes
         .iter()
-        .chain(added_scopes.iter())
+        .chain(w.added_scopes.iter())
         .cloned()
         .collect();
-    Ok((e_scopes.len(), changed))
+    Ok(Diff {
+        effects: w.e_scopes.len(),
+        changed,
+    })
 }
 
 /// A prepared membership evaluation and the role it runs as: its function's owner.
@@ -383,7 +295,7 @@ impl Eval {
 /// materialization transaction so it sees this transaction's projections, then returns to
 /// synchro_worker. The worker login must be a (NOINHERIT) member of the owner role; any
 /// failure, including a missing membership or a revoked privilege, blocks capture.
-pub(super) async fn as_owner(
+async fn as_owner(
     db: &Client,
     owner: &str,
     statement: &Statement,
@@ -401,4 +313,147 @@ pub(super) async fn as_owner(
         .await
         .map_err(failed)?;
     Ok(rows)
+}
+
+/// The worker's prepared membership and impact evaluations (one per function, prepared on
+/// first use in the materialization session) and the owner role each function runs as.
+#[derive(Default)]
+pub(super) struct Functions {
+    /// Prepared evaluations by function (and key type).
+    prepared: Mutex<HashMap<String, Statement>>,
+    /// The owner of every registered function seen so far.
+    owners: Mutex<Owners>,
+}
+
+/// One `synchro.synchro_row_ref` an impact function returned for an event.
+struct RowRef {
+    /// The event (1-based position in the call's input).
+    event: i64,
+    table_id: Option<String>,
+    pk_type: Option<String>,
+    pk_value: Option<String>,
+}
+
+impl Functions {
+    /// Records the owners a registry load read.
+    pub(super) fn record_owners(&self, owners: Owners) {
+        self.owners.lock().expect("owners").extend(owners);
+    }
+
+    fn owner(&self, function: &str) -> Result<String> {
+        let owner = self.owners.lock().expect("owners").get(function).cloned();
+        owner.ok_or_else(|| Blocked(BlockReason::ScopeEvaluationFailed).into())
+    }
+
+    /// The statement cached under `key`, prepared from `sql()` on first use; a function that
+    /// cannot be prepared blocks capture.
+    async fn prepared(
+        &self,
+        db: &Client,
+        key: String,
+        sql: impl FnOnce() -> String,
+    ) -> Result<Statement> {
+        let cached = self.prepared.lock().expect("eval cache").get(&key).cloned();
+        if let Some(s) = cached {
+            return Ok(s);
+        }
+        let s = db
+            .prepare(&sql())
+            .await
+            .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?;
+        self.prepared
+            .lock()
+            .expect("eval cache")
+            .insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// The prepared evaluation of a membership function over keys of `key_type`.
+    pub(super) async fn membership(
+        &self,
+        db: &Client,
+        function: &str,
+        key_type: &str,
+    ) -> Result<Eval> {
+        let owner = self.owner(function)?;
+        let statement = self
+            .prepared(db, format!("{function}\u{0}{key_type}"), || {
+                format!(
+                    "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
+                     LATERAL {function}(a.arg::{key_type}) AS s"
+                )
+            })
+            .await?;
+        Ok(Eval { statement, owner })
+    }
+
+    /// Calls an impact function once per dependency event (old and new column images) and
+    /// returns the target keys it names as canonical wire text. Any failure, a reference to
+    /// another table or key type, or more rows than the bound for one event blocks capture.
+    pub(super) async fn impacted(
+        &self,
+        db: &Client,
+        impact: &Impact,
+        target: &Registered,
+        olds: &[Option<String>],
+        news: &[Option<String>],
+    ) -> Result<Vec<String>> {
+        let statement = self
+            .prepared(db, format!("impact\u{0}{}", impact.function), || {
+                format!(
+                    "SELECT a.n, r.table_id, r.pk_type, r.pk_value
+                       FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(o, nw, n),
+                            LATERAL {}(a.o::jsonb, a.nw::jsonb) AS r",
+                    impact.function
+                )
+            })
+            .await?;
+        let owner = self.owner(&impact.function)?;
+        let rows = as_owner(db, &owner, &statement, &[&olds, &news]).await?;
+        let refs = rows.iter().map(|r| RowRef {
+            event: r.get(0),
+            table_id: r.get(1),
+            pk_type: r.get(2),
+            pk_value: r.get(3),
+        });
+        named_keys(impact, target, refs)
+    }
+}
+
+/// The distinct target keys (canonical wire text, first-named order) of an impact
+/// function's result, validated: the target's table and key type, at most the bound per
+/// event.
+fn named_keys(
+    impact: &Impact,
+    target: &Registered,
+    refs: impl Iterator<Item = RowRef>,
+) -> Result<Vec<String>> {
+    let key_spec = target
+        .fields_by_column
+        .values()
+        .find(|f| f.is_key)
+        .map(|f| f.spec)
+        .context("a target without its key field")?;
+    let mut per_event: HashMap<i64, i64> = HashMap::new();
+    let mut out: Vec<String> = Vec::new();
+    for r in refs {
+        let count = per_event.entry(r.event).or_default();
+        *count += 1;
+        if *count > impact.max_rows || r.table_id.is_none() || r.table_id != target.table_id {
+            bail!(Blocked(BlockReason::ScopeEvaluationFailed));
+        }
+        let wire = match (r.pk_type.as_deref(), r.pk_value) {
+            (Some("string"), Some(v)) if key_spec.ty == PortableType::String => Json::String(v),
+            (Some("int"), Some(v)) if key_spec.ty == PortableType::Int => Json::Number(v),
+            (Some("int64"), Some(v)) if key_spec.ty == PortableType::Int64 => Json::String(v),
+            _ => bail!(Blocked(BlockReason::ScopeEvaluationFailed)),
+        };
+        let pk = synchro_protocol::value::TypedValue::from_wire(&key_spec, &wire)
+            .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?
+            .to_wire_text();
+        if !out.contains(&pk) {
+            out.push(pk);
+        }
+    }
+    Ok(out)
 }

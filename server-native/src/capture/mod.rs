@@ -31,10 +31,12 @@ use anyhow::Result;
 use tokio_postgres::Client;
 
 mod block;
+mod bootstrap;
 mod membership;
 pub mod pgoutput;
 mod registry;
 mod row;
+mod staging;
 mod statements;
 mod step;
 pub mod values;
@@ -42,8 +44,7 @@ pub mod values;
 pub use block::BlockReason;
 pub use step::LEADER_LOCK;
 
-use std::collections::HashMap;
-
+use membership::Functions;
 use statements::Statements;
 use values::SESSION_SETTINGS;
 
@@ -83,10 +84,8 @@ pub struct Worker {
     replication: Client,
     materialize: Client,
     statements: Statements,
-    /// Prepared membership evaluations by function.
-    eval: std::sync::Mutex<HashMap<String, tokio_postgres::Statement>>,
-    /// The owner role of every registered membership and impact function, by function.
-    owners: std::sync::Mutex<HashMap<String, String>>,
+    /// Prepared membership and impact evaluations and the owners they run as.
+    functions: Functions,
     slot: String,
     last_compaction: Instant,
     last_heartbeat: Instant,
@@ -117,8 +116,7 @@ impl Worker {
             replication,
             materialize,
             statements,
-            eval: std::sync::Mutex::new(HashMap::new()),
-            owners: std::sync::Mutex::new(HashMap::new()),
+            functions: Functions::default(),
             slot,
             last_compaction: Instant::now(),
             last_heartbeat: Instant::now()

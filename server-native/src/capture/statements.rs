@@ -1,4 +1,7 @@
-//! The SQL the worker prepares once per session.
+//! The SQL the worker prepares once per session, and the explicit transaction it wraps
+//! each unit of work in.
+
+use std::future::Future;
 
 use anyhow::Result;
 use tokio_postgres::{Client, Statement};
@@ -94,4 +97,19 @@ impl Statements {
                 .await?,
         })
     }
+}
+
+/// Runs `body` inside `BEGIN` on the materialization session; `body` commits. On an error
+/// the transaction is rolled back (a failed rollback is ignored: the session is then
+/// unusable and the step fails anyway).
+pub(super) async fn in_transaction<T>(
+    db: &Client,
+    body: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    db.batch_execute("BEGIN").await?;
+    let result = body.await;
+    if result.is_err() {
+        let _ = db.batch_execute("ROLLBACK").await;
+    }
+    result
 }

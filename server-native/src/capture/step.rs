@@ -8,19 +8,15 @@ use std::collections::HashMap;
 use anyhow::{bail, Context, Result};
 use futures_util::FutureExt;
 use synchro_protocol::json::Json;
-use synchro_protocol::types::PortableType;
 use tokio_postgres::types::PgLsn;
-use tokio_postgres::Client;
 
-use super::membership::{
-    activate, as_owner, column_image, membership_round, reevaluate_relation, stage_rows, Eval,
-};
+use super::membership::{column_image, membership_round, EvalRow};
+use super::staging::stage_rows;
 
 use super::block::{block_reason, BlockReason, Blocked};
 use super::pgoutput::{decode, Message, Value};
-use super::registry::{self, by_id, Impact, Pending, Registered, Relations, Status};
+use super::registry::{self, Pending, Relations, Status};
 use super::row::{key_text, raw_key_text, row_json, Column, RelationShape};
-use super::statements::Statements;
 use super::{Failpoint, StepOutcome, Worker};
 
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
@@ -39,7 +35,7 @@ impl Worker {
     /// Loads the registry and records its function owners.
     async fn registry(&self) -> Result<Relations> {
         let loaded = registry::load(&self.materialize).await?;
-        self.owners.lock().expect("owners").extend(loaded.owners);
+        self.functions.record_owners(loaded.owners);
         Ok(loaded.relations)
     }
 
@@ -476,7 +472,11 @@ impl Worker {
             for rel in &relations {
                 let rows = by_relation[rel]
                     .iter()
-                    .map(|(_, pk, version, row)| (pk.clone(), version.clone(), row.is_some()))
+                    .map(|(_, pk, version, row)| EvalRow {
+                        pk: pk.clone(),
+                        version: version.clone(),
+                        exists: row.is_some(),
+                    })
                     .collect();
                 targets.push((*rel, rows));
             }
@@ -490,7 +490,10 @@ impl Worker {
                         news.push(row.as_ref().map(|n| column_image(reg, n)).transpose()?);
                     }
                     let target = &registry[&impact.target];
-                    let named = self.impacted(impact, target, &olds, &news).await?;
+                    let named = self
+                        .functions
+                        .impacted(db, impact, target, &olds, &news)
+                        .await?;
                     let entry = match targets.iter().position(|(t, _)| *t == impact.target) {
                         Some(i) => i,
                         None => {
@@ -500,14 +503,18 @@ impl Worker {
                     };
                     let fresh: Vec<&str> = named
                         .iter()
-                        .filter(|pk| !targets[entry].1.iter().any(|(p, ..)| p == *pk))
+                        .filter(|pk| !targets[entry].1.iter().any(|r| &r.pk == *pk))
                         .map(String::as_str)
                         .collect();
                     for r in db
                         .query(&self.statements.versions, &[&target.relation_id, &fresh])
                         .await?
                     {
-                        targets[entry].1.push((r.get(0), r.get(1), true));
+                        targets[entry].1.push(EvalRow {
+                            pk: r.get(0),
+                            version: r.get(1),
+                            exists: true,
+                        });
                     }
                 }
             }
@@ -515,7 +522,10 @@ impl Worker {
             for (rel, rows) in &targets {
                 let reg = &registry[rel];
                 if let Some(m) = reg.live_membership() {
-                    let eval = self.eval_statement(&m.function, &m.key_type).await?;
+                    let eval = self
+                        .functions
+                        .membership(db, &m.function, &m.key_type)
+                        .await?;
                     effects +=
                         membership_round(db, &self.statements, &eval, reg, m.fanout, rows).await?;
                 }
@@ -530,40 +540,17 @@ impl Worker {
                 {
                     let staged: Vec<&EvalRow> = rows
                         .iter()
-                        .filter(|(pk, ..)| pk.as_bytes() <= through.as_bytes())
+                        .filter(|r| r.pk.as_bytes() <= through.as_bytes())
                         .collect();
                     if !staged.is_empty() {
-                        let eval = self.eval_statement(pending, &m.key_type).await?;
+                        let eval = self.functions.membership(db, pending, &m.key_type).await?;
                         stage_rows(db, &eval, reg, m.fanout, &staged).await?;
                     }
                 }
             }
-            for relation_id in &bootstrapped {
-                let copied = by_id(registry, relation_id);
-                let eval = match copied.and_then(Registered::live_membership) {
-                    Some(m) => Some(self.eval_statement(&m.function, &m.key_type).await?),
-                    None => None,
-                };
-                effects += finish_bootstrap(
-                    db,
-                    &self.statements,
-                    eval.as_ref(),
-                    registry,
-                    relation_id,
-                    commit,
-                )
+            effects += self
+                .finish_bootstraps(registry, &bootstrapped, commit)
                 .await?;
-                // Its dependents were evaluated without its rows: re-evaluate all of them.
-                for impact in copied.map(|r| r.impacts.clone()).unwrap_or_default() {
-                    let target = &registry[&impact.target];
-                    if let Some(m) = target.live_membership() {
-                        let eval = self.eval_statement(&m.function, &m.key_type).await?;
-                        effects += reevaluate_relation(db, &self.statements, &eval, target, commit)
-                            .await?
-                            .0;
-                    }
-                }
-            }
             let notify = async {
                 if effects > 0 {
                     // Wakes change-notification streams at commit; carries no data.
@@ -588,340 +575,7 @@ impl Worker {
         }
         Ok(())
     }
-
-    /// Stages the next batch of a pending rule (rows after `staged_through`, byte order) in
-    /// one transaction; when the batch is the last, activates the rule in that same
-    /// transaction. Returns the new `staged_through`, or `None` once activated.
-    async fn stage_batch(&self, reg: &Registered) -> Result<Option<String>> {
-        let m = reg.membership.as_ref().context("no membership function")?;
-        let pending = reg.pending.as_ref().context("nothing pending")?;
-        let through = &pending.staged_through;
-        let eval = self.eval_statement(&pending.function, &m.key_type).await?;
-        let db = &self.materialize;
-        db.batch_execute("BEGIN").await?;
-        let result = async {
-            let batch: i64 = db
-                .query_one(
-                    "SELECT value::bigint FROM synchro.settings WHERE key = 'backfill_batch_size'",
-                    &[],
-                )
-                .await?
-                .get(0);
-            let pks: Vec<String> = db
-                .query(
-                    "SELECT pk FROM synchro.projection_rows
-                      WHERE relation_id = $1 AND ($2::text IS NULL OR pk COLLATE \"C\" > $2::text COLLATE \"C\")
-                      ORDER BY pk COLLATE \"C\" LIMIT $3",
-                    &[&reg.relation_id, through, &batch.max(1)],
-                )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let rows: Vec<EvalRow> = pks
-                .iter()
-                .map(|pk| (pk.clone(), String::new(), true))
-                .collect();
-            stage_rows(db, &eval, reg, m.fanout, &rows.iter().collect::<Vec<_>>()).await?;
-            let outcome = if (pks.len() as i64) < batch.max(1) {
-                let at: PgLsn = db
-                    .query_one("SELECT confirmed_lsn FROM synchro.capture_state", &[])
-                    .await?
-                    .get(0);
-                let effects = activate(db, &self.statements, reg, u64::from(at)).await?;
-                if effects > 0 {
-                    db.batch_execute("NOTIFY synchro_effects").await?;
-                }
-                tracing::info!(effects, "staged membership rule activated");
-                None
-            } else {
-                let last = pks.last().cloned();
-                db.execute(
-                    "UPDATE synchro.membership_functions SET staged_through = $2 WHERE relation_id = $1",
-                    &[&reg.relation_id, &last],
-                )
-                .await?;
-                last
-            };
-            db.batch_execute("COMMIT").await?;
-            Ok::<_, anyhow::Error>(outcome)
-        }
-        .await;
-        if result.is_err() {
-            let _ = db.batch_execute("ROLLBACK").await;
-        }
-        result
-    }
-
-    /// Re-evaluates every row of a relation whose membership contract changed, in one
-    /// transaction at the worker's current position, and records the generation evaluated.
-    async fn reevaluate(&self, reg: &Registered) -> Result<()> {
-        let m = reg.membership.as_ref().context("no membership function")?;
-        let eval = self.eval_statement(&m.function, &m.key_type).await?;
-        let db = &self.materialize;
-        db.batch_execute("BEGIN").await?;
-        let result = async {
-            let at: PgLsn = db
-                .query_one("SELECT confirmed_lsn FROM synchro.capture_state", &[])
-                .await?
-                .get(0);
-            let (effects, changed) =
-                reevaluate_relation(db, &self.statements, &eval, reg, u64::from(at)).await?;
-            // Only scopes whose edge set changed get a new membership generation: their
-            // cursors and rebuild sessions are stale, every other scope stays resumable.
-            db.execute(
-                "INSERT INTO synchro.scope_retention AS r (scope_id, membership_generation)
-                 SELECT s, 2 FROM unnest($1::text[]) AS s
-                 ON CONFLICT (scope_id) DO UPDATE SET membership_generation = r.membership_generation + 1",
-                &[&changed.iter().collect::<Vec<_>>()],
-            )
-            .await?;
-            db.execute(
-                "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now()
-                  WHERE relation_id = $1",
-                &[&reg.relation_id, &reg.contract.current],
-            )
-            .await?;
-            if effects > 0 {
-                db.batch_execute("NOTIFY synchro_effects").await?;
-            }
-            db.batch_execute("COMMIT").await?;
-            tracing::info!(effects, "membership re-evaluated under a changed contract");
-            Ok::<_, anyhow::Error>(())
-        }
-        .await;
-        if result.is_err() {
-            let _ = db.batch_execute("ROLLBACK").await;
-        }
-        result
-    }
-
-    /// Calls an impact function once per dependency event (old and new column images) and
-    /// returns the target keys it names as canonical wire text. Any failure, a reference to
-    /// another table or key type, or more rows than the bound for one event blocks capture.
-    async fn impacted(
-        &self,
-        impact: &Impact,
-        target: &Registered,
-        olds: &[Option<String>],
-        news: &[Option<String>],
-    ) -> Result<Vec<String>> {
-        let key = format!("impact\u{0}{}", impact.function);
-        let cached = self.eval.lock().expect("eval cache").get(&key).cloned();
-        let statement = match cached {
-            Some(s) => s,
-            None => {
-                let sql = format!(
-                    "SELECT a.n, r.table_id, r.pk_type, r.pk_value
-                       FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(o, nw, n),
-                            LATERAL {}(a.o::jsonb, a.nw::jsonb) AS r",
-                    impact.function
-                );
-                let s = self
-                    .materialize
-                    .prepare(&sql)
-                    .await
-                    .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?;
-                self.eval.lock().expect("eval cache").insert(key, s.clone());
-                s
-            }
-        };
-        let owner = self
-            .owners
-            .lock()
-            .expect("owners")
-            .get(&impact.function)
-            .cloned()
-            .ok_or(Blocked(BlockReason::ScopeEvaluationFailed))?;
-        let rows = as_owner(&self.materialize, &owner, &statement, &[&olds, &news]).await?;
-        let key_spec = target
-            .fields_by_column
-            .values()
-            .find(|f| f.is_key)
-            .map(|f| f.spec)
-            .context("a target without its key field")?;
-        let mut per_event: HashMap<i64, i64> = HashMap::new();
-        let mut out: Vec<String> = Vec::new();
-        for r in rows {
-            let (n, table_id, pk_type, pk_value): (
-                i64,
-                Option<String>,
-                Option<String>,
-                Option<String>,
-            ) = (r.get(0), r.get(1), r.get(2), r.get(3));
-            let count = per_event.entry(n).or_default();
-            *count += 1;
-            if *count > impact.max_rows || table_id.is_none() || table_id != target.table_id {
-                bail!(Blocked(BlockReason::ScopeEvaluationFailed));
-            }
-            let wire = match (pk_type.as_deref(), pk_value) {
-                (Some("string"), Some(v)) if key_spec.ty == PortableType::String => Json::String(v),
-                (Some("int"), Some(v)) if key_spec.ty == PortableType::Int => Json::Number(v),
-                (Some("int64"), Some(v)) if key_spec.ty == PortableType::Int64 => Json::String(v),
-                _ => bail!(Blocked(BlockReason::ScopeEvaluationFailed)),
-            };
-            let pk = synchro_protocol::value::TypedValue::from_wire(&key_spec, &wire)
-                .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?
-                .to_wire_text();
-            if !out.contains(&pk) {
-                out.push(pk);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The prepared evaluation statement of a membership function (cached).
-    async fn eval_statement(&self, function: &str, key_type: &str) -> Result<Eval> {
-        let owner = self
-            .owners
-            .lock()
-            .expect("owners")
-            .get(function)
-            .cloned()
-            .ok_or(Blocked(BlockReason::ScopeEvaluationFailed))?;
-        let key = format!("{function}\u{0}{key_type}");
-        let cached = self.eval.lock().expect("eval cache").get(&key).cloned();
-        let statement = match cached {
-            Some(s) => s,
-            None => {
-                let sql = format!(
-                    "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
-                     LATERAL {function}(a.arg::{key_type}) AS s"
-                );
-                let s = self
-                    .materialize
-                    .prepare(&sql)
-                    .await
-                    .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?;
-                self.eval.lock().expect("eval cache").insert(key, s.clone());
-                s
-            }
-        };
-        Ok(Eval { statement, owner })
-    }
-
-    /// Copies one pending relation into its projection in a transaction that holds a SHARE
-    /// lock on the source (see migration 0007), and emits the bootstrap message. A lock
-    /// that cannot be taken within the timeout leaves the relation pending for the next step.
-    async fn bootstrap(&mut self, registry: &Relations, relation_id: &str) -> Result<()> {
-        let reg = by_id(registry, relation_id).context("bootstrap of an unknown relation")?;
-        let columns: Vec<Column> = self
-            .materialize
-            .query(
-                "SELECT column_name, type_oid FROM synchro.synchro_bootstrap_columns($1)",
-                &[&relation_id],
-            )
-            .await?
-            .iter()
-            .map(|r| Column {
-                name: r.get(0),
-                type_oid: r.get(1),
-            })
-            .collect();
-        let shape = RelationShape {
-            namespace: reg.schema.clone(),
-            name: reg.relation.clone(),
-            replica_identity: reg.replica_identity,
-            columns,
-        };
-        let db = self.materialize.transaction().await?;
-        db.batch_execute("SET LOCAL lock_timeout = '10s'").await?;
-        if let Err(e) = db
-            .execute("SELECT synchro.synchro_bootstrap_lock($1)", &[&relation_id])
-            .await
-        {
-            return match e.code().map(|c| c.code()) {
-                Some("55P03") => {
-                    tracing::warn!("bootstrap lock not available; retrying later");
-                    Ok(())
-                }
-                Some("55000") => Err(Blocked(BlockReason::RegisteredRelationDrift).into()),
-                _ => Err(e.into()),
-            };
-        }
-        let lsn: String = db
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-            .await?
-            .get(0);
-        db.execute(
-            "DELETE FROM synchro.projection_rows WHERE relation_id = $1",
-            &[&relation_id],
-        )
-        .await?;
-        let literal = relation_id.replace('\'', "''");
-        db.batch_execute(&format!(
-            "DECLARE synchro_bootstrap NO SCROLL CURSOR FOR SELECT * FROM synchro.synchro_bootstrap_rows('{literal}')"
-        ))
-        .await?;
-        let mut copied: i64 = 0;
-        loop {
-            let rows = db.query("FETCH 1000 FROM synchro_bootstrap", &[]).await?;
-            if rows.is_empty() {
-                break;
-            }
-            let (mut pks, mut jsons, mut versions) = (Vec::new(), Vec::new(), Vec::new());
-            for r in &rows {
-                let values: Vec<Value> = r
-                    .get::<_, Vec<Option<String>>>(0)
-                    .into_iter()
-                    .map(|v| v.map_or(Value::Null, |t| Value::Text(t.into_bytes())))
-                    .collect();
-                copied += 1;
-                pks.push(key_text(reg, &shape, &values)?);
-                jsons.push(row_json(reg, &shape, &values, None)?);
-                versions.push(format!("{lsn}:b{copied}"));
-            }
-            db.execute(
-                "INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
-                 SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[])",
-                &[&relation_id, &pks, &jsons, &versions],
-            )
-            .await?;
-        }
-        db.batch_execute("CLOSE synchro_bootstrap").await?;
-        db.execute(
-            "UPDATE synchro.relation_capture SET status = 'copied', rows_copied = $2, updated_at = now()
-              WHERE relation_id = $1",
-            &[&relation_id, &copied],
-        )
-        .await?;
-        db.execute("SELECT synchro.synchro_emit_bootstrap($1)", &[&relation_id])
-            .await?;
-        db.commit().await?;
-        tracing::info!(rows = copied, "relation bootstrapped");
-        Ok(())
-    }
 }
-
-/// Completes a bootstrap when the stream reaches its message: evaluates membership of every
-/// copied row (and of every row that still has edges) and marks the relation active.
-async fn finish_bootstrap(
-    db: &Client,
-    statements: &Statements,
-    eval: Option<&Eval>,
-    registry: &Relations,
-    relation_id: &str,
-    commit: u64,
-) -> Result<usize> {
-    let mut effects = 0;
-    if let (Some(reg), Some(eval)) = (by_id(registry, relation_id), eval) {
-        effects += reevaluate_relation(db, statements, eval, reg, commit)
-            .await?
-            .0;
-    }
-    let contract = by_id(registry, relation_id).map_or(0, |r| r.contract.current);
-    db.execute(
-        "UPDATE synchro.relation_capture SET status = 'active', bootstrap_lsn = $2,
-                membership_evaluated = $3, updated_at = now()
-          WHERE relation_id = $1",
-        &[&relation_id, &PgLsn::from(commit), &contract],
-    )
-    .await?;
-    Ok(effects)
-}
-
-/// A row to (re-)evaluate: (pk, version of its last change, whether it exists now).
-pub(super) type EvalRow = (String, String, bool);
 
 /// A row's final state in a source transaction: (sequence of its last change, pk, version,
 /// row JSON or `None` when deleted).
