@@ -104,6 +104,7 @@ impl Worker {
                 commit,
             )
             .await?;
+            // Its dependents were evaluated without its rows: re-evaluate all of them.
             for impact in copied.map(|r| r.impacts.clone()).unwrap_or_default() {
                 let target = &registry[&impact.target];
                 if let Some(m) = target.live_membership() {

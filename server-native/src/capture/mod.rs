@@ -17,10 +17,14 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `step` | one step: leader lock, blocked state, bootstraps, staging, peek and apply, slot advance |
+//! | `step` | one step: leader lock, blocked state, peek, slot advance, time budget, heartbeat |
 //! | `registry` | the registered relations, fields, membership rules and impacts; `load` |
+//! | `transaction` | slot messages → complete transactions → `TxChanges` (final rows, bootstraps) |
+//! | `materialize` | old images, projection writes, membership, progress + notify + commit |
 //! | `row` | a source row's key text and wire JSON under its relation's shape |
 //! | `membership` | membership and impact functions (run as their owner), edge diffs |
+//! | `staging` | staged rule batches and activation, re-evaluation of a changed contract |
+//! | `bootstrap` | the copy of a new relation and its completion in the stream |
 //! | `statements` | prepared statements, the explicit transaction helper |
 //! | `block` | [`BlockReason`], the CHECK list of `capture_state.blocked_reason` |
 //! | [`pgoutput`], [`values`] | the pgoutput decoder; PostgreSQL text to wire values |
@@ -32,6 +36,7 @@ use tokio_postgres::Client;
 
 mod block;
 mod bootstrap;
+mod materialize;
 mod membership;
 pub mod pgoutput;
 mod registry;
@@ -39,6 +44,7 @@ mod row;
 mod staging;
 mod statements;
 mod step;
+mod transaction;
 pub mod values;
 
 pub use block::BlockReason;
