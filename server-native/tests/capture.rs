@@ -415,3 +415,67 @@ async fn versions_come_from_the_writers_fence_and_a_missing_fence_blocks() {
     assert_eq!(before, after, "nothing acknowledged");
     assert_eq!(health(&env, "capture_fences").await, "failed");
 }
+
+/// `BlockReason` is exactly the list the installed CHECK constraint on
+/// `synchro.capture_state.blocked_reason` allows: read from the catalog (not from a
+/// migration file), every code the enum has is accepted, and no other is.
+#[tokio::test]
+async fn block_reasons_are_exactly_what_the_check_constraint_allows() {
+    use std::collections::BTreeSet;
+    use synchro_server::capture::BlockReason;
+
+    let env = Env::installed().await;
+    let defs: Vec<String> = env
+        .admin
+        .query(
+            "SELECT pg_catalog.pg_get_constraintdef(c.oid)
+               FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_attribute a
+                 ON a.attrelid = c.conrelid AND a.attname = 'blocked_reason'
+              WHERE c.conrelid = 'synchro.capture_state'::regclass AND c.contype = 'c'
+                AND a.attnum = ANY (c.conkey)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(defs.len(), 1, "one CHECK over blocked_reason: {defs:?}");
+    // `CHECK ((blocked_reason = ANY (ARRAY['a'::text, …])))`: every quoted literal.
+    let allowed: BTreeSet<String> = defs[0]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    let codes: BTreeSet<String> = BlockReason::ALL
+        .iter()
+        .map(|r| r.as_str().to_owned())
+        .collect();
+    assert_eq!(codes.len(), BlockReason::ALL.len(), "distinct codes");
+    assert_eq!(codes, allowed, "BlockReason against {}", defs[0]);
+    // The parse above is checked against the constraint itself.
+    for reason in BlockReason::ALL {
+        let n = env
+            .admin
+            .execute(
+                "UPDATE synchro.capture_state SET blocked_reason = $1",
+                &[&reason.as_str()],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{reason}: {}", synchro_server::install::describe(&e)));
+        assert_eq!(n, 1);
+    }
+    assert_eq!(
+        common::sqlstate(
+            &env.admin,
+            "UPDATE synchro.capture_state SET blocked_reason = 'not_a_reason'"
+        )
+        .await,
+        "23514"
+    );
+    env.admin
+        .batch_execute("UPDATE synchro.capture_state SET blocked_reason = NULL")
+        .await
+        .unwrap();
+}

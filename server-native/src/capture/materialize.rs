@@ -1,0 +1,338 @@
+//! Materialization of one decoded source transaction, in one transaction of the
+//! materialization session: the dependency rows' images before it, the projection writes,
+//! membership of every touched row and of every target row an impact function names, the
+//! bootstraps it completes, then progress, notification and commit together.
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::Result;
+use futures_util::FutureExt;
+use tokio_postgres::types::PgLsn;
+use tokio_postgres::Client;
+
+use super::membership::{column_image, membership_round, EvalRow};
+use super::registry::{Pending, Relations, Status};
+use super::staging::stage_rows;
+use super::statements::{in_transaction, Statements};
+use super::transaction::{FinalRow, RowKey, Transaction, TxChanges};
+use super::Worker;
+
+/// A touched row of one relation, in its final state.
+struct RowChange {
+    seq: usize,
+    pk: String,
+    version: String,
+    row: Option<String>,
+}
+
+/// The touched rows grouped by relation: relations in the order of their first change,
+/// each relation's rows in change order.
+struct ByRelation {
+    order: Vec<u32>,
+    rows: HashMap<u32, Vec<RowChange>>,
+}
+
+impl ByRelation {
+    fn group(finals: HashMap<RowKey, FinalRow>) -> ByRelation {
+        let mut rows: HashMap<u32, Vec<RowChange>> = HashMap::new();
+        for (key, f) in finals {
+            rows.entry(key.relation).or_default().push(RowChange {
+                seq: f.seq,
+                pk: key.pk,
+                version: f.version,
+                row: f.row,
+            });
+        }
+        let mut order: Vec<u32> = rows.keys().copied().collect();
+        order.sort_by_key(|r| rows[r].iter().map(|c| c.seq).min());
+        for changes in rows.values_mut() {
+            changes.sort_by_key(|c| c.seq);
+        }
+        ByRelation { order, rows }
+    }
+}
+
+/// A relation whose membership this transaction evaluates, with the rows to evaluate.
+struct Target {
+    relation: u32,
+    rows: Vec<EvalRow>,
+}
+
+/// Rows' projected JSON at the start of the transaction (`None` when absent).
+type OldImages = HashMap<RowKey, Option<String>>;
+
+impl Worker {
+    /// Applies a decoded transaction and records its progress, atomically; afterwards the
+    /// relations it bootstrapped are active.
+    pub(super) async fn apply(
+        &self,
+        tx: &Transaction,
+        changes: TxChanges,
+        registry: &mut Relations,
+    ) -> Result<()> {
+        let TxChanges {
+            finals,
+            bootstrapped,
+        } = changes;
+        let db = &self.materialize;
+        in_transaction(db, self.write(tx, finals, &bootstrapped, registry)).await?;
+        for reg in registry.values_mut() {
+            if bootstrapped.contains(&reg.relation_id) {
+                reg.status = Status::Active;
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything a transaction writes, ending with its COMMIT.
+    async fn write(
+        &self,
+        tx: &Transaction,
+        finals: HashMap<RowKey, FinalRow>,
+        bootstrapped: &[String],
+        registry: &Relations,
+    ) -> Result<()> {
+        let db = &self.materialize;
+        let old_images = old_images(db, &self.statements, registry, &finals).await?;
+        let changed = ByRelation::group(finals);
+        write_projections(db, &self.statements, registry, &changed).await?;
+        let targets = self.targets(registry, &changed, &old_images).await?;
+        let mut effects = self.evaluate(registry, &targets).await?;
+        effects += self
+            .finish_bootstraps(registry, bootstrapped, u64::from(tx.commit_lsn))
+            .await?;
+        commit(db, &self.statements, effects, tx.end_lsn).await
+    }
+
+    /// Membership against the transaction's final projected state: each touched row once,
+    /// with the version of its last change, in change order; then every target row an
+    /// impact function named (old and new state), at its current version.
+    async fn targets(
+        &self,
+        registry: &Relations,
+        changed: &ByRelation,
+        old_images: &OldImages,
+    ) -> Result<Vec<Target>> {
+        let db = &self.materialize;
+        let mut targets: Vec<Target> = changed
+            .order
+            .iter()
+            .map(|rel| Target {
+                relation: *rel,
+                rows: changed.rows[rel]
+                    .iter()
+                    .map(|c| EvalRow {
+                        pk: c.pk.clone(),
+                        version: c.version.clone(),
+                        exists: c.row.is_some(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        for rel in &changed.order {
+            let reg = &registry[rel];
+            for impact in &reg.impacts {
+                let (mut olds, mut news) = (Vec::new(), Vec::new());
+                for c in &changed.rows[rel] {
+                    let key = RowKey {
+                        relation: *rel,
+                        pk: c.pk.clone(),
+                    };
+                    let old = old_images.get(&key).cloned().flatten();
+                    olds.push(old.map(|o| column_image(reg, &o)).transpose()?);
+                    news.push(c.row.as_ref().map(|n| column_image(reg, n)).transpose()?);
+                }
+                let target = &registry[&impact.target];
+                let named = self
+                    .functions
+                    .impacted(db, impact, target, &olds, &news)
+                    .await?;
+                let entry = match targets.iter().position(|t| t.relation == impact.target) {
+                    Some(i) => i,
+                    None => {
+                        targets.push(Target {
+                            relation: impact.target,
+                            rows: Vec::new(),
+                        });
+                        targets.len() - 1
+                    }
+                };
+                let fresh: Vec<&str> = named
+                    .iter()
+                    .filter(|pk| !targets[entry].rows.iter().any(|r| &r.pk == *pk))
+                    .map(String::as_str)
+                    .collect();
+                for r in db
+                    .query(&self.statements.versions, &[&target.relation_id, &fresh])
+                    .await?
+                {
+                    targets[entry].rows.push(EvalRow {
+                        pk: r.get(0),
+                        version: r.get(1),
+                        exists: true,
+                    });
+                }
+            }
+        }
+        Ok(targets)
+    }
+
+    /// Evaluates each target under its live rule, and re-stages the rows a staged rule has
+    /// already covered from their final state. Returns the scope effects written.
+    async fn evaluate(&self, registry: &Relations, targets: &[Target]) -> Result<usize> {
+        let db = &self.materialize;
+        let mut effects = 0;
+        for Target { relation, rows } in targets {
+            let reg = &registry[relation];
+            if let Some(m) = reg.live_membership() {
+                let eval = self
+                    .functions
+                    .membership(db, &m.function, &m.key_type)
+                    .await?;
+                effects +=
+                    membership_round(db, &self.statements, &eval, reg, m.fanout, rows).await?;
+            }
+            // A staged rule: rows already staged are re-staged from this final state.
+            if let (
+                Some(m),
+                Some(Pending {
+                    function: pending,
+                    staged_through: Some(through),
+                }),
+            ) = (&reg.membership, &reg.pending)
+            {
+                let staged: Vec<&EvalRow> = rows
+                    .iter()
+                    .filter(|r| r.pk.as_bytes() <= through.as_bytes())
+                    .collect();
+                if !staged.is_empty() {
+                    let eval = self.functions.membership(db, pending, &m.key_type).await?;
+                    stage_rows(db, &eval, reg, m.fanout, &staged).await?;
+                }
+            }
+        }
+        Ok(effects)
+    }
+}
+
+/// Dependency rows' state at the start of the transaction, for impact functions: every
+/// touched row of a relation that has impacts.
+async fn old_images(
+    db: &Client,
+    statements: &Statements,
+    registry: &Relations,
+    finals: &HashMap<RowKey, FinalRow>,
+) -> Result<OldImages> {
+    let mut old_images = OldImages::new();
+    for key in finals.keys() {
+        if !registry[&key.relation].impacts.is_empty() {
+            old_images.insert(key.clone(), None);
+        }
+    }
+    let relations: HashSet<u32> = old_images.keys().map(|k| k.relation).collect();
+    for rel in relations {
+        let pks: Vec<&str> = old_images
+            .keys()
+            .filter(|k| k.relation == rel)
+            .map(|k| k.pk.as_str())
+            .collect();
+        let rows = db
+            .query(
+                &statements.current_rows,
+                &[&registry[&rel].relation_id, &pks],
+            )
+            .await?;
+        for r in rows {
+            let key = RowKey {
+                relation: rel,
+                pk: r.get(0),
+            };
+            old_images.insert(key, Some(r.get(1)));
+        }
+    }
+    Ok(old_images)
+}
+
+/// One relation's projection writes, as parallel arrays for `unnest`.
+struct ProjectionWrite<'a> {
+    relation_id: &'a String,
+    deleted: Vec<&'a str>,
+    pks: Vec<&'a str>,
+    rows: Vec<&'a str>,
+    versions: Vec<&'a str>,
+}
+
+/// Projections: one delete and one upsert per relation, pipelined.
+async fn write_projections(
+    db: &Client,
+    statements: &Statements,
+    registry: &Relations,
+    changed: &ByRelation,
+) -> Result<()> {
+    let batches: Vec<ProjectionWrite> = changed
+        .order
+        .iter()
+        .map(|rel| {
+            let mut batch = ProjectionWrite {
+                relation_id: &registry[rel].relation_id,
+                deleted: Vec::new(),
+                pks: Vec::new(),
+                rows: Vec::new(),
+                versions: Vec::new(),
+            };
+            for c in &changed.rows[rel] {
+                match &c.row {
+                    None => batch.deleted.push(&c.pk),
+                    Some(row) => {
+                        batch.pks.push(&c.pk);
+                        batch.rows.push(row);
+                        batch.versions.push(&c.version);
+                    }
+                }
+            }
+            batch
+        })
+        .collect();
+    let mut writes = Vec::new();
+    for b in &batches {
+        writes.push(
+            async move {
+                db.execute(&statements.delete, &[b.relation_id, &b.deleted])
+                    .await
+            }
+            .boxed(),
+        );
+        writes.push(
+            async move {
+                db.execute(
+                    &statements.upsert,
+                    &[b.relation_id, &b.pks, &b.rows, &b.versions],
+                )
+                .await
+            }
+            .boxed(),
+        );
+    }
+    futures_util::future::try_join_all(writes).await?;
+    Ok(())
+}
+
+/// Progress, the notification (when there are effects) and COMMIT, pipelined.
+async fn commit(
+    db: &Client,
+    statements: &Statements,
+    effects: usize,
+    end_lsn: PgLsn,
+) -> Result<()> {
+    let notify = async {
+        if effects > 0 {
+            // Wakes change-notification streams at commit; carries no data.
+            db.batch_execute("NOTIFY synchro_effects").await?;
+        }
+        Ok::<_, tokio_postgres::Error>(())
+    };
+    let progress = async { db.execute(&statements.progress, &[&end_lsn]).await };
+    let commit = db.batch_execute("COMMIT");
+    futures_util::try_join!(notify, progress, commit)?;
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! The registered relations as the worker sees them, loaded once per step: identity, fields,
+//! bootstrap status, the membership rule (live and staged) with its contract generations, the
+//! dependencies whose changes can move rows of a target, and the owner of every function
+//! the worker runs.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context, Result};
+use synchro_protocol::types::{DecimalSpec, FieldSpec, PortableType};
+use tokio_postgres::Client;
+
+/// A registered field, by its source column.
+pub(super) struct Field {
+    pub(super) field_id: String,
+    pub(super) spec: FieldSpec,
+    pub(super) is_key: bool,
+}
+
+/// Bootstrap status of a relation (`synchro.relation_capture.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    /// Not copied yet.
+    Pending,
+    /// Copied; active once the stream reaches its bootstrap message.
+    Copied,
+    /// Changes apply (the others are covered by their bootstrap copy).
+    Active,
+}
+
+impl Status {
+    fn parse(text: &str) -> Result<Status> {
+        Ok(match text {
+            "pending" => Status::Pending,
+            "copied" => Status::Copied,
+            "active" => Status::Active,
+            _ => bail!("registry holds an unknown capture status"),
+        })
+    }
+}
+
+/// A relation's membership function.
+#[derive(Clone)]
+pub(super) struct Membership {
+    /// The function (regproc text).
+    pub(super) function: String,
+    /// The key's SQL type (regtype text), the function's argument.
+    pub(super) key_type: String,
+    /// Most scopes one row may be in.
+    pub(super) fanout: i64,
+}
+
+/// A staged rule change.
+pub(super) struct Pending {
+    /// The pending function (regproc text).
+    pub(super) function: String,
+    /// The last key staged (byte order); `None` before the first batch.
+    pub(super) staged_through: Option<String>,
+}
+
+/// Generations of a relation's membership contract (its function and dependencies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Contract {
+    /// The registered generation.
+    pub(super) current: i64,
+    /// The generation last evaluated over every row.
+    pub(super) evaluated: i64,
+}
+
+/// A registered dependency, seen from the dependency relation.
+#[derive(Clone)]
+pub(super) struct Impact {
+    /// Physical OID of the synced target relation.
+    pub(super) target: u32,
+    /// The impact function (regproc text).
+    pub(super) function: String,
+    /// Most target rows one event may name.
+    pub(super) max_rows: i64,
+}
+
+/// One registered relation.
+pub(super) struct Registered {
+    pub(super) relation_id: String,
+    pub(super) schema: String,
+    pub(super) relation: String,
+    pub(super) replica_identity: u8,
+    pub(super) fields_by_column: HashMap<String, Field>,
+    /// The membership function, when the relation has one.
+    pub(super) membership: Option<Membership>,
+    /// Bootstrap status.
+    pub(super) status: Status,
+    /// Client-visible table ID (synced relations).
+    pub(super) table_id: Option<String>,
+    /// Targets whose membership a change of this relation can affect.
+    pub(super) impacts: Vec<Impact>,
+    pub(super) contract: Contract,
+    /// A staged rule change.
+    pub(super) pending: Option<Pending>,
+    /// Whether `membership` is live (a first rule is not, until its staging activates).
+    pub(super) live: bool,
+}
+
+impl Registered {
+    /// The live membership function (none while a first rule is staged).
+    pub(super) fn live_membership(&self) -> Option<&Membership> {
+        self.membership.as_ref().filter(|_| self.live)
+    }
+}
+
+/// The registered relations by physical OID.
+pub(super) type Relations = HashMap<u32, Registered>;
+
+/// A registered relation by its relation ID.
+pub(super) fn by_id<'a>(relations: &'a Relations, relation_id: &str) -> Option<&'a Registered> {
+    relations.values().find(|r| r.relation_id == relation_id)
+}
+
+/// Owner roles by function (regproc text).
+pub(super) type Owners = HashMap<String, String>;
+
+/// What [`load`] read.
+pub(super) struct Registry {
+    pub(super) relations: Relations,
+    /// The owner of every registered membership (live or pending) and impact function.
+    pub(super) owners: Owners,
+}
+
+/// Reads the registry (three queries, in the materialization session).
+pub(super) async fn load(db: &Client) -> Result<Registry> {
+    let mut relations = load_relations(db).await?;
+    let mut owners = Owners::new();
+    load_memberships(db, &mut relations, &mut owners).await?;
+    load_impacts(db, &mut relations, &mut owners).await?;
+    Ok(Registry { relations, owners })
+}
+
+/// Relations and their fields.
+async fn load_relations(db: &Client) -> Result<Relations> {
+    let rows = db
+        .query(
+            "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
+                    r.replica_identity::text, f.field_id, f.column_name::text, f.portable_type, f.nullable,
+                    f.is_key, f.decimal_precision, f.decimal_scale, c.status, r.table_id,
+                    c.membership_evaluated
+               FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
+               JOIN synchro.relation_capture c USING (relation_id)",
+            &[],
+        )
+        .await?;
+    let mut out = Relations::new();
+    for r in rows {
+        let oid: u32 = r.get(3);
+        let entry = match out.entry(oid) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(Registered {
+                relation_id: r.get(0),
+                schema: r.get(1),
+                relation: r.get(2),
+                replica_identity: r.get::<_, String>(4).bytes().next().unwrap_or(b'?'),
+                fields_by_column: HashMap::new(),
+                membership: None,
+                status: Status::parse(r.get(12))?,
+                table_id: r.get(13),
+                impacts: Vec::new(),
+                contract: Contract {
+                    current: 0,
+                    evaluated: r.get(14),
+                },
+                pending: None,
+                live: false,
+            }),
+        };
+        let ty = PortableType::parse(&r.get::<_, String>(7))
+            .context("registry holds an unknown type")?;
+        let nullable: bool = r.get(8);
+        let spec = match ty {
+            PortableType::Decimal => FieldSpec {
+                ty,
+                nullable,
+                decimal: Some(DecimalSpec::new(
+                    r.get::<_, i32>(10) as u32,
+                    r.get::<_, i32>(11) as u32,
+                )?),
+            },
+            _ => FieldSpec::new(ty, nullable)?,
+        };
+        entry.fields_by_column.insert(
+            r.get(6),
+            Field {
+                field_id: r.get(5),
+                spec,
+                is_key: r.get(9),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Membership functions (live and pending), contract generations and function owners.
+async fn load_memberships(
+    db: &Client,
+    relations: &mut Relations,
+    owners: &mut Owners,
+) -> Result<()> {
+    for r in db
+        .query(
+            "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
+                    r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
+                    m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
+                                                         WHERE d.target_relation_id = m.relation_id), 0)::bigint,
+                    pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
+                    m.live
+               FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
+               LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
+               LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid",
+            &[],
+        )
+        .await?
+    {
+        if let Some(reg) = relations.get_mut(&r.get::<_, u32>(0)) {
+            reg.membership = Some(Membership {
+                function: r.get(1),
+                key_type: r.get(2),
+                fanout: r.get(3),
+            });
+            reg.pending = r.get::<_, Option<String>>(4).map(|function| Pending {
+                function,
+                staged_through: r.get(5),
+            });
+            reg.contract.current = r.get(6);
+            reg.live = r.get(9);
+            // The live function and its owner, then the pending one and its owner.
+            for (function, owner) in [(1, 7), (4, 8)] {
+                if let (Some(f), Some(o)) = (
+                    r.get::<_, Option<String>>(function),
+                    r.get::<_, Option<String>>(owner),
+                ) {
+                    owners.insert(f, o);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Dependencies (impact functions), seen from the dependency relation, and their owners.
+async fn load_impacts(db: &Client, relations: &mut Relations, owners: &mut Owners) -> Result<()> {
+    for r in db
+        .query(
+            "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
+                    m.max_impact_rows::bigint,
+                    (SELECT pg_catalog.pg_get_userbyid(p.proowner)::text FROM pg_catalog.pg_proc p
+                      WHERE p.oid = m.impact_function_oid)
+               FROM synchro.membership_dependencies m
+               JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
+               JOIN synchro.relations t ON t.relation_id = m.target_relation_id",
+            &[],
+        )
+        .await?
+    {
+        if let Some(owner) = r.get::<_, Option<String>>(4) {
+            owners.insert(r.get(2), owner);
+        }
+        if let Some(reg) = relations.get_mut(&r.get::<_, u32>(0)) {
+            reg.impacts.push(Impact {
+                target: r.get(1),
+                function: r.get(2),
+                max_rows: r.get(3),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! One step of the worker: the leader lock, the durable blocked state, pending bootstraps,
+//! changed membership contracts and staged rules, then peeks of the slot applied in commit
+//! order within a time budget, each followed by the slot advance; an idle leader records
+//! its heartbeat. A blocking condition raised anywhere is recorded here and ends the step.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio_postgres::types::PgLsn;
+
+use super::block::{block_reason, BlockReason, Blocked};
+use super::pgoutput::decode;
+use super::registry::{Relations, Status};
+use super::transaction::{
+    complete_transactions, decode_changes, record_shapes, Shapes, Transaction,
+};
+use super::{Failpoint, StepOutcome, Worker};
+
+/// Advisory lock key of the capture leader ("synchro" in ASCII).
+pub const LEADER_LOCK: i64 = 0x73796e6368726f;
+
+/// Changes read per peek (whole transactions are always returned).
+const PEEK_CHANGES: i32 = 10_000;
+
+/// How long one step keeps applying once it has applied something.
+const STEP_BUDGET: Duration = Duration::from_secs(1);
+
+/// How often an idle leader records its heartbeat.
+pub(super) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What one peek of the slot returned.
+struct Peek {
+    /// Everything committed before this position is in the peek.
+    horizon: PgLsn,
+    /// Whether the slot returned no messages at all.
+    empty: bool,
+    /// The complete transactions among them.
+    transactions: Vec<Transaction>,
+}
+
+/// How applying one peek's transactions ended.
+struct Applied {
+    /// Source transactions applied.
+    count: usize,
+    /// End of the last transaction applied or skipped: where the slot advances to.
+    last_end: Option<PgLsn>,
+    /// The failpoint stopped the step before the advance.
+    stopped: bool,
+}
+
+impl Worker {
+    /// Applies the complete transactions available, in commit order, until caught up (then
+    /// `Applied(0)` when nothing was applied), blocked, or — once something was applied — a
+    /// time budget of about a second is spent, so bootstraps and heartbeats are never
+    /// starved by a sustained write load.
+    pub async fn step(&mut self, failpoint: Failpoint) -> Result<StepOutcome> {
+        let leader: bool = self
+            .replication
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK])
+            .await?
+            .get(0);
+        if !leader {
+            return Ok(StepOutcome::NotLeader);
+        }
+        let state = self
+            .materialize
+            .query_one(
+                "SELECT confirmed_lsn, blocked_reason FROM synchro.capture_state",
+                &[],
+            )
+            .await?;
+        let confirmed: PgLsn = state.get(0);
+        if let Some(reason) = state.get::<_, Option<String>>(1) {
+            return Ok(StepOutcome::Blocked(reason));
+        }
+        match self.run(confirmed, failpoint).await {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => match block_reason(&e) {
+                Some(reason) => self.block(reason).await,
+                None => Err(e),
+            },
+        }
+    }
+
+    /// The step of a leader that is not blocked.
+    async fn run(&mut self, confirmed: PgLsn, failpoint: Failpoint) -> Result<StepOutcome> {
+        let mut registry = self.bootstrap_pending().await?;
+        self.reevaluate_stale(&mut registry).await?;
+        // Work done this step: source transactions applied plus staging batches, so
+        // `Applied(0)` means caught up with both.
+        let mut applied = self.stage_pending(&mut registry).await?;
+        let started = Instant::now();
+        while applied == 0 || started.elapsed() < STEP_BUDGET {
+            let peek = self.peek().await?;
+            if peek.transactions.is_empty() {
+                if peek.empty {
+                    self.advance_idle(peek.horizon).await?;
+                }
+                break;
+            }
+            let done = self
+                .apply_all(&peek.transactions, confirmed, &mut registry, failpoint)
+                .await?;
+            applied += done.count;
+            if done.stopped {
+                return Ok(StepOutcome::Applied(applied));
+            }
+            if let Some(end) = done.last_end {
+                self.replication
+                    .query(
+                        "SELECT pg_replication_slot_advance($1, $2)",
+                        &[&self.slot, &end],
+                    )
+                    .await?;
+            }
+        }
+        self.heartbeat(applied).await?;
+        Ok(StepOutcome::Applied(applied))
+    }
+
+    /// Records a blocking condition durably.
+    async fn block(&self, reason: BlockReason) -> Result<StepOutcome> {
+        self.materialize
+            .execute(
+                "UPDATE synchro.capture_state SET blocked_reason = $1, blocked_at = now()",
+                &[&reason.as_str()],
+            )
+            .await?;
+        tracing::error!(reason = reason.as_str(), "capture blocked");
+        Ok(StepOutcome::Blocked(reason.as_str().to_owned()))
+    }
+
+    /// Loads the registry and records its function owners.
+    async fn registry(&self) -> Result<Relations> {
+        let loaded = super::registry::load(&self.materialize).await?;
+        self.functions.record_owners(loaded.owners);
+        Ok(loaded.relations)
+    }
+
+    /// Bootstraps every pending relation; returns the registry as it then is.
+    async fn bootstrap_pending(&mut self) -> Result<Relations> {
+        let registry = self.registry().await?;
+        let pending: Vec<String> = registry
+            .values()
+            .filter(|r| r.status == Status::Pending)
+            .map(|r| r.relation_id.clone())
+            .collect();
+        for relation_id in &pending {
+            self.bootstrap(&registry, relation_id).await?;
+        }
+        if pending.is_empty() {
+            Ok(registry)
+        } else {
+            self.registry().await
+        }
+    }
+
+    /// A changed membership contract: re-evaluates every row under the new rule.
+    async fn reevaluate_stale(&self, registry: &mut Relations) -> Result<()> {
+        let stale: Vec<u32> = registry
+            .iter()
+            .filter(|(_, r)| {
+                // (A pending rule is staged instead; its activation records the contract.)
+                r.status == Status::Active
+                    && r.membership.is_some()
+                    && r.pending.is_none()
+                    && r.contract.current != r.contract.evaluated
+            })
+            .map(|(oid, _)| *oid)
+            .collect();
+        for oid in stale {
+            self.reevaluate(&registry[&oid]).await?;
+            let reg = registry.get_mut(&oid).expect("listed");
+            reg.contract.evaluated = reg.contract.current;
+        }
+        Ok(())
+    }
+
+    /// Staged rule changes: one bounded batch each (activation when complete). Returns the
+    /// batches staged.
+    async fn stage_pending(&self, registry: &mut Relations) -> Result<usize> {
+        let staging: Vec<u32> = registry
+            .iter()
+            .filter(|(_, r)| r.status == Status::Active && r.pending.is_some())
+            .map(|(oid, _)| *oid)
+            .collect();
+        let mut batches = 0;
+        for oid in staging {
+            let through = self.stage_batch(&registry[&oid]).await?;
+            batches += 1;
+            match through {
+                Some(t) => {
+                    let reg = registry.get_mut(&oid).expect("listed");
+                    reg.pending.as_mut().expect("pending").staged_through = Some(t);
+                }
+                // Activated: reload the registry for the new live rule.
+                None => *registry = self.registry().await?,
+            }
+        }
+        Ok(batches)
+    }
+
+    /// Peeks the slot and decodes what it returned; an undecodable message blocks capture.
+    async fn peek(&self) -> Result<Peek> {
+        // Everything committed before this point is decoded by the peek below.
+        let horizon: PgLsn = self
+            .replication
+            .query_one("SELECT pg_current_wal_lsn()", &[])
+            .await?
+            .get(0);
+        let rows = self
+            .replication
+            .query(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2,
+                   'proto_version', '1', 'publication_names', 'synchro_publication', 'messages', 'true')",
+                &[&self.slot, &PEEK_CHANGES],
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("peeking the capture slot: {}", crate::install::describe(&e)))?;
+        let mut messages = Vec::with_capacity(rows.len());
+        for r in &rows {
+            match decode(r.get::<_, &[u8]>(0)) {
+                Ok(m) => messages.push(m),
+                Err(_) => return Err(Blocked(BlockReason::DecodeError).into()),
+            }
+        }
+        Ok(Peek {
+            horizon,
+            empty: rows.is_empty(),
+            transactions: complete_transactions(messages),
+        })
+    }
+
+    /// Nothing published committed before the horizon: confirms up to it so the slot does
+    /// not retain unrelated WAL (which readiness bounds).
+    async fn advance_idle(&self, horizon: PgLsn) -> Result<()> {
+        self.replication
+            .query(
+                "SELECT pg_replication_slot_advance(slot_name, $2) FROM pg_replication_slots
+                  WHERE slot_name = $1 AND confirmed_flush_lsn < $2",
+                &[&self.slot, &horizon],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Applies one peek's transactions in commit order, skipping those a crash left applied
+    /// but not acknowledged (end at or below `confirmed`).
+    async fn apply_all(
+        &self,
+        transactions: &[Transaction],
+        confirmed: PgLsn,
+        registry: &mut Relations,
+        failpoint: Failpoint,
+    ) -> Result<Applied> {
+        let mut shapes = Shapes::new();
+        let mut done = Applied {
+            count: 0,
+            last_end: None,
+            stopped: false,
+        };
+        for tx in transactions {
+            record_shapes(tx, &mut shapes);
+            if u64::from(tx.end_lsn) <= u64::from(confirmed) {
+                done.last_end = Some(tx.end_lsn);
+                continue; // applied before a crash; the slot was not advanced yet
+            }
+            let changes =
+                decode_changes(&self.materialize, &self.statements, tx, registry, &shapes).await?;
+            self.apply(tx, changes, registry).await?;
+            done.count += 1;
+            done.last_end = Some(tx.end_lsn);
+            if failpoint == Failpoint::AfterCommitBeforeAdvance {
+                done.stopped = true;
+                return Ok(done);
+            }
+        }
+        Ok(done)
+    }
+
+    /// Records the heartbeat when the step applied nothing and the last one is older than
+    /// [`HEARTBEAT_INTERVAL`] (every applied transaction writes it).
+    async fn heartbeat(&mut self, applied: usize) -> Result<()> {
+        if applied > 0 {
+            self.last_heartbeat = Instant::now(); // each apply wrote it
+        } else if self.last_heartbeat.elapsed() >= HEARTBEAT_INTERVAL {
+            self.materialize
+                .execute("UPDATE synchro.capture_state SET heartbeat_at = now()", &[])
+                .await?;
+            self.last_heartbeat = Instant::now();
+        }
+        Ok(())
+    }
+}
