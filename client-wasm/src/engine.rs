@@ -39,28 +39,8 @@ pub const JOURNAL_VERSION: i64 = 1;
 /// Largest page the engine asks for (the server's limit is 1..=1000).
 pub const DEFAULT_PAGE_LIMIT: u32 = 1000;
 
-/// One HTTP exchange's result.
-#[derive(Debug, Clone)]
-pub struct Response {
-    /// HTTP status.
-    pub status: u16,
-    /// The parsed body.
-    pub body: Json,
-}
-
-/// The network failed before a response arrived (always retryable). The message never
-/// carries the token or the body.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("the server could not be reached: {0}")]
-pub struct TransportError(pub String);
-
-/// How requests reach the server: a native HTTP client in tests and tools, `fetch` in the
-/// browser. The transport adds authorization (from its token provider) itself.
-#[allow(async_fn_in_trait)]
-pub trait Transport {
-    /// POSTs a JSON `body` to `path` (such as `/sync/pull`).
-    async fn post(&self, path: &str, body: String) -> Result<Response, TransportError>;
-}
+pub use crate::error::ClientError;
+pub use crate::transport::{Response, Transport, TransportError};
 
 /// Where an injected crash interrupts the engine (tests only ever set one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,78 +61,6 @@ pub enum Failpoint {
     BeforeJournalClear,
     /// After a push response arrived, before its outcomes are stored.
     BeforeOutcomes,
-}
-
-/// Client failures, each with a stable [`ClientError::code`].
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// Local storage or verification.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The network failed.
-    #[error(transparent)]
-    Transport(#[from] TransportError),
-    /// The server answered with an error object.
-    #[error("the server refused the request: {status} {code}")]
-    Server {
-        /// HTTP status.
-        status: u16,
-        /// The spec's error code.
-        code: String,
-        /// The server's `retryable`.
-        retryable: bool,
-    },
-    /// The server answered something that is not the protocol.
-    #[error("the server response is malformed: {0}")]
-    Malformed(&'static str),
-    /// The schema history cannot continue (action `unsupported` or HTTP 426); local data
-    /// and the queue are kept.
-    #[error("this client's schema can no longer sync: {0}")]
-    UpgradeRequired(&'static str),
-    /// A non-retryable local inconsistency; nothing is sent until it is resolved.
-    #[error("the local database is blocked: {0}")]
-    Blocked(&'static str),
-    /// The state machine refused a transition.
-    #[error(transparent)]
-    IllegalTransition(synchro_protocol::Error),
-    /// An injected crash (tests).
-    #[error("injected interruption")]
-    Injected,
-}
-
-impl ClientError {
-    /// Stable machine-readable code.
-    pub fn code(&self) -> &str {
-        match self {
-            ClientError::Storage(e) => e.code(),
-            ClientError::Transport(_) => "network_error",
-            ClientError::Server { code, .. } => code,
-            ClientError::Malformed(_) => "protocol_error",
-            ClientError::UpgradeRequired(_) => "upgrade_required",
-            ClientError::Blocked(_) => "local_state_inconsistent",
-            ClientError::IllegalTransition(_) => "illegal_state_transition",
-            ClientError::Injected => "injected",
-        }
-    }
-
-    /// Whether trying again later can succeed without a change on this side.
-    pub fn retryable(&self) -> bool {
-        match self {
-            ClientError::Transport(_) => true,
-            ClientError::Server { retryable, .. } => *retryable,
-            _ => false,
-        }
-    }
-}
-
-fn storage(e: rusqlite::Error) -> ClientError {
-    ClientError::Storage(StorageError::Sqlite(e))
-}
-
-impl From<rusqlite::Error> for ClientError {
-    fn from(e: rusqlite::Error) -> ClientError {
-        storage(e)
-    }
 }
 
 /// What a long operation has done so far.

@@ -8,6 +8,8 @@
 //! - [`storage`]: typed values per spec 000 "Portable To SQLite Mapping", install, the
 //!   application's local-table ladder.
 //! - [`apply`]: verified application of pull and rebuild pages.
+//! - [`transport`]: the transport trait the engine is written against; [`error`]: the
+//!   storage and client errors.
 //! - [`engine`]: identity, the migration journal, the connect / rebuild / pull loop.
 //! - `http` (native): the reqwest transport; `wasm` (browser): OPFS, the fetch transport and
 //!   the JavaScript API (`SynchroClient`).
@@ -17,9 +19,11 @@ pub mod apply;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod engine;
+pub mod error;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod http;
 pub mod queue;
 pub mod storage;
+pub mod transport;
 #[cfg(target_arch = "wasm32")]
 pub mod wasm;

@@ -20,68 +20,7 @@ use synchro_protocol::migration::{quote_ident, MigrationPlan, RESERVED_PREFIX};
 use synchro_protocol::types::{FieldSpec, PortableType};
 use synchro_protocol::value::{Scalar, TypedValue};
 
-/// Storage failures, each with a stable code.
-#[derive(Debug, thiserror::Error)]
-pub enum StorageError {
-    /// SQLite refused an operation. The message never repeats the statement text (which
-    /// can hold values).
-    #[error("local database error: {}", describe(.0))]
-    Sqlite(#[from] rusqlite::Error),
-    /// A stored value does not match its declared field.
-    #[error(
-        "a stored value of field {field_id} in table {table_id} does not match its declared type"
-    )]
-    Corrupt {
-        /// Logical table ID.
-        table_id: String,
-        /// Logical field ID.
-        field_id: String,
-    },
-    /// A value given for a write does not match its declared field.
-    #[error("a value for field {field_id} does not match its declared type")]
-    InvalidValue {
-        /// Logical field ID.
-        field_id: String,
-    },
-    /// The database already has a schema, or has none where one is needed, or its recorded
-    /// manifest does not verify.
-    #[error("{0}")]
-    Schema(String),
-    /// Data from the server failed verification (a row or scope checksum, or the shape of a
-    /// page); nothing of it was applied.
-    #[error("the pull page failed verification: {0}")]
-    Verification(&'static str),
-    /// The manifest names no such table.
-    #[error("the active schema has no table {0}")]
-    UnknownTable(String),
-    /// Protocol-level failure (manifest or migration plan).
-    #[error(transparent)]
-    Protocol(#[from] synchro_protocol::Error),
-}
-
-fn describe(e: &rusqlite::Error) -> String {
-    match e {
-        rusqlite::Error::SqlInputError { msg, offset, .. } => {
-            format!("{msg} (at offset {offset} of the statement)")
-        }
-        other => other.to_string(),
-    }
-}
-
-impl StorageError {
-    /// Stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            StorageError::Sqlite(_) => "local_database_error",
-            StorageError::Corrupt { .. } => "local_integrity_failure",
-            StorageError::InvalidValue { .. } => "invalid_value",
-            StorageError::Schema(_) => "local_schema_error",
-            StorageError::Verification(_) => "sync_integrity_failure",
-            StorageError::UnknownTable(_) => "unknown_table",
-            StorageError::Protocol(_) => "protocol_error",
-        }
-    }
-}
+pub use crate::error::StorageError;
 
 /// The SQLite value a typed value is stored as.
 pub fn to_sql(value: &TypedValue) -> Value {
