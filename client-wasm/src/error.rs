@@ -2,7 +2,9 @@
 //! database does (the store), [`ClientError`] for the engine, which wraps it. Each has a
 //! stable `code()`; no message repeats a row value, a key, a token or a statement's text.
 
-use crate::transport::TransportError;
+use synchro_protocol::wire::{ErrorBody, Message};
+
+use crate::transport::{Response, TransportError};
 
 /// Storage failures, each with a stable [`StorageError::code`].
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +130,29 @@ impl ClientError {
             ClientError::Server { retryable, .. } => *retryable,
             _ => false,
         }
+    }
+
+    /// The error a non-200 response stands for: the server's error object, or (for a body
+    /// that is not a protocol 3 error, a proxy's answer say) `unknown_error`, retryable on a
+    /// 5xx.
+    pub(crate) fn from_response(r: &Response) -> ClientError {
+        match ErrorBody::from_json(&r.body) {
+            Ok(e) => ClientError::Server {
+                status: r.status,
+                code: e.code.as_str().to_owned(),
+                retryable: e.code.retryable(),
+            },
+            Err(_) => ClientError::Server {
+                status: r.status,
+                code: "unknown_error".to_owned(),
+                retryable: r.status >= 500,
+            },
+        }
+    }
+
+    /// Whether the server answered with the error `code`.
+    pub(crate) fn is_server(&self, code: &str) -> bool {
+        matches!(self, ClientError::Server { code: c, .. } if c == code)
     }
 }
 
