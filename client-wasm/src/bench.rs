@@ -15,10 +15,11 @@ use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
 use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
-use synchro_protocol::value::TypedValue;
+use synchro_protocol::value::{Scalar, TypedValue};
 
-use crate::engine::{Client, Response, Transport, TransportError};
-use crate::storage::{Storage, StorageError};
+use crate::engine::{Client, ClientError};
+use crate::store::{Storage, StorageError};
+use crate::transport::{Response, Transport, TransportError};
 
 const SCOPE: &str = "bench";
 
@@ -228,7 +229,7 @@ pub async fn time_class2_replace(
 ) -> Result<(f64, i64), String> {
     let v1 = items_manifest();
     let v2 = items_manifest_v2(&v1);
-    let e = |e: crate::engine::ClientError| e.to_string();
+    let e = |e: ClientError| e.to_string();
     let mut c = Client::open(
         open().map_err(|e| e.to_string())?,
         Replace(v1.clone()),
@@ -240,43 +241,23 @@ pub async fn time_class2_replace(
     // Fill v1 directly (the rows a client would hold after syncing): rows, versions,
     // provenance, a verified cursor. Their digests are placeholders: the replace
     // recomputes every one under v2 anyway.
-    let tx = storage
-        .conn_mut()
-        .transaction()
+    let row = |id: i64| {
+        let values = [
+            Scalar::Int(id as i32),
+            Scalar::Int((id % 1000) as i32),
+            Scalar::String(format!("item {id}")),
+            Scalar::Float((id % 97) as f64 + 0.5),
+            Scalar::Boolean(id % 2 == 0),
+        ];
+        let values = values
+            .into_iter()
+            .map(|s| TypedValue::from_scalar(s).expect("a valid value"))
+            .collect();
+        (values, (id + 1).to_string())
+    };
+    storage
+        .seed_synced_rows(&v1, "tbl_items", SCOPE, (0..rows).map(row))
         .map_err(|e| e.to_string())?;
-    {
-        let mut ins = tx
-            .prepare("INSERT INTO items (id, val, name, score, flag) VALUES (?, ?, ?, ?, ?)")
-            .map_err(|e| e.to_string())?;
-        let mut meta = tx
-            .prepare(r#"INSERT INTO "_synchro_rows" VALUES ('tbl_items', ?, ?, zeroblob(32))"#)
-            .map_err(|e| e.to_string())?;
-        let mut prov = tx
-            .prepare(
-                r#"INSERT INTO "_synchro_provenance:tbl_items" ("pk", "scope_id") VALUES (?, ?)"#,
-            )
-            .map_err(|e| e.to_string())?;
-        for id in 0..rows {
-            ins.execute(params![
-                id,
-                id % 1000,
-                format!("item {id}"),
-                (id % 97) as f64 + 0.5,
-                id % 2 == 0
-            ])
-            .map_err(|e| e.to_string())?;
-            meta.execute(params![id.to_string(), (id + 1).to_string()])
-                .map_err(|e| e.to_string())?;
-            prov.execute(params![id, SCOPE])
-                .map_err(|e| e.to_string())?;
-        }
-        tx.execute(
-            r#"UPDATE "_synchro_scopes" SET "cursor" = 'c', "rebuild" = 0 WHERE "scope_id" = ?"#,
-            [SCOPE],
-        )
-        .map_err(|e| e.to_string())?;
-    }
-    tx.commit().map_err(|e| e.to_string())?;
     let mut c = Client::open(storage, Replace(v2), || [1; 16]).map_err(e)?;
     let start = now();
     let (action, _) = c.connect().await.map_err(e)?;
@@ -284,15 +265,7 @@ pub async fn time_class2_replace(
     if action != "replace" || c.manifest().map(|m| m.schema_version) != Some(2) {
         return Err("the replace did not install v2".into());
     }
-    let kept: i64 = c
-        .storage()
-        .connection()
-        .query_row(
-            r#"SELECT count(*) FROM "_synchro_rows" WHERE "digest" <> zeroblob(32)"#,
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| e.to_string())?;
+    let kept = c.storage().digested_rows().map_err(|e| e.to_string())?;
     Ok((secs, kept))
 }
 

@@ -3,7 +3,7 @@
 
 use synchro_protocol::json::Json;
 
-use crate::engine::{Response, Transport, TransportError};
+use crate::transport::{Response, Transport, TransportError};
 
 type TokenProvider = Box<dyn Fn() -> String + Send + Sync>;
 

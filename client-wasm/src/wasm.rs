@@ -22,9 +22,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::engine::{Client, ClientError, Response, Transport, TransportError};
-use crate::queue::{LocalWrite, Operation};
-use crate::storage::{Storage, StorageError};
+use crate::engine::Client;
+use crate::error::{ClientError, StorageError};
+use crate::store::{parse_operation, LocalWrite, Storage};
+use crate::transport::{Response, Transport, TransportError};
 use synchro_protocol::value::TypedValue;
 
 thread_local! {
@@ -320,12 +321,8 @@ impl SynchroClient {
                 values.push((f.field_id.clone(), v));
             }
         }
-        let operation = match operation.as_str() {
-            "insert" => Operation::Insert,
-            "update" => Operation::Update,
-            "delete" => Operation::Delete,
-            _ => return Err(bad("operation must be insert, update or delete")),
-        };
+        let operation = parse_operation(&operation)
+            .ok_or_else(|| bad("operation must be insert, update or delete"))?;
         let table_id = t.table_id.clone();
         self.inner
             .write(&LocalWrite {
@@ -352,7 +349,7 @@ impl SynchroClient {
                 "pk",
                 js_sys::JSON::parse(&m.pk).unwrap_or(JsValue::NULL),
             );
-            set(&o, "operation", m.operation.into());
+            set(&o, "operation", m.operation.as_str().into());
             set(
                 &o,
                 "baseVersion",
@@ -382,7 +379,7 @@ impl SynchroClient {
                     .and_then(|t| js_sys::JSON::parse(&t).ok())
                     .unwrap_or(JsValue::NULL),
             );
-            set(&o, "state", m.state.into());
+            set(&o, "state", m.state.as_str().into());
             out.push(&o);
         }
         Ok(out)

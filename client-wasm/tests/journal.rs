@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use common::{field, manifest, table};
 use fake::{Fake, Row};
 use synchro_client::engine::{Client, Failpoint};
-use synchro_client::queue::{LocalWrite, Operation};
+use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::state::ClientState;
 use synchro_protocol::value::{Scalar, TypedValue};
@@ -251,10 +251,10 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
             .unwrap()
             .into_iter()
             .map(|m| {
-                let pushed = m.state == "applied";
-                assert!(pushed || m.state == "pending", "{failpoint:?}");
+                let pushed = m.state == MutationState::Applied;
+                assert!(pushed || m.state == MutationState::Pending, "{failpoint:?}");
                 synchro_client::queue::Mutation {
-                    state: "pending".into(),
+                    state: MutationState::Pending,
                     ..m
                 }
             })
@@ -294,7 +294,10 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
             queue.iter().map(same).collect::<Vec<_>>(),
             "{failpoint:?}"
         );
-        assert!(after.iter().all(|m| m.state == "applied"), "{failpoint:?}");
+        assert!(
+            after.iter().all(|m| m.state == MutationState::Applied),
+            "{failpoint:?}"
+        );
         let st = server.0.borrow();
         let requests = &st.requests[before..];
         // (When the interruption came after step 7, the push was already done.)

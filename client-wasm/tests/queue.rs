@@ -18,7 +18,7 @@ use std::rc::Rc;
 use common::{field, manifest, table};
 use fake::{Fake, Row};
 use synchro_client::engine::Client;
-use synchro_client::queue::{LocalWrite, Operation};
+use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::types::PortableType;
@@ -168,7 +168,7 @@ async fn a_write_and_its_intent_commit_together() {
     let v = v1();
     assert!(m
         .iter()
-        .all(|m| m.authored == (1, v.schema_hash_hex()) && m.state == "pending"));
+        .all(|m| m.authored == (1, v.schema_hash_hex()) && m.state == MutationState::Pending));
     assert!(m.iter().all(|x| x.batch_id == m[0].batch_id));
     let ids: BTreeSet<&str> = m.iter().map(|m| m.mutation_id.as_str()).collect();
     assert_eq!(ids.len(), 4);
@@ -341,5 +341,5 @@ async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
         .mutations()
         .unwrap()
         .iter()
-        .all(|m| m.state == "pending"));
+        .all(|m| m.state == MutationState::Pending));
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use synchro_client::engine::Client;
 use synchro_client::http::HttpTransport;
-use synchro_client::queue::{LocalWrite, Operation};
+use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_client::storage::Storage;
 use synchro_protocol::token::Keyring;
 use synchro_protocol::value::{Scalar, TypedValue};
@@ -267,7 +267,7 @@ async fn main() -> Result<()> {
             .storage()
             .mutations()?
             .iter()
-            .all(|m| m.state == "applied"),
+            .all(|m| m.state == MutationState::Applied),
         "every push applied"
     );
     let started = Instant::now();

@@ -615,6 +615,8 @@ fn state_of<T: Transport>(c: &Client<T>, mutation_id: &str) -> String {
         .find(|m| m.mutation_id == mutation_id)
         .unwrap()
         .state
+        .as_str()
+        .to_owned()
 }
 
 #[tokio::test]

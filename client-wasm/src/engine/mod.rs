@@ -1,0 +1,536 @@
+//! The sync engine: client identity, the migration journal with the ten-step procedure of
+//! spec 000 "Client Migration Rules", and the connect / push / rebuild / pull loop behind a
+//! [`Transport`].
+//!
+//! One [`Client`] owns one local database. [`Client::open`] reads the durable journal before
+//! anything else: a journal still waiting for its DDL is executed from its persisted plan
+//! (re-derived from the persisted manifests and checked against its hash), a committed one
+//! resumes push-first reconciliation and rebuild, and any other combination enters
+//! `blocked` without a single sync request. [`Client::sync_once`] then connects, executes the
+//! schema action, pushes, rebuilds every scope marked for rebuild and pulls to the terminal
+//! page.
+//!
+//! This file is the facade and the order of a round; each step is its own file and none of
+//! them calls another: `connect` (the exchange and its scope updates), `migrate` (journal,
+//! DDL, recovery), `push`, `rebuild`, `pull`. No step holds SQL: they call the store.
+//!
+//! Every state change goes through the spec 001 state machine first; an illegal transition
+//! is refused before anything durable is touched.
+
+mod connect;
+mod migrate;
+mod pull;
+mod push;
+mod rebuild;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use synchro_protocol::jcs::to_output_string;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::{Manifest, SchemaRef};
+use synchro_protocol::state::{ClientState, StateMachine};
+use synchro_protocol::wire::Message;
+
+pub use crate::error::ClientError;
+pub use crate::store::JOURNAL_VERSION;
+use crate::store::{hex, JournalError, LocalWrite, Phase, Storage, StorageError};
+pub use crate::transport::{Response, Transport, TransportError};
+
+/// Largest page the engine asks for (the server's limit is 1..=1000).
+pub const DEFAULT_PAGE_LIMIT: u32 = 1000;
+
+/// Where an injected crash interrupts the engine (tests only ever set one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failpoint {
+    /// No interruption.
+    None,
+    /// After the journal commit, before the DDL transaction.
+    AfterJournal,
+    /// Inside the DDL transaction, after its first statement.
+    InsideDdl,
+    /// Inside the DDL transaction, after every statement but before the commit.
+    BeforeDdlCommit,
+    /// After the DDL commit, before push and rebuild.
+    AfterDdlCommit,
+    /// After the first rebuild page was staged.
+    InsideRebuild,
+    /// After every rebuild, before the journal is cleared.
+    BeforeJournalClear,
+    /// After a push response arrived, before its outcomes are stored.
+    BeforeOutcomes,
+}
+
+/// What a long operation has done so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// `"pull"` or `"rebuild"`.
+    pub phase: &'static str,
+    /// The scope being rebuilt (none for pull).
+    pub scope: Option<String>,
+    /// Pages applied so far in this operation.
+    pub pages: u64,
+    /// Rows applied so far in this operation.
+    pub rows: u64,
+}
+
+/// What one [`Client::sync_once`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SyncReport {
+    /// The connect action (`none`, `replace`, `rebuild_local`).
+    pub action: String,
+    /// The scopes a `rebuild_local` action named.
+    pub affected: BTreeSet<String>,
+    /// Scopes rebuilt and verified.
+    pub rebuilt: BTreeSet<String>,
+    /// Pull pages applied.
+    pub pull_pages: u64,
+    /// Row changes applied from pull pages.
+    pub pulled_changes: u64,
+    /// Scopes whose terminal digest verified.
+    pub verified: BTreeSet<String>,
+}
+
+/// The schema action of a connect answer (spec 003 `schema.action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SchemaAction {
+    /// The schema is unchanged.
+    None,
+    /// Migrate; every scope keeps its rows.
+    Replace,
+    /// Migrate; the affected scopes rebuild.
+    RebuildLocal,
+    /// The history crossed an incompatible change.
+    Unsupported,
+}
+
+impl SchemaAction {
+    fn parse(text: &str) -> Option<SchemaAction> {
+        Some(match text {
+            "none" => SchemaAction::None,
+            "replace" => SchemaAction::Replace,
+            "rebuild_local" => SchemaAction::RebuildLocal,
+            "unsupported" => SchemaAction::Unsupported,
+            _ => return None,
+        })
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            SchemaAction::None => "none",
+            SchemaAction::Replace => "replace",
+            SchemaAction::RebuildLocal => "rebuild_local",
+            SchemaAction::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// A migration a connect answer asks for (connect's result, the migrate step's input).
+struct Migration {
+    /// The verified target manifest.
+    target: Manifest,
+    /// The scopes the server says must rebuild.
+    affected: BTreeSet<String>,
+    /// Scopes the server assigns from now on.
+    added: BTreeSet<String>,
+    /// Scopes the server no longer assigns.
+    removed: BTreeSet<String>,
+    /// Server-issued cursor replacements.
+    cursor_updates: BTreeMap<String, Option<String>>,
+    /// The connect asked for the explicit schema reset.
+    reset: bool,
+}
+
+/// What the connect step found.
+enum Connected {
+    /// The schema is unchanged (its scope updates are recorded).
+    Unchanged,
+    /// A migration to execute.
+    Migrate(Box<Migration>),
+}
+
+type Listener = Box<dyn FnMut(&BTreeSet<String>)>;
+type Random = Box<dyn FnMut() -> [u8; 16]>;
+type Clock = Box<dyn Fn() -> u64>;
+type ProgressFn = Box<dyn FnMut(&Progress)>;
+
+/// Milliseconds since the Unix epoch from the platform clock.
+fn system_ms() -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now() as u64
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+/// A UUIDv7 (RFC 9562) from a millisecond Unix time and 16 random bytes.
+pub fn uuid_v7(unix_ms: u64, random: [u8; 16]) -> String {
+    let mut b = random;
+    b[..6].copy_from_slice(&unix_ms.to_be_bytes()[2..]);
+    b[6] = 0x70 | (b[6] & 0x0f);
+    b[8] = 0x80 | (b[8] & 0x3f);
+    let h = hex(&b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// A schema reference as requests carry it (version 0 and an empty hash before install).
+fn schema_json(r: Option<SchemaRef>) -> Json {
+    match r {
+        None => Json::Object(vec![
+            ("version".into(), Json::Number("0".into())),
+            ("hash".into(), Json::String(String::new())),
+        ]),
+        Some(r) => Json::Object(vec![
+            ("version".into(), Json::Number(r.version.to_string())),
+            ("hash".into(), Json::String(hex(&r.hash))),
+        ]),
+    }
+}
+
+/// Whether an error means "connect again, then retry" (422 schema_mismatch or
+/// 409 client_generation_expired).
+fn needs_reconnect(e: &ClientError) -> bool {
+    e.is_server("schema_mismatch") || e.is_server("client_generation_expired")
+}
+
+impl From<JournalError> for ClientError {
+    /// A journal that does not verify blocks the engine.
+    fn from(e: JournalError) -> ClientError {
+        match e {
+            JournalError::Storage(e) => ClientError::Storage(e),
+            JournalError::Invalid(why) => ClientError::Blocked(why),
+        }
+    }
+}
+
+/// A local database kept in sync with one server.
+pub struct Client<T: Transport> {
+    storage: Storage,
+    transport: T,
+    machine: StateMachine,
+    client_id: String,
+    manifest: Option<Manifest>,
+    page_limit: u32,
+    failpoint: Failpoint,
+    progress: Option<ProgressFn>,
+    listeners: Vec<Listener>,
+    random: Random,
+    clock: Clock,
+}
+
+impl<T: Transport> Client<T> {
+    /// Opens the engine over `storage`. A new database gets a client ID from `random`
+    /// (16 bytes; injected so tests and the browser choose the source). The metadata tables
+    /// are brought to the current version (a database written before the version existed
+    /// is adopted), then the durable journal is read: a pending one is executed, an
+    /// inconsistent one is [`ClientError::Blocked`].
+    pub fn open(
+        mut storage: Storage,
+        transport: T,
+        mut random: impl FnMut() -> [u8; 16] + 'static,
+    ) -> Result<Client<T>, ClientError> {
+        let identity = storage.open_client(|| hex(&random()))?;
+        let manifest = storage.active_schema()?;
+        let state = match (&manifest, identity.upgrade_required) {
+            (_, true) => ClientState::UpgradeRequired,
+            (None, _) => ClientState::Fresh,
+            (Some(_), _) => ClientState::Stopped,
+        };
+        let mut client = Client {
+            storage,
+            transport,
+            machine: StateMachine::new(state),
+            client_id: identity.client_id,
+            manifest,
+            page_limit: DEFAULT_PAGE_LIMIT,
+            failpoint: Failpoint::None,
+            progress: None,
+            listeners: Vec::new(),
+            random: Box::new(random),
+            clock: Box::new(system_ms),
+        };
+        client.recover()?;
+        Ok(client)
+    }
+
+    /// The client ID (random, stable for the database's life).
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// The engine state.
+    pub fn state(&self) -> ClientState {
+        self.machine.state()
+    }
+
+    /// The active manifest, if one is installed.
+    pub fn manifest(&self) -> Option<&Manifest> {
+        self.manifest.as_ref()
+    }
+
+    /// The local database.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Gives the storage back (closing the engine).
+    pub fn into_storage(self) -> Storage {
+        self.storage
+    }
+
+    /// Page size for pull and rebuild requests (1..=1000).
+    pub fn set_page_limit(&mut self, limit: u32) {
+        self.page_limit = limit.clamp(1, 1000);
+    }
+
+    /// Arms an injected interruption (tests).
+    pub fn set_failpoint(&mut self, failpoint: Failpoint) {
+        self.failpoint = failpoint;
+    }
+
+    /// Replaces the clock used for mutation IDs (milliseconds since the Unix epoch).
+    pub fn set_clock(&mut self, clock: impl Fn() -> u64 + 'static) {
+        self.clock = Box::new(clock);
+    }
+
+    /// Writes to a synced table and queues the intent in one transaction (spec 000
+    /// "Authored-Schema Queued Mutations"); returns the mutation ID (a UUIDv7 from the
+    /// injected clock and randomness). The intent is authored under the active schema.
+    pub fn write(&mut self, write: &LocalWrite<'_>) -> Result<String, ClientError> {
+        let manifest = self
+            .manifest
+            .clone()
+            .ok_or(ClientError::Blocked("no schema is installed"))?;
+        if self.storage.journal_phase()? == Some(Phase::Pending) {
+            return Err(ClientError::Blocked(
+                "a pending migration must finish before local writes",
+            ));
+        }
+        let now = (self.clock)();
+        let ids = (uuid_v7(now, (self.random)()), uuid_v7(now, (self.random)()));
+        let id = self.storage.write_local(&manifest, write, ids)?;
+        let name = manifest
+            .table(write.table_id)
+            .map(|t| t.name.clone())
+            .unwrap_or_default();
+        self.notify(BTreeSet::from([name]));
+        Ok(id)
+    }
+
+    /// Reports progress of pulls and rebuilds.
+    pub fn on_progress(&mut self, f: impl FnMut(&Progress) + 'static) {
+        self.progress = Some(Box::new(f));
+    }
+
+    /// Calls `f` with the names of the synced tables a committed page changed.
+    pub fn subscribe(&mut self, f: impl FnMut(&BTreeSet<String>) + 'static) {
+        self.listeners.push(Box::new(f));
+    }
+
+    /// Connects and executes the schema action (steps 1-6 for replace and rebuild_local).
+    /// Returns the action's name and, for `rebuild_local`, the affected scopes.
+    pub async fn connect(&mut self) -> Result<(String, BTreeSet<String>), ClientError> {
+        self.go(ClientState::Connecting)?;
+        match self.connect_and_migrate().await {
+            Ok(action) => Ok(action),
+            Err(e) => {
+                let back = match &e {
+                    ClientError::UpgradeRequired(_) => ClientState::UpgradeRequired,
+                    // An interrupted migration keeps its durable journal: the engine stops
+                    // and the next round (or restart) continues from the journal.
+                    _ if self.machine.state() == ClientState::Migrating => ClientState::Stopped,
+                    e if e.retryable() || matches!(e, ClientError::Injected) => {
+                        if self.manifest.is_some() {
+                            ClientState::Idle
+                        } else {
+                            ClientState::Fresh
+                        }
+                    }
+                    _ => ClientState::Blocked,
+                };
+                // Every `back` above is a legal successor of the state it can fail in.
+                let _ = self.go(back);
+                Err(e)
+            }
+        }
+    }
+
+    async fn connect_and_migrate(&mut self) -> Result<(String, BTreeSet<String>), ClientError> {
+        let (action, affected, connected) = self.exchange().await?;
+        match connected {
+            Connected::Unchanged => self.go(ClientState::Idle)?,
+            Connected::Migrate(migration) => {
+                // Step 1: push and pull are paused while migrating.
+                self.go(ClientState::Migrating)?;
+                self.migrate(*migration)?;
+            }
+        }
+        Ok((action.as_str().to_owned(), affected))
+    }
+
+    /// One full round: recover or connect, execute the schema action, push, rebuild every
+    /// marked scope (verifying each final checksum), clear a finished journal, and pull to
+    /// the terminal page (verifying every terminal scope digest).
+    pub async fn sync_once(&mut self) -> Result<SyncReport, ClientError> {
+        match self.sync_round().await {
+            Err(e) if needs_reconnect(&e) => {
+                // A schema or generation change under us: connect again and retry once.
+                self.reset_to_idle();
+                self.sync_round().await
+            }
+            other => other,
+        }
+    }
+
+    async fn sync_round(&mut self) -> Result<SyncReport, ClientError> {
+        let mut report = SyncReport::default();
+        let state = self.machine.state();
+        if state == ClientState::Blocked {
+            return Err(ClientError::Blocked("the engine is blocked"));
+        }
+        if state == ClientState::UpgradeRequired && !self.storage.reset_requested()? {
+            return Err(ClientError::UpgradeRequired(
+                "this client's schema can no longer sync",
+            ));
+        }
+        // A journal still waiting for its DDL (an interruption in this process) runs first.
+        if self.storage.journal_phase()? == Some(Phase::Pending) {
+            self.recover()?;
+        }
+        // A committed journal from before a restart resumes after connect: push first,
+        // then its rebuilds (the markers are durable), then the journal is cleared.
+        (report.action, report.affected) = self.connect().await?;
+        let result = self.after_connect(&mut report).await;
+        if let Err(e) = &result {
+            let to = if e.retryable() || needs_reconnect(e) || matches!(e, ClientError::Injected) {
+                ClientState::Idle
+            } else if matches!(e, ClientError::Storage(StorageError::Verification(_))) {
+                // A page that fails verification is refused; the next round retries.
+                ClientState::Idle
+            } else {
+                ClientState::Blocked
+            };
+            if self.go(to).is_err() {
+                self.machine = StateMachine::new(to);
+            }
+        }
+        result.map(|()| report)
+    }
+
+    async fn after_connect(&mut self, report: &mut SyncReport) -> Result<(), ClientError> {
+        // Step 7: push first (under the target schema after a migration).
+        self.go(ClientState::Pushing)?;
+        self.push_pending().await?;
+        // Step 8: rebuild every marked scope.
+        self.rebuild_marked(report).await?;
+        // Step 9: the journal goes last.
+        self.finish_journal()?;
+        // Step 10: normal pull.
+        self.go(ClientState::Idle)?;
+        self.go(ClientState::Pulling)?;
+        self.pull(report).await?;
+        // A terminal digest mismatch scheduled a rebuild: do it now, then pull again.
+        if self.rebuild_marked(report).await? {
+            self.go(ClientState::Idle)?;
+            self.go(ClientState::Pulling)?;
+            self.pull(report).await?;
+        }
+        self.go(ClientState::Idle)?;
+        Ok(())
+    }
+
+    // ----- shared by the steps -----------------------------------------------------------
+
+    fn go(&mut self, to: ClientState) -> Result<(), ClientError> {
+        if self.machine.state() == to {
+            return Ok(());
+        }
+        self.machine
+            .apply(to)
+            .map_err(ClientError::IllegalTransition)
+    }
+
+    fn reset_to_idle(&mut self) {
+        let s = self.machine.state();
+        if s != ClientState::Idle && self.go(ClientState::Idle).is_err() {
+            self.machine = StateMachine::new(ClientState::Idle);
+        }
+    }
+
+    fn fail(&self, at: Failpoint) -> Result<(), ClientError> {
+        if self.failpoint == at {
+            Err(ClientError::Injected)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn notify(&mut self, tables: BTreeSet<String>) {
+        if tables.is_empty() {
+            return;
+        }
+        for l in &mut self.listeners {
+            l(&tables);
+        }
+    }
+
+    fn report(&mut self, p: Progress) {
+        if let Some(f) = &mut self.progress {
+            f(&p);
+        }
+    }
+
+    /// A new UUIDv7 from the injected clock and randomness.
+    fn new_id(&mut self) -> String {
+        uuid_v7((self.clock)(), (self.random)())
+    }
+
+    /// Assigned scopes with `(cursor, rebuild)` (none before a schema is installed).
+    fn scopes(&self) -> Result<BTreeMap<String, (Option<String>, bool)>, ClientError> {
+        if self.manifest.is_none() {
+            return Ok(BTreeMap::new());
+        }
+        Ok(self.storage.scopes()?)
+    }
+
+    /// The active manifest, which the step needs.
+    fn active(&self) -> Result<Manifest, ClientError> {
+        self.manifest
+            .clone()
+            .ok_or(ClientError::Blocked("no schema is installed"))
+    }
+
+    /// The names of every synced table of `manifest`.
+    fn table_names(manifest: &Manifest) -> BTreeSet<String> {
+        manifest.tables.iter().map(|t| t.name.clone()).collect()
+    }
+
+    async fn post(&self, path: &str, request: &impl Message) -> Result<Response, ClientError> {
+        Ok(self
+            .transport
+            .post(path, to_output_string(&request.to_json()))
+            .await?)
+    }
+
+    fn schema_json(&self) -> Json {
+        schema_json(self.manifest.as_ref().map(Manifest::schema_ref))
+    }
+
+    /// The generation every request after connect carries.
+    fn connected_generation(&self) -> Result<u64, ClientError> {
+        self.storage.generation()?.ok_or(ClientError::Blocked(
+            "the client has no generation; connect first",
+        ))
+    }
+}

@@ -1,0 +1,85 @@
+//! Step 7: push (spec 000 "Authored-Schema Queued Mutations", spec 003 `POST /sync/push`).
+//! Seals the open batch under the active schema and sends every sealed batch, oldest first,
+//! until each has its outcomes stored durably; a `schema_mismatch` moves the batch's
+//! unresolved mutations, unchanged, into a successor.
+
+use synchro_protocol::json::Json;
+use synchro_protocol::state::ClientState;
+use synchro_protocol::wire::{Message, PushRequest};
+
+use super::{schema_json, Client, ClientError, Failpoint, Transport};
+
+impl<T: Transport> Client<T> {
+    /// Seals the open batch under the active schema and sends every sealed batch in order
+    /// until each has its outcomes, stored durably. A 422 `schema_mismatch` moves the
+    /// batch's unresolved mutations, unchanged, into a successor to be sealed after
+    /// reconnecting; the error makes the round reconnect.
+    pub(super) async fn push_pending(&mut self) -> Result<(), ClientError> {
+        let Some(manifest) = self.manifest.clone() else {
+            return Ok(());
+        };
+        let generation = self.connected_generation()?;
+        loop {
+            let rest = self.new_id();
+            self.storage
+                .seal((manifest.schema_version, manifest.schema_hash_hex()), &rest)?;
+            let batches = self.storage.sealed_batches()?;
+            if batches.is_empty() {
+                return Ok(());
+            }
+            for (batch_id, request) in batches {
+                // The sealed batch (its schema and mutations, kept as sealed) read back
+                // through the wire type, so only a well-formed request is ever sent.
+                let body = Json::Object(vec![
+                    ("protocol_version".into(), Json::Number("3".into())),
+                    ("client_id".into(), Json::String(self.client_id.clone())),
+                    (
+                        "client_generation".into(),
+                        Json::Number(generation.to_string()),
+                    ),
+                    (
+                        "schema".into(),
+                        request.get("schema").cloned().unwrap_or(Json::Null),
+                    ),
+                    ("batch_id".into(), Json::String(batch_id.clone())),
+                    (
+                        "mutations".into(),
+                        request.get("mutations").cloned().unwrap_or(Json::Null),
+                    ),
+                ]);
+                let request_body = PushRequest::from_json(&body)
+                    .map_err(|_| ClientError::Blocked("a sealed batch is not a valid request"))?;
+                let r = self.post("/sync/push", &request_body).await?;
+                if r.status == 200 {
+                    self.fail(Failpoint::BeforeOutcomes)?;
+                    self.storage
+                        .record_outcomes(&manifest, &batch_id, &r.body)?;
+                    continue;
+                }
+                let e = ClientError::from_response(&r);
+                if e.is_server("schema_mismatch") {
+                    let successor = self.new_id();
+                    self.storage.supersede(&batch_id, &successor)?;
+                    let current = schema_json(Some(manifest.schema_ref()));
+                    if request.get("schema") != Some(&current) {
+                        // Sealed under an earlier schema: reseal under this one and go on.
+                        break;
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+
+    /// Pushes queued intent now, without a full round (the engine must be idle after a
+    /// connect). Returns the number of mutations that got an outcome.
+    pub async fn push(&mut self) -> Result<usize, ClientError> {
+        let before = self.storage.pending_count()?;
+        self.go(ClientState::Pushing)?;
+        let result = self.push_pending().await;
+        self.reset_to_idle();
+        result?;
+        let after = self.storage.pending_count()?;
+        Ok(before - after)
+    }
+}

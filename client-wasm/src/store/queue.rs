@@ -1,0 +1,576 @@
+//! The durable mutation queue (spec 000 "Authored-Schema Queued Mutations"): every local
+//! write to a synced table changes the visible row and appends the mutation that records the
+//! intent, in one SQLite transaction, so a crash can never keep one without the other.
+//!
+//! A mutation keeps, for its whole life: batch_id, mutation_id (UUIDv7 from injected clock
+//! and randomness), table_id, typed primary key, operation, base_version (the server version
+//! the intent was made against), client_version (a per-row local counter), the ordered
+//! `(field_id, value)` columns the application gave (an absent field is absent, a null is
+//! present), the authored schema reference and its local order. Mutations collect in the
+//! open batch; sealing fixes a batch's request content for ever. Before sealing, only the
+//! server-owned base_version of a mutation may be refreshed (when a predecessor for the same
+//! row is accepted); nothing changes after.
+//!
+//! Rows with unresolved intent are protected (see `rows`): pull and rebuild keep updating the
+//! server layer but leave the visible row alone.
+
+use std::collections::HashSet;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use synchro_protocol::digest::row_digest;
+use synchro_protocol::jcs::to_output_string;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::migration::quote_ident;
+use synchro_protocol::value::TypedValue;
+use synchro_protocol::wire::{Message, Outcome, PushResponse};
+
+use super::enums::{parse_operation, MutationState, OutcomeStatus};
+use super::rows::{
+    delete_row, drop_shadow, has_shadow, pending_keys, restore_visible, row_exists, server_version,
+    set_shadow, shadow, table_of, visible_row,
+};
+use super::values::to_sql;
+use super::{run, Storage};
+use crate::error::StorageError;
+/// A local write's kind: the wire's operation.
+pub use synchro_protocol::wire::Operation;
+
+/// Most mutations sealed into one batch (the server accepts up to 1,000).
+pub const MAX_BATCH: i64 = 100;
+
+/// One local write through the engine.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalWrite<'a> {
+    /// Logical table ID.
+    pub table_id: &'a str,
+    /// Insert, update or delete.
+    pub operation: Operation,
+    /// The row's key.
+    pub pk: &'a TypedValue,
+    /// `(field_id, value)` in the application's order, the key field excluded.
+    pub columns: &'a [(String, TypedValue)],
+}
+
+/// One queued mutation as stored (for inspection).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mutation {
+    /// UUIDv7.
+    pub mutation_id: String,
+    /// The batch it is (or will be) sent in.
+    pub batch_id: String,
+    /// Position in the local write order.
+    pub local_order: i64,
+    /// Logical table ID.
+    pub table_id: String,
+    /// The key's wire JSON text.
+    pub pk: String,
+    /// Insert, update or delete.
+    pub operation: Operation,
+    /// The server version the intent was made against (none for a row the server never
+    /// sent).
+    pub base_version: Option<String>,
+    /// Per-row local counter.
+    pub client_version: i64,
+    /// `[{"field_id","value"}]` in the order given, as JSON text.
+    pub columns: String,
+    /// The schema the intent was authored under.
+    pub authored: (u64, String),
+    /// Pending until its outcome is stored, then the outcome's status.
+    pub state: MutationState,
+}
+
+fn invalid(field_id: &str) -> StorageError {
+    StorageError::InvalidValue {
+        field_id: field_id.to_owned(),
+    }
+}
+
+/// The open batch, if there is one.
+fn open_batch(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        r#"SELECT "batch_id" FROM "_synchro_batches" WHERE "sealed" = 0"#,
+        [],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// Creates a new batch after every existing one (it is the open batch: there is none).
+fn new_batch(conn: &Connection, batch_id: &str) -> rusqlite::Result<()> {
+    run(
+        conn,
+        r#"INSERT INTO "_synchro_batches" ("batch_id", "seq") VALUES (?, (SELECT coalesce(max("seq"), 0) + 1 FROM "_synchro_batches"))"#,
+        [batch_id],
+    )?;
+    Ok(())
+}
+
+/// A batch is done: every mutation in it has its outcome, or moved to a successor.
+fn complete_batch(conn: &Connection, batch_id: &str) -> rusqlite::Result<()> {
+    run(
+        conn,
+        r#"UPDATE "_synchro_batches" SET "completed" = 1 WHERE "batch_id" = ?"#,
+        [batch_id],
+    )?;
+    Ok(())
+}
+
+impl Storage {
+    /// Writes locally and queues the intent, in one transaction. `columns` are
+    /// `(field_id, value)` in the application's order (the key field excluded: it is `pk`);
+    /// a field not listed is absent (an insert stores NULL there, an update leaves it).
+    /// Returns the mutation ID.
+    pub(crate) fn write_local(
+        &mut self,
+        manifest: &Manifest,
+        write: &LocalWrite<'_>,
+        (mutation_id, new_batch_id): (String, String),
+    ) -> Result<String, StorageError> {
+        let LocalWrite {
+            table_id,
+            operation,
+            pk,
+            columns,
+        } = *write;
+        let table = table_of(manifest, table_id)?;
+        let key_field = table.primary_key();
+        pk.check(&key_field.spec)
+            .map_err(|_| invalid(&key_field.field_id))?;
+        if operation == Operation::Delete && !columns.is_empty() {
+            return Err(invalid("(columns of a delete)"));
+        }
+        let mut seen = HashSet::new();
+        for (field_id, value) in columns {
+            let field = table
+                .field(field_id)
+                .filter(|f| f.field_id != table.primary_key_field_id)
+                .ok_or_else(|| invalid(field_id))?;
+            if !field.writable || !seen.insert(field_id.as_str()) {
+                return Err(invalid(field_id));
+            }
+            value.check(&field.spec).map_err(|_| invalid(field_id))?;
+        }
+        let pk_text = pk.to_wire_text();
+        self.with_tx(|tx| {
+            let exists = row_exists(tx, table, pk)?;
+            // The server version the intent is made against (none: the server never sent
+            // the row).
+            let base_version = server_version(tx, table_id, &pk_text)?;
+            // The server state to return to if this intent fails: kept from the first
+            // unresolved intent on the row.
+            if !has_shadow(tx, table_id, &pk_text)? {
+                let row = if base_version.is_some() {
+                    visible_row(tx, table, pk)?
+                } else {
+                    None
+                };
+                set_shadow(tx, table_id, &pk_text, row.as_deref())?;
+            }
+            match (operation, exists) {
+                (Operation::Insert, true) => return Err(invalid(&key_field.field_id)),
+                (Operation::Update | Operation::Delete, false) => {
+                    return Err(StorageError::Schema("no such row".into()))
+                }
+                _ => {}
+            }
+            // The visible row.
+            match operation {
+                Operation::Insert => {
+                    let mut names = vec![quote_ident(&key_field.name)];
+                    let mut values = vec![to_sql(pk)];
+                    for f in &table.fields {
+                        if f.field_id == table.primary_key_field_id {
+                            continue;
+                        }
+                        match columns.iter().find(|(id, _)| *id == f.field_id) {
+                            Some((_, v)) => {
+                                names.push(quote_ident(&f.name));
+                                values.push(to_sql(v));
+                            }
+                            None if f.spec.nullable => {}
+                            None => return Err(invalid(&f.field_id)),
+                        }
+                    }
+                    run(
+                        tx,
+                        &format!(
+                            "INSERT INTO {} ({}) VALUES ({})",
+                            quote_ident(&table.name),
+                            names.join(", "),
+                            vec!["?"; names.len()].join(", ")
+                        ),
+                        rusqlite::params_from_iter(values),
+                    )?;
+                }
+                Operation::Update if !columns.is_empty() => {
+                    let sets: Vec<String> = columns
+                        .iter()
+                        .map(|(id, _)| {
+                            format!(
+                                "{} = ?",
+                                quote_ident(&table.field(id).expect("checked").name)
+                            )
+                        })
+                        .collect();
+                    let mut values: Vec<_> = columns.iter().map(|(_, v)| to_sql(v)).collect();
+                    values.push(to_sql(pk));
+                    run(
+                        tx,
+                        &format!(
+                            "UPDATE {} SET {} WHERE {} = ?",
+                            quote_ident(&table.name),
+                            sets.join(", "),
+                            quote_ident(&key_field.name)
+                        ),
+                        rusqlite::params_from_iter(values),
+                    )?;
+                }
+                Operation::Update => {}
+                Operation::Delete => delete_row(tx, table, pk)?,
+            }
+            // The intent.
+            let client_version: i64 = tx.query_row(
+                r#"SELECT count(*) + 1 FROM "_synchro_mutations" WHERE "table_id" = ? AND "pk" = ?"#,
+                params![table_id, pk_text],
+                |r| r.get(0),
+            )?;
+            let batch_id = match open_batch(tx)? {
+                Some(b) => b,
+                None => {
+                    new_batch(tx, &new_batch_id)?;
+                    new_batch_id
+                }
+            };
+            let columns_json = to_output_string(&Json::Array(
+                columns
+                    .iter()
+                    .map(|(id, v)| {
+                        Json::Object(vec![
+                            ("field_id".into(), Json::String(id.clone())),
+                            ("value".into(), v.to_wire()),
+                        ])
+                    })
+                    .collect(),
+            ));
+            run(
+                tx,
+                r#"INSERT INTO "_synchro_mutations" ("mutation_id", "batch_id", "local_order", "table_id", "pk", "operation",
+                       "base_version", "client_version", "columns", "authored_version", "authored_hash")
+                   VALUES (?, ?, (SELECT coalesce(max("local_order"), 0) + 1 FROM "_synchro_mutations"), ?, ?, ?, ?, ?, ?, ?, ?)"#,
+                params![
+                    mutation_id,
+                    batch_id,
+                    table_id,
+                    pk_text,
+                    operation.as_str(),
+                    base_version,
+                    client_version,
+                    columns_json,
+                    manifest.schema_version as i64,
+                    manifest.schema_hash_hex(),
+                ],
+            )?;
+            Ok(mutation_id)
+        })
+    }
+
+    /// Every queued mutation in local order (all states), for inspection.
+    pub fn mutations(&self) -> Result<Vec<Mutation>, StorageError> {
+        batch_mutations(self.connection(), None)
+    }
+
+    /// How many mutations wait for their outcome.
+    pub(crate) fn pending_count(&self) -> Result<usize, StorageError> {
+        Ok(self
+            .mutations()?
+            .iter()
+            .filter(|m| m.state == MutationState::Pending)
+            .count())
+    }
+
+    /// Seals the open batch (at most [`MAX_BATCH`] mutations and one per row; later ones
+    /// move to a new open batch `rest_batch_id`) under the request schema `schema`. From now
+    /// on its request content never changes. Returns whether a batch was sealed.
+    pub(crate) fn seal(
+        &mut self,
+        schema: (u64, String),
+        rest_batch_id: &str,
+    ) -> Result<bool, StorageError> {
+        self.with_tx(|tx| {
+            let Some(batch_id) = open_batch(tx)? else {
+                return Ok(false);
+            };
+            let mutations: Vec<Mutation> = batch_mutations(tx, Some(&batch_id))?;
+            if mutations.is_empty() {
+                return Ok(false);
+            }
+            // A batch holds at most one mutation per row: a later intent on the same row
+            // waits, unsealed, for its predecessor's outcome (which refreshes its
+            // base_version).
+            let mut rows = HashSet::new();
+            let cut = mutations
+                .iter()
+                .position(|m| !rows.insert((m.table_id.clone(), m.pk.clone())))
+                .unwrap_or(mutations.len())
+                .min(MAX_BATCH as usize);
+            if cut < mutations.len() {
+                new_batch(tx, rest_batch_id)?;
+                for m in &mutations[cut..] {
+                    run(
+                        tx,
+                        r#"UPDATE "_synchro_mutations" SET "batch_id" = ? WHERE "mutation_id" = ?"#,
+                        params![rest_batch_id, m.mutation_id],
+                    )?;
+                }
+            }
+            let items: Vec<Json> = mutations
+                .iter()
+                .take(cut)
+                .map(|m| m.to_wire())
+                .collect::<Result<_, _>>()?;
+            let request = Json::Object(vec![
+                (
+                    "schema".into(),
+                    Json::Object(vec![
+                        ("version".into(), Json::Number(schema.0.to_string())),
+                        ("hash".into(), Json::String(schema.1)),
+                    ]),
+                ),
+                ("mutations".into(), Json::Array(items)),
+            ]);
+            run(
+                tx,
+                r#"UPDATE "_synchro_batches" SET "sealed" = 1, "request" = ? WHERE "batch_id" = ?"#,
+                params![to_output_string(&request), batch_id],
+            )?;
+            Ok(true)
+        })
+    }
+
+    /// Sealed batches still waiting for their outcomes, oldest first: (batch_id, request).
+    pub(crate) fn sealed_batches(&self) -> Result<Vec<(String, Json)>, StorageError> {
+        let mut q = self.connection().prepare(
+            r#"SELECT "batch_id", "request" FROM "_synchro_batches" WHERE "sealed" = 1 AND "completed" = 0 ORDER BY "seq""#,
+        )?;
+        let rows: Vec<(String, String)> = q
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        rows.into_iter()
+            .map(|(b, r)| {
+                Json::parse(&r)
+                    .map(|j| (b, j))
+                    .map_err(|_| StorageError::Schema("a sealed batch does not parse".into()))
+            })
+            .collect()
+    }
+
+    /// After a request-level schema_mismatch: the sealed batch stays as it was (its request
+    /// is kept), and its unresolved mutations move, unchanged and with their IDs, into the
+    /// open batch (created as `successor` when there is none), to be sealed again under the
+    /// then-current schema.
+    pub(crate) fn supersede(
+        &mut self,
+        batch_id: &str,
+        successor: &str,
+    ) -> Result<(), StorageError> {
+        self.with_tx(|tx| {
+            let target = match open_batch(tx)? {
+                Some(b) => b,
+                None => {
+                    new_batch(tx, successor)?;
+                    successor.to_owned()
+                }
+            };
+            run(
+                tx,
+                r#"UPDATE "_synchro_mutations" SET "batch_id" = ? WHERE "batch_id" = ? AND "state" = ?"#,
+                params![target, batch_id, MutationState::Pending],
+            )?;
+            complete_batch(tx, batch_id)?;
+            Ok(())
+        })
+    }
+
+    /// Stores a push response's outcomes durably, in one transaction: every outcome as
+    /// received, each mutation's state, the base_version of unsealed successors of an
+    /// applied row refreshed, and every row whose intent is now resolved returned to the
+    /// server's state when its last outcome was not applied. Row-bearing outcomes are
+    /// verified first; a response that does not match its batch changes nothing.
+    pub(crate) fn record_outcomes(
+        &mut self,
+        manifest: &Manifest,
+        batch_id: &str,
+        response: &Json,
+    ) -> Result<usize, StorageError> {
+        let integrity = StorageError::Verification;
+        // The one parser of the wire: every outcome's shape and checksum object.
+        let response = PushResponse::from_json(response).map_err(|e| integrity(e.message))?;
+        if response.batch_id != batch_id {
+            return Err(integrity("the response is for another batch"));
+        }
+        let outcomes = &response.outcomes;
+        self.with_tx(|tx| {
+            let batch = batch_mutations(tx, Some(batch_id))?;
+            if outcomes.len() != batch.len() {
+                return Err(integrity("the outcomes do not match the batch"));
+            }
+            let mut touched: Vec<(&str, &str, OutcomeStatus)> = Vec::new();
+            for (m, o) in batch.iter().zip(outcomes) {
+                if o.mutation_id() != m.mutation_id {
+                    return Err(integrity("the outcomes do not match the batch"));
+                }
+                let status = OutcomeStatus::of(o);
+                debug_assert_eq!(status.as_str(), o.status());
+                // A row-bearing outcome must carry the digest of its row.
+                let mut server_row = None;
+                if let Some((version, row, checksum)) = o.row() {
+                    let pk = Json::parse(&m.pk).map_err(|_| integrity("a queued key"))?;
+                    let d = row_digest(manifest, &m.table_id, &pk, row, version)
+                        .map_err(|_| integrity("an outcome row does not match its table"))?;
+                    if d.digest != checksum.0 {
+                        return Err(integrity("an outcome row does not match its checksum"));
+                    }
+                    server_row = Some(to_output_string(row));
+                }
+                run(
+                    tx,
+                    r#"INSERT OR REPLACE INTO "_synchro_outcomes" VALUES (?, ?, ?, ?)"#,
+                    params![
+                        m.mutation_id,
+                        status,
+                        o.code(),
+                        to_output_string(&o.to_json())
+                    ],
+                )?;
+                run(
+                    tx,
+                    r#"UPDATE "_synchro_mutations" SET "state" = ? WHERE "mutation_id" = ?"#,
+                    params![MutationState::from(status), m.mutation_id],
+                )?;
+                if let Outcome::Applied { server_version, .. } = o {
+                    // Only the server-owned base of unsealed successors may change.
+                    run(
+                        tx,
+                        r#"UPDATE "_synchro_mutations" SET "base_version" = ?
+                            WHERE "table_id" = ? AND "pk" = ? AND "state" = ?
+                              AND "batch_id" IN (SELECT "batch_id" FROM "_synchro_batches" WHERE "sealed" = 0)"#,
+                        params![server_version, m.table_id, m.pk, MutationState::Pending],
+                    )?;
+                }
+                if status == OutcomeStatus::Conflict {
+                    // The conflict names the server's current row (or none): that is the
+                    // state to return to.
+                    set_shadow(tx, &m.table_id, &m.pk, server_row.as_deref())?;
+                }
+                touched.push((&m.table_id, &m.pk, status));
+            }
+            complete_batch(tx, batch_id)?;
+            // Rows whose intent is now resolved.
+            let pending = pending_keys(tx)?;
+            for &(table_id, pk, status) in touched.iter().rev() {
+                if pending.contains(&(table_id.to_owned(), pk.to_owned())) {
+                    continue;
+                }
+                let Some(shadow) = shadow(tx, table_id, pk)? else {
+                    continue;
+                };
+                if status != OutcomeStatus::Applied {
+                    let table = table_of(manifest, table_id)?;
+                    let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+                        .map_err(|_| integrity("a queued key"))?;
+                    restore_visible(tx, table, &key, shadow.as_deref())?;
+                }
+                drop_shadow(tx, table_id, pk)?;
+            }
+            Ok(outcomes.len())
+        })
+    }
+
+    /// The stored outcome of a mutation, as received.
+    pub fn outcome(&self, mutation_id: &str) -> Result<Option<String>, StorageError> {
+        Ok(self
+            .connection()
+            .query_row(
+                r#"SELECT "outcome" FROM "_synchro_outcomes" WHERE "mutation_id" = ?"#,
+                [mutation_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+}
+
+/// The mutations of `batch_id` (every one when `None`), in local order.
+fn batch_mutations(
+    conn: &Connection,
+    batch_id: Option<&str>,
+) -> Result<Vec<Mutation>, StorageError> {
+    let mut q = conn.prepare(
+        r#"SELECT "mutation_id", "batch_id", "local_order", "table_id", "pk", "operation", "base_version",
+                  "client_version", "columns", "authored_version", "authored_hash", "state"
+             FROM "_synchro_mutations" WHERE ?1 IS NULL OR "batch_id" = ?1 ORDER BY "local_order""#,
+    )?;
+    let out = q
+        .query_map([batch_id], |r| {
+            Ok(Mutation {
+                mutation_id: r.get(0)?,
+                batch_id: r.get(1)?,
+                local_order: r.get(2)?,
+                table_id: r.get(3)?,
+                pk: r.get(4)?,
+                operation: {
+                    let text: String = r.get(5)?;
+                    parse_operation(&text).ok_or_else(|| {
+                        rusqlite::Error::FromSqlConversionFailure(
+                            5,
+                            rusqlite::types::Type::Text,
+                            "not a stored operation".into(),
+                        )
+                    })?
+                },
+                base_version: r.get(6)?,
+                client_version: r.get(7)?,
+                columns: r.get(8)?,
+                authored: (r.get::<_, i64>(9)? as u64, r.get(10)?),
+                state: r.get(11)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(out)
+}
+
+impl Mutation {
+    /// The mutation as sent in a push request.
+    fn to_wire(&self) -> Result<Json, StorageError> {
+        let bad = |_| StorageError::Schema("a queued mutation does not parse".into());
+        Ok(Json::Object(vec![
+            ("mutation_id".into(), Json::String(self.mutation_id.clone())),
+            ("table_id".into(), Json::String(self.table_id.clone())),
+            ("pk".into(), Json::parse(&self.pk).map_err(bad)?),
+            (
+                "operation".into(),
+                Json::String(self.operation.as_str().to_owned()),
+            ),
+            (
+                "base_version".into(),
+                self.base_version.clone().map_or(Json::Null, Json::String),
+            ),
+            (
+                "client_version".into(),
+                Json::Number(self.client_version.to_string()),
+            ),
+            ("columns".into(), Json::parse(&self.columns).map_err(bad)?),
+            (
+                "authored_schema".into(),
+                Json::Object(vec![
+                    ("version".into(), Json::Number(self.authored.0.to_string())),
+                    ("hash".into(), Json::String(self.authored.1.clone())),
+                ]),
+            ),
+            (
+                "local_order".into(),
+                Json::Number(self.local_order.to_string()),
+            ),
+        ]))
+    }
+}
