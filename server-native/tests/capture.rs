@@ -231,6 +231,28 @@ async fn relation_drift_blocks_capture_without_acknowledging() {
         .await
         .unwrap();
     drop(worker);
+    // The old worker's leader lock goes when the server sees its session end.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let held: bool = env
+            .admin
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+                   AND ((classid::bigint << 32) | objid::bigint) = 32503137342878319)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if !held {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old leader lock stays"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_eq!(
         again.step(Failpoint::None).await.unwrap(),
         StepOutcome::Blocked("registered_relation_drift".into())
