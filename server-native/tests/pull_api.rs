@@ -1068,3 +1068,60 @@ async fn a_rebuild_after_compaction_hands_over_to_incremental_pulls() {
         );
     }
 }
+
+/// Spec 000's error table: while capture is blocked, pull and rebuild answer 503
+/// `temporary_unavailable` with `reason: "capture_blocked"` (retryable) instead of serving
+/// a projection that no longer follows the source, with valid checksums, as current.
+#[tokio::test]
+async fn while_capture_is_blocked_pull_and_rebuild_answer_capture_blocked() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'one')")
+        .await
+        .unwrap();
+    s.capture().await;
+    let schema = s.schema().await;
+    let pull = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                      "schema": schema, "scope_cursors": {"user:alice": null}, "limit": 10});
+    let rebuild = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                         "schema": schema, "scope_id": "user:alice", "limit": 10});
+    assert_eq!(s.post("/sync/pull", &token, pull.clone()).await.0, 200);
+    s.env
+        .admin
+        .batch_execute(
+            "UPDATE synchro.capture_state SET blocked_reason = 'decode_error', blocked_at = now()",
+        )
+        .await
+        .unwrap();
+    for (path, body) in [("/sync/pull", &pull), ("/sync/rebuild", &rebuild)] {
+        let (st, v) = s.post(path, &token, body.clone()).await;
+        assert_eq!(
+            (
+                st,
+                v["error"]["code"].as_str(),
+                v["error"]["reason"].as_str(),
+                v["error"]["retryable"].as_bool()
+            ),
+            (
+                503,
+                Some("temporary_unavailable"),
+                Some("capture_blocked"),
+                Some(true)
+            ),
+            "{path}: {v}"
+        );
+    }
+    // A wrong schema or generation is still the client's own error first.
+    let mut stale = pull.clone();
+    stale["client_generation"] = json!(generation + 1);
+    assert_eq!(s.post("/sync/pull", &token, stale).await.0, 409);
+    s.env
+        .admin
+        .batch_execute("UPDATE synchro.capture_state SET blocked_reason = NULL, blocked_at = NULL")
+        .await
+        .unwrap();
+    assert_eq!(s.post("/sync/pull", &token, pull).await.0, 200);
+}

@@ -107,3 +107,13 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_readiness() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_readiness() TO synchro_adapter, synchro_monitor;
+
+-- Whether capture is durably blocked. While it is, pull, rebuild and push answer 503
+-- temporary_unavailable with reason capture_blocked (spec 000 error table) rather than
+-- serve a projection that no longer follows the source as verified.
+CREATE FUNCTION synchro.synchro_capture_blocked() RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT coalesce((SELECT blocked_reason IS NOT NULL FROM synchro.capture_state), false)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_blocked() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_capture_blocked() TO synchro_adapter;

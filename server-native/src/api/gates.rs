@@ -19,7 +19,8 @@ pub(crate) struct Gates {
     pub stream: ScopeStreamState,
 }
 
-/// Exact current schema (422) and current client generation (409).
+/// Exact current schema (422), current client generation (409), and capture not blocked
+/// (503 `temporary_unavailable`, reason `capture_blocked`).
 pub(crate) async fn gates(
     state: &AppState,
     user_id: &str,
@@ -48,6 +49,14 @@ pub(crate) async fn gates(
     let stored_generation = stored.get::<_, i64>(0) as u64;
     if stored_generation != client_generation || stored.get::<_, bool>(2) {
         return Err(ApiError::generation_expired(Some(stored_generation)));
+    }
+    // Spec 000 error table: while capture is blocked nothing is served as current.
+    let blocked: bool = db
+        .query_one("SELECT synchro.synchro_capture_blocked()", &[])
+        .await?
+        .get(0);
+    if blocked {
+        return Err(ApiError::unavailable_because("capture_blocked"));
     }
     let stream = db
         .query_one("SELECT * FROM synchro.synchro_stream_state()", &[])
