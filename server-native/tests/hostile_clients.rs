@@ -8,7 +8,7 @@ mod common;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use common::{free_port, start_server, wait_ready, Env, Server};
+use common::{Env, Server};
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use synchro_server::auth::{mint, mint_claims};
@@ -50,22 +50,16 @@ fn raw_token(header: &Value, claims: &Value) -> String {
 
 impl Stack {
     async fn start() -> Stack {
-        let env = Env::installed().await;
-        common::docs_with_owner_and_team(
-            &env,
+        let d = common::docs_server(
             "INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one'), (2, 'bob', 'blue', 'two'), (3, 'alice', 'red', 'three')",
+            SECRET,
         )
         .await;
-        let port = free_port();
-        let base = format!("http://127.0.0.1:{port}");
-        let server = start_server(&env, port, SECRET);
-        let http = reqwest::Client::new();
-        wait_ready(&http, &base).await;
         Stack {
-            _env: env,
-            base,
-            http,
-            _server: server,
+            _env: d.env,
+            base: d.base,
+            http: d.http,
+            _server: d.server,
         }
     }
 

@@ -41,17 +41,7 @@ fn start_limited(env: &Env, flags: &[&str], nofile: Option<u32>) -> (Server, Soc
     };
     let server = Server(
         command
-            .args([
-                "serve",
-                "--database-url",
-                &env.cluster.url("synchro_dev_adapter", "app"),
-                "--worker-url",
-                &env.cluster.url("synchro_dev_worker", "app"),
-                "--jwt-secret",
-                SECRET,
-                "--listen",
-                &addr.to_string(),
-            ])
+            .args(common::serve_args(env, port, SECRET))
             .args(flags)
             .env("SYNCHRO_LOG", "error")
             .stdout(std::process::Stdio::null())

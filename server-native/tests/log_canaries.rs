@@ -61,17 +61,7 @@ async fn nothing_identifying_reaches_the_log_at_trace_level() {
     let log_path = std::env::temp_dir().join(format!("synchro-canary-{}.log", std::process::id()));
     let log = std::fs::File::create(&log_path).unwrap();
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args([
-            "serve",
-            "--database-url",
-            &env.cluster.url("synchro_dev_adapter", "app"),
-            "--worker-url",
-            &env.cluster.url("synchro_dev_worker", "app"),
-            "--jwt-secret",
-            SECRET,
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
+        .args(common::serve_args(&env, port, SECRET))
         .env("SYNCHRO_LOG", "trace")
         .stdout(log.try_clone().unwrap())
         .stderr(log)

@@ -35,22 +35,16 @@ struct Session {
 
 impl Stack {
     async fn start() -> Stack {
-        let env = Env::installed().await;
-        common::docs_with_owner_and_team(
-            &env,
+        let d = common::docs_server(
             "INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one'), (2, 'bob', 'blue', 'two'), (3, 'bob', 'red', 'three')",
+            SECRET,
         )
         .await;
-        let port = free_port();
-        let base = format!("http://127.0.0.1:{port}");
-        let server = start_server(&env, port, SECRET);
-        let http = reqwest::Client::new();
-        wait_ready(&http, &base).await;
         Stack {
-            env,
-            base,
-            http,
-            _server: server,
+            env: d.env,
+            base: d.base,
+            http: d.http,
+            _server: d.server,
         }
     }
 

@@ -131,28 +131,66 @@ impl Drop for Server {
     }
 }
 
-/// Starts the server binary `bin` (`serve`, HTTP and capture in one) on `port` against
-/// `env`'s cluster. A test package passes its own `env!("CARGO_BIN_EXE_...")`.
+/// The arguments of `serve` (HTTP and capture in one) on 127.0.0.1:`port` against `env`'s
+/// cluster, as the adapter and the worker logins; callers add flags, environment and output.
+pub fn serve_args(env: &Env, port: u16, secret: &str) -> Vec<String> {
+    vec![
+        "serve".into(),
+        "--database-url".into(),
+        env.cluster.url("synchro_dev_adapter", "app"),
+        "--worker-url".into(),
+        env.cluster.url("synchro_dev_worker", "app"),
+        "--jwt-secret".into(),
+        secret.into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+    ]
+}
+
+/// Starts the server binary `bin` ([`serve_args`]) quietly. A test package passes its own
+/// `env!("CARGO_BIN_EXE_...")`.
 pub fn start_server_binary(bin: &str, env: &Env, port: u16, secret: &str) -> Server {
     Server(
         std::process::Command::new(bin)
-            .args([
-                "serve",
-                "--database-url",
-                &env.cluster.url("synchro_dev_adapter", "app"),
-                "--worker-url",
-                &env.cluster.url("synchro_dev_worker", "app"),
-                "--jwt-secret",
-                secret,
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
+            .args(serve_args(env, port, secret))
             .env("SYNCHRO_LOG", "error")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),
     )
+}
+
+/// A cluster with `app.docs` ([`docs_with_owner_and_team`], rows from `seed`) and the server
+/// binary `bin` serving it, ready.
+pub struct DocsServer {
+    /// The cluster.
+    pub env: Env,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// A client for it.
+    pub http: reqwest::Client,
+    /// The server process (killed when dropped).
+    pub server: Server,
+}
+
+impl DocsServer {
+    /// Sets up the cluster, starts `bin` and waits until it is ready.
+    pub async fn start(bin: &str, seed: &str, secret: &str) -> DocsServer {
+        let env = Env::installed().await;
+        docs_with_owner_and_team(&env, seed).await;
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let server = start_server_binary(bin, &env, port, secret);
+        let http = reqwest::Client::new();
+        wait_ready(&http, &base).await;
+        DocsServer {
+            env,
+            base,
+            http,
+            server,
+        }
+    }
 }
 
 /// Waits (up to 60 s) until `GET /ready` answers 200.

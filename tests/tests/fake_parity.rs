@@ -4,11 +4,8 @@
 //! `synchro_protocol::wire` parser and carry the same members (the fake may not omit or add
 //! a member the real server sends).
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{free_port, start_server, wait_ready, Env};
 use synchro_client::engine::Transport;
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
@@ -49,17 +46,13 @@ fn both<M: Message>(what: &str, real: &Json, fake: &Json) -> (BTreeSet<String>, 
 
 #[tokio::test]
 async fn the_fake_server_answers_what_the_real_server_answers() {
-    let env = Env::installed().await;
-    common::docs_with_owner_and_team(
-        &env,
+    let d = synchro_testkit::pg::DocsServer::start(
+        env!("CARGO_BIN_EXE_synchro-server-under-test"),
         "INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one'), (2, 'alice', 'blue', 'two'), (3, 'alice', 'red', 'three')",
+        SECRET,
     )
     .await;
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let _server = start_server(&env, port, SECRET);
-    let http = reqwest::Client::new();
-    wait_ready(&http, &base).await;
+    let (http, base) = (d.http.clone(), d.base.clone());
     let token = mint(SECRET.as_bytes(), "alice", 3600);
     let real = |path: &'static str, body: String| {
         let http = http.clone();

@@ -11,3 +11,8 @@ pub fn start_server(env: &Env, port: u16, secret: &str) -> Server {
         secret,
     )
 }
+
+/// `app.docs` seeded by `seed`, served by this package's binary, ready.
+pub async fn docs_server(seed: &str, secret: &str) -> DocsServer {
+    DocsServer::start(env!("CARGO_BIN_EXE_synchro-server"), seed, secret).await
+}
