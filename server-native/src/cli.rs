@@ -242,7 +242,63 @@ enum RegistryCommand {
         /// Impact bound.
         #[arg(long, default_value_t = 1000)]
         impact_bound: i32,
+        /// A column that is not synced (server-only, or without a portable type); repeatable.
+        #[arg(long = "server-only")]
+        server_only: Vec<String>,
     },
+    /// Show what reconfiguring a relation after DDL would do, changing nothing: the class,
+    /// the fields added, changed and retired, the affected scopes, and the connect action
+    /// active clients on each manifest would get.
+    Plan {
+        #[command(flatten)]
+        change: ReconfigureArgs,
+    },
+    /// Reconfigure a relation after DDL and publish the resulting manifest, in one
+    /// transaction; capture activates it at a transaction boundary of the stream.
+    Reconfigure {
+        #[command(flatten)]
+        change: ReconfigureArgs,
+    },
+}
+
+/// Which relation to reconfigure, and how.
+#[derive(clap::Args)]
+struct ReconfigureArgs {
+    /// PostgreSQL connection string (synchro_operator login).
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// The registered schema name.
+    #[arg(long)]
+    schema: String,
+    /// The registered relation name.
+    #[arg(long)]
+    relation: String,
+    /// A column that is not synced; repeatable. Replaces the current list when given.
+    #[arg(long = "server-only")]
+    server_only: Vec<String>,
+    /// Keep no server-only column (instead of keeping the current list).
+    #[arg(long, conflicts_with = "server_only")]
+    no_server_only: bool,
+    /// A registered column whose field is retired (Class 4); repeatable.
+    #[arg(long)]
+    retire: Vec<String>,
+}
+
+impl ReconfigureArgs {
+    fn request(&self) -> crate::registry::ReconfigureRequest {
+        crate::registry::ReconfigureRequest {
+            schema: self.schema.clone(),
+            relation: self.relation.clone(),
+            server_only: if self.no_server_only {
+                Some(Vec::new())
+            } else if self.server_only.is_empty() {
+                None
+            } else {
+                Some(self.server_only.clone())
+            },
+            retire: self.retire.clone(),
+        }
+    }
 }
 
 /// Runs the command line with the process's arguments and environment.
@@ -295,6 +351,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     table_name,
                     fanout_bound,
                     impact_bound,
+                    server_only,
                 },
         } => {
             let db = connect_db(&database_url).await?;
@@ -307,6 +364,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 fanout_bound,
                 impact_bound,
                 table_name,
+                server_only,
             };
             match register(&db, &req).await {
                 Ok(v) => println!("{v}"),
@@ -317,18 +375,27 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 Err(e) => return Err(e.into()),
             }
         }
+        Command::Registry {
+            command: RegistryCommand::Plan { change },
+        } => return reconfigure_command(&change, false).await,
+        Command::Registry {
+            command: RegistryCommand::Reconfigure { change },
+        } => return reconfigure_command(&change, true).await,
         Command::Publish { database_url } => {
             let mut db = connect_db(&database_url).await?;
             println!("{:?}", publish::publish(&mut db).await?);
         }
         Command::Health { database_url } => {
             let db = connect_db(&database_url).await?;
-            let detail: String = db
-                .query_one("SELECT synchro.synchro_health_detail()::text", &[])
+            let row = db
+                .query_one(
+                    "SELECT synchro.synchro_health_detail()::text, synchro.synchro_capture_report()::text",
+                    &[],
+                )
                 .await
-                .map_err(|e| anyhow::anyhow!(install::describe(&e)))?
-                .get(0);
-            println!("{detail}");
+                .map_err(|e| anyhow::anyhow!(install::describe(&e)))?;
+            println!("{}", row.get::<_, String>(0));
+            println!("{}", row.get::<_, String>(1));
         }
         Command::Serve {
             database_url,
@@ -397,6 +464,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => run_dev(database_url, listen).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `registry plan` (dry run) and `registry reconfigure`: prints the plan as JSON; an
+/// invalid reconfiguration prints the spec's error body and fails.
+async fn reconfigure_command(change: &ReconfigureArgs, apply: bool) -> Result<ExitCode> {
+    let mut db = connect_db(&change.database_url).await?;
+    match crate::registry::reconfigure(&mut db, &change.request(), apply).await {
+        Ok(plan) => {
+            println!("{}", plan.to_json());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(RegistrationError::Invalid(body, _)) => {
+            println!("{body}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn capture_loop(url: String) {

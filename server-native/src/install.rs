@@ -75,6 +75,10 @@ pub const INSTALL: &[SqlFile] = &[
         sql: include_str!("../sql/install/32_bootstrap.sql"),
     },
     SqlFile {
+        name: "33_reconfigure.sql",
+        sql: include_str!("../sql/install/33_reconfigure.sql"),
+    },
+    SqlFile {
         name: "40_membership.sql",
         sql: include_str!("../sql/install/40_membership.sql"),
     },

@@ -17,7 +17,7 @@ pub enum PublishOutcome {
         /// The current version.
         version: u64,
     },
-    /// A new manifest was published.
+    /// A new manifest was published (and every pending reconfiguration staged with it).
     Published {
         /// Its version.
         version: u64,
@@ -59,6 +59,21 @@ pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
 /// manifest becomes current with the worker commit that completes it.
 pub async fn load_serving_lineage(db: &impl GenericClient) -> Result<Lineage> {
     let lineage = load_lineage(db).await?;
+    // A manifest whose registry generation is not active yet (33_reconfigure), and all after it.
+    let unactivated: std::collections::BTreeSet<i64> = db
+        .query("SELECT * FROM synchro.synchro_unactivated_manifests()", &[])
+        .await
+        .context("reading reconfigurations in flight")?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let first_unactivated = lineage
+        .manifests()
+        .position(|m| unactivated.contains(&(m.schema_version as i64)));
+    let lineage = match first_unactivated {
+        Some(i) => Lineage::from_history(lineage.manifests().take(i).cloned().collect::<Vec<_>>())?,
+        None => lineage,
+    };
     let unready: std::collections::BTreeSet<String> = db
         .query("SELECT * FROM synchro.synchro_unready_tables()", &[])
         .await
@@ -133,7 +148,14 @@ pub async fn publish(db: &mut Client) -> Result<PublishOutcome> {
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
         .start()
         .await?;
-    let lineage = load_lineage(&tx).await?;
+    let outcome = publish_in(&tx).await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// [`publish`] inside the caller's transaction (which must commit for it to take effect).
+pub async fn publish_in(tx: &tokio_postgres::Transaction<'_>) -> Result<PublishOutcome> {
+    let lineage = load_lineage(tx).await?;
     let snapshot: Value = serde_json::from_str(
         &tx.query_one("SELECT synchro.synchro_registry_snapshot()::text", &[])
             .await?
@@ -144,10 +166,11 @@ pub async fn publish(db: &mut Client) -> Result<PublishOutcome> {
         .iter()
         .map(table_json)
         .collect::<Result<Vec<_>>>()?;
+    let pending = pending_generations(tx).await?;
     let outcome = match lineage.current() {
         None => {
             let child = Manifest::parse(&manifest_text(1, None, "initial", 1, &tables))?;
-            insert(&tx, &child).await?;
+            insert(tx, &child).await?;
             PublishOutcome::Published {
                 version: 1,
                 hash: child.schema_hash_hex(),
@@ -164,10 +187,11 @@ pub async fn publish(db: &mut Client) -> Result<PublishOutcome> {
                 version,
                 &tables,
             ))?;
-            let facts = read_facts(&tx, parent, &draft, &registry).await?;
+            let facts = read_facts(tx, parent, &draft, &registry, &pending).await?;
             let c = classify(parent, &draft, &facts)?;
             let Some(class) = c.class.transition_class() else {
-                tx.commit().await?;
+                // Class 1: a reconfiguration that clients do not see still stages.
+                stage(tx, &pending, None).await?;
                 return Ok(PublishOutcome::Unchanged {
                     version: parent.schema_version,
                 });
@@ -187,7 +211,8 @@ pub async fn publish(db: &mut Client) -> Result<PublishOutcome> {
             // The pure lineage validates class, floor and parent exactly as clients will.
             let mut check = lineage.clone();
             check.append(child.clone(), &facts)?;
-            insert(&tx, &child).await?;
+            insert(tx, &child).await?;
+            stage(tx, &pending, Some(version)).await?;
             PublishOutcome::Published {
                 version,
                 hash: child.schema_hash_hex(),
@@ -195,8 +220,99 @@ pub async fn publish(db: &mut Client) -> Result<PublishOutcome> {
             }
         }
     };
-    tx.commit().await?;
     Ok(outcome)
+}
+
+/// The recorded affected scopes of the Class 3 manifests in a history (a manifest without a
+/// recorded set is absent: it affects every assigned scope).
+pub async fn transition_scopes(
+    db: &impl GenericClient,
+    lineage: &Lineage,
+) -> Result<
+    std::collections::BTreeMap<
+        synchro_protocol::manifest::SchemaRef,
+        std::collections::BTreeSet<String>,
+    >,
+> {
+    let class3: Vec<&Manifest> = lineage
+        .manifests()
+        .filter(|m| m.transition_class == synchro_protocol::manifest::TransitionClass::Class3)
+        .collect();
+    let mut out = std::collections::BTreeMap::new();
+    if class3.is_empty() {
+        return Ok(out);
+    }
+    let versions: Vec<i64> = class3.iter().map(|m| m.schema_version as i64).collect();
+    for r in db
+        .query(
+            "SELECT schema_version, scope_id FROM synchro.synchro_transition_scopes($1)",
+            &[&versions],
+        )
+        .await
+        .context("reading affected scopes")?
+    {
+        let version: i64 = r.get(0);
+        let Some(m) = class3.iter().find(|m| m.schema_version as i64 == version) else {
+            continue;
+        };
+        let set: &mut std::collections::BTreeSet<String> = out.entry(m.schema_ref()).or_default();
+        if let Some(scope) = r.get::<_, Option<String>>(1) {
+            set.insert(scope);
+        }
+    }
+    Ok(out)
+}
+
+/// A pending reconfiguration: its generation, relation and recorded historical nullness.
+struct PendingGeneration {
+    generation: i64,
+    relation_id: String,
+    added_without_history: std::collections::BTreeSet<String>,
+}
+
+async fn pending_generations(tx: &impl GenericClient) -> Result<Vec<PendingGeneration>> {
+    let text: String = tx
+        .query_one("SELECT synchro.synchro_pending_generations()::text", &[])
+        .await?
+        .get(0);
+    let list: Vec<Value> = serde_json::from_str(&text)?;
+    list.iter()
+        .map(|g| {
+            Ok(PendingGeneration {
+                generation: g["generation"].as_i64().context("a generation")?,
+                relation_id: g["relation_id"].as_str().context("a relation")?.to_owned(),
+                added_without_history: g["added_without_history"]
+                    .as_array()
+                    .context("recorded facts")?
+                    .iter()
+                    .filter_map(|f| f.as_str().map(str::to_owned))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// Stages every pending reconfiguration with the manifest it activates with.
+async fn stage(
+    tx: &impl GenericClient,
+    pending: &[PendingGeneration],
+    version: Option<u64>,
+) -> Result<()> {
+    let version = version.map(|v| v as i64);
+    for g in pending {
+        tx.execute(
+            "SELECT synchro.synchro_stage_generation($1, $2)",
+            &[&g.generation, &version],
+        )
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "staging the reconfiguration: {}",
+                crate::install::describe(&e)
+            )
+        })?;
+    }
+    Ok(())
 }
 
 async fn read_facts(
@@ -204,6 +320,7 @@ async fn read_facts(
     parent: &Manifest,
     child: &Manifest,
     registry: &[Value],
+    pending: &[PendingGeneration],
 ) -> Result<TransitionFacts> {
     let relation_of = |table_id: &str| {
         registry
@@ -229,6 +346,18 @@ async fn read_facts(
                 }
             }
             Some(p) => {
+                // A reconfiguration's historical nullness was recorded once, under the write
+                // gates, with its generation (spec 000, Class 2); it is never recomputed.
+                if let Some(g) = pending.iter().find(|g| g.relation_id == rel) {
+                    for f in t.fields.iter().filter(|f| p.field(&f.field_id).is_none()) {
+                        if g.added_without_history.contains(&f.field_id) {
+                            facts
+                                .added_fields_without_history
+                                .insert((t.table_id.clone(), f.field_id.clone()));
+                        }
+                    }
+                    continue;
+                }
                 for f in t.fields.iter().filter(|f| p.field(&f.field_id).is_none()) {
                     let has_values: bool = tx
                         .query_one(

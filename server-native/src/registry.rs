@@ -23,6 +23,8 @@ pub struct RegisterRequest {
     pub impact_bound: i32,
     /// Client-visible table name (default: the relation name).
     pub table_name: Option<String>,
+    /// Columns that are not synced: server-only, or without a portable type (never the key).
+    pub server_only: Vec<String>,
 }
 
 impl RegisterRequest {
@@ -37,6 +39,7 @@ impl RegisterRequest {
             fanout_bound: 1000,
             impact_bound: 1000,
             table_name: None,
+            server_only: Vec::new(),
         }
     }
 }
@@ -74,7 +77,7 @@ impl RegistrationError {
 pub async fn register(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
     let row = db
         .query_one(
-            "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8)::text",
+            "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8, $9)::text",
             &[
                 &r.schema,
                 &r.relation,
@@ -84,19 +87,172 @@ pub async fn register(db: &Client, r: &RegisterRequest) -> Result<Value, Registr
                 &r.fanout_bound,
                 &r.impact_bound,
                 &r.table_name,
+                &r.server_only,
             ],
         )
         .await
-        .map_err(|e| match e.as_db_error() {
-            Some(d) if d.message().starts_with("invalid_registration") => {
-                let body = d
-                    .detail()
-                    .and_then(|t| serde_json::from_str(t).ok())
-                    .unwrap_or(Value::Null);
-                RegistrationError::Invalid(body, d.code().code().to_owned())
-            }
-            _ => RegistrationError::Database(crate::install::describe(&e)),
-        })?;
+        .map_err(registration_error)?;
     let text: String = row.get(0);
     serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))
+}
+
+/// A reconfiguration of one registered synced relation after DDL (see
+/// `sql/install/33_reconfigure.sql`).
+#[derive(Debug, Clone, Default)]
+pub struct ReconfigureRequest {
+    /// The registered schema name.
+    pub schema: String,
+    /// The registered relation name.
+    pub relation: String,
+    /// Columns that are not synced (`None` keeps the current list).
+    pub server_only: Option<Vec<String>>,
+    /// Registered columns whose fields are retired (Class 4).
+    pub retire: Vec<String>,
+}
+
+/// What a reconfiguration does (or, as a plan, would do).
+#[derive(Debug, Clone)]
+pub struct ReconfigurePlan {
+    /// The registry side: `{"relation_id","table_id","generation","added","changed",
+    /// "retired","unchanged","scopes_holding_rows"}`.
+    pub change: Value,
+    /// The manifest side.
+    pub publish: crate::publish::PublishOutcome,
+    /// Active clients by installed schema version, each with the connect action it would
+    /// get once the change is active (`none`, `replace`, `rebuild_local`, `unsupported`).
+    /// Under a Class 3 change the affected scopes are known only at activation, so a
+    /// client holding any scope of the table counts as `rebuild_local` (at most).
+    pub clients: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, u64>>,
+}
+
+impl ReconfigurePlan {
+    /// The plan as JSON (counts and IDs of tables and fields only).
+    pub fn to_json(&self) -> Value {
+        let (class, version) = match &self.publish {
+            crate::publish::PublishOutcome::Unchanged { version } => ("class_1", *version),
+            crate::publish::PublishOutcome::Published { version, class, .. } => {
+                (class.as_str(), *version)
+            }
+        };
+        let affected = match class {
+            "class_3" => serde_json::json!({"at_most": self.change["scopes_holding_rows"]}),
+            "class_2" | "class_1" => serde_json::json!(0),
+            _ => serde_json::json!({"at_most": self.change["scopes_holding_rows"]}),
+        };
+        serde_json::json!({
+            "class": class,
+            "schema_version": version,
+            "tables": [self.change["table_id"]],
+            "registry": self.change,
+            "affected_scopes": affected,
+            "clients_by_manifest": self.clients,
+        })
+    }
+}
+
+fn registration_error(e: tokio_postgres::Error) -> RegistrationError {
+    match e.as_db_error() {
+        Some(d) if d.message().starts_with("invalid_registration") => {
+            let body = d
+                .detail()
+                .and_then(|t| serde_json::from_str(t).ok())
+                .unwrap_or(Value::Null);
+            RegistrationError::Invalid(body, d.code().code().to_owned())
+        }
+        _ => RegistrationError::Database(crate::install::describe(&e)),
+    }
+}
+
+/// Reconfigures a relation and publishes the result in one transaction; with `apply` false
+/// the transaction is rolled back and only the plan is returned (a dry run).
+pub async fn reconfigure(
+    db: &mut Client,
+    r: &ReconfigureRequest,
+    apply: bool,
+) -> Result<ReconfigurePlan, RegistrationError> {
+    let tx = db
+        .transaction()
+        .await
+        .map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;
+    let text: String = tx
+        .query_one(
+            "SELECT synchro.synchro_reconfigure_relation($1, $2, $3, $4)::text",
+            &[&r.schema, &r.relation, &r.server_only, &r.retire],
+        )
+        .await
+        .map_err(registration_error)?
+        .get(0);
+    let change: Value =
+        serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
+    let database = |e: anyhow::Error| RegistrationError::Database(format!("{e:#}"));
+    let publish = crate::publish::publish_in(&tx).await.map_err(database)?;
+    let clients = client_actions(&tx).await.map_err(database)?;
+    let done = if apply {
+        tx.commit().await
+    } else {
+        tx.rollback().await
+    };
+    done.map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;
+    Ok(ReconfigurePlan {
+        change,
+        publish,
+        clients,
+    })
+}
+
+/// Dispatches every active client against the history as it now is in the transaction.
+async fn client_actions(
+    tx: &tokio_postgres::Transaction<'_>,
+) -> anyhow::Result<std::collections::BTreeMap<u64, std::collections::BTreeMap<String, u64>>> {
+    use synchro_protocol::dispatch::{dispatch, ConnectOutcome, ServerView};
+    use synchro_protocol::json::Json;
+    let lineage = crate::publish::load_lineage(tx).await?;
+    let mut scopes = crate::publish::transition_scopes(tx, &lineage).await?;
+    // The new manifest's affected set is recorded at activation: until then it is unknown,
+    // and dispatch counts every assigned scope (an upper bound on rebuild_local).
+    if let Some(current) = lineage.current() {
+        scopes.remove(&current.schema_ref());
+    }
+    let mut out: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, u64>> =
+        Default::default();
+    for row in tx
+        .query(
+            "SELECT schema_version, schema_hash, assigned_scopes FROM synchro.synchro_active_client_schemas()",
+            &[],
+        )
+        .await?
+    {
+        let version: i64 = row.get(0);
+        let hash: String = row.get(1);
+        let assigned: std::collections::BTreeSet<String> =
+            row.get::<_, Vec<String>>(2).into_iter().collect();
+        let empty = std::collections::BTreeSet::new();
+        let view = ServerView {
+            identity_known: true,
+            client_runtime_supported: true,
+            lineage: &lineage,
+            transition_scopes: &scopes,
+            assigned_scopes: &assigned,
+            presented_cursor_scopes: &empty,
+            stale_cursor_scopes: &empty,
+        };
+        let request = synchro_protocol::dispatch::ConnectRequest {
+            protocol_version: Some(u64::from(synchro_protocol::PROTOCOL_VERSION)),
+            schema: Json::Object(vec![
+                ("version".into(), Json::Number(version.to_string())),
+                ("hash".into(), Json::String(hash)),
+            ]),
+            client_generation: Some(1),
+            schema_reset: false,
+        };
+        let action = match dispatch(&request, &view) {
+            Ok(ConnectOutcome::Schema { action, .. }) => action.name().to_owned(),
+            _ => "unknown".to_owned(),
+        };
+        *out.entry(version as u64)
+            .or_default()
+            .entry(action)
+            .or_default() += 1;
+    }
+    Ok(out)
 }

@@ -438,6 +438,49 @@ async fn versions_come_from_the_writers_fence_and_a_missing_fence_blocks() {
     assert_eq!(health(&env, "capture_fences").await, "failed");
 }
 
+/// `DriftDetail` is exactly the list the installed CHECK constraint on
+/// `synchro.capture_state.blocked_detail` allows (read from the catalog).
+#[tokio::test]
+async fn drift_details_are_exactly_what_the_check_constraint_allows() {
+    use std::collections::BTreeSet;
+    use synchro_server::capture::DriftDetail;
+
+    let env = Env::installed().await;
+    let def: String = env
+        .admin
+        .query_one(
+            "SELECT pg_catalog.pg_get_constraintdef(c.oid)
+               FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_attribute a
+                 ON a.attrelid = c.conrelid AND a.attname = 'blocked_detail'
+              WHERE c.conrelid = 'synchro.capture_state'::regclass AND c.contype = 'c'
+                AND a.attnum = ANY (c.conkey)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let allowed: BTreeSet<String> = def
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    let codes: BTreeSet<String> = DriftDetail::ALL
+        .iter()
+        .map(|d| d.as_str().to_owned())
+        .collect();
+    assert_eq!(codes.len(), DriftDetail::ALL.len(), "distinct codes");
+    assert_eq!(codes, allowed, "DriftDetail against {def}");
+    assert_eq!(
+        common::sqlstate(
+            &env.admin,
+            "UPDATE synchro.capture_state SET blocked_detail = 'not_a_detail'"
+        )
+        .await,
+        "23514"
+    );
+}
+
 /// `BlockReason` is exactly the list the installed CHECK constraint on
 /// `synchro.capture_state.blocked_reason` allows: read from the catalog (not from a
 /// migration file), every code the enum has is accepted, and no other is.

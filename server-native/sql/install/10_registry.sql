@@ -25,6 +25,8 @@ CREATE TABLE synchro.relations (
     push_enabled boolean NOT NULL,
     fanout_bound integer NOT NULL,
     impact_bound integer NOT NULL,
+    -- Columns the operator declared server-only: never synced, never drift.
+    server_only_columns name[] NOT NULL DEFAULT '{}',
     registered_at timestamptz NOT NULL DEFAULT now(),
     CHECK ((kind = 'synced') = (table_id IS NOT NULL AND table_name IS NOT NULL AND composition IS NOT NULL))
 );
@@ -43,6 +45,9 @@ CREATE TABLE synchro.fields (
     is_key boolean NOT NULL,
     decimal_precision integer,
     decimal_scale integer,
+    -- The column's SQL type as registered: a change of it in the stream is drift.
+    type_oid oid NOT NULL,
+    type_modifier integer NOT NULL,
     PRIMARY KEY (relation_id, field_id),
     UNIQUE (relation_id, attnum),
     CHECK ((portable_type = 'decimal') = (decimal_precision IS NOT NULL AND decimal_scale IS NOT NULL))
@@ -124,13 +129,15 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_reject_key_update() FROM PUBLIC;
 
 -- Registers one schema-qualified relation (spec 000 "Registered Relation Identity", spec 003
 -- "Primary key and replica identity contract"). Idempotent for an already registered
--- relation: its IDs are returned, never reassigned. Returns
+-- relation: its IDs are returned, never reassigned. p_server_only names columns that are not
+-- synced (a server-only column, or one without a portable type); never the key. Records the
+-- relation's first registry generation (33_reconfigure). Returns
 -- {"relation_id","table_id"?,"fields":[{"field_id","column","type"}]}.
 CREATE FUNCTION synchro.synchro_register_relation(
     p_schema text, p_relation text,
     p_kind text DEFAULT 'synced', p_composition text DEFAULT 'single_scope',
     p_push_enabled boolean DEFAULT true, p_fanout_bound integer DEFAULT 1000,
-    p_impact_bound integer DEFAULT 1000, p_table_name text DEFAULT NULL)
+    p_impact_bound integer DEFAULT 1000, p_table_name text DEFAULT NULL, p_server_only text[] DEFAULT '{}')
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -208,6 +215,13 @@ BEGIN
     IF v_rel.relreplident <> 'd' THEN
         PERFORM synchro.synchro_registration_error('unsupported_replica_identity');
     END IF;
+    IF p_server_only IS NULL OR v_key.attname = ANY (p_server_only) OR EXISTS (
+        SELECT 1 FROM unnest(p_server_only) c(name)
+         WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = v_rel.oid AND a.attnum > 0
+                              AND NOT a.attisdropped AND a.attname = c.name)) THEN
+        RAISE EXCEPTION 'server-only columns must be existing columns other than the primary key'
+            USING ERRCODE = '22023';
+    END IF;
 
     v_relation_id := synchro.synchro_new_id('rel_');
     IF p_kind = 'synced' THEN
@@ -215,14 +229,16 @@ BEGIN
     END IF;
     INSERT INTO synchro.relations (relation_id, kind, physical_schema, physical_relation, physical_relation_oid,
         replica_identity, capture_key_column, primary_key_type, table_id, table_name, composition, push_enabled,
-        fanout_bound, impact_bound)
+        fanout_bound, impact_bound, server_only_columns)
     VALUES (v_relation_id, p_kind, p_schema, p_relation, v_rel.oid, v_rel.relreplident, v_key.attname,
         v_key.atttypid, v_table_id, CASE WHEN p_kind = 'synced' THEN coalesce(p_table_name, p_relation) END,
-        CASE WHEN p_kind = 'synced' THEN p_composition END, p_push_enabled, p_fanout_bound, p_impact_bound);
+        CASE WHEN p_kind = 'synced' THEN p_composition END, p_push_enabled, p_fanout_bound, p_impact_bound,
+        CASE WHEN p_kind = 'synced' THEN p_server_only::name[] ELSE '{}' END);
 
     IF p_kind = 'synced' THEN
         FOR v_col IN SELECT a.* FROM pg_attribute a
-                      WHERE a.attrelid = v_rel.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum LOOP
+                      WHERE a.attrelid = v_rel.oid AND a.attnum > 0 AND NOT a.attisdropped
+                        AND NOT a.attname = ANY (p_server_only) ORDER BY a.attnum LOOP
             IF v_col.attnum = v_key.attnum THEN
                 v_type := v_key_type; v_precision := NULL; v_scale := NULL;
             ELSE
@@ -235,11 +251,11 @@ BEGIN
             END IF;
             v_field_id := synchro.synchro_new_id('fld_');
             INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,
-                is_key, decimal_precision, decimal_scale)
+                is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
             VALUES (v_relation_id, v_field_id, v_col.attname, v_col.attnum, v_type,
                 NOT v_col.attnotnull,
                 v_col.attnum <> v_key.attnum AND v_col.attgenerated = '' AND v_col.attidentity <> 'a',
-                v_col.attnum = v_key.attnum, v_precision, v_scale);
+                v_col.attnum = v_key.attnum, v_precision, v_scale, v_col.atttypid, v_col.atttypmod);
         END LOOP;
     END IF;
 
@@ -248,24 +264,10 @@ BEGIN
                    'WHEN (OLD.%I IS DISTINCT FROM NEW.%I) EXECUTE FUNCTION synchro.synchro_reject_key_update()',
                    v_key.attname, p_schema, p_relation, v_key.attname, v_key.attname);
     EXECUTE format('ALTER PUBLICATION synchro_publication ADD TABLE ONLY %I.%I', p_schema, p_relation);
+    PERFORM synchro.synchro_record_generation(v_relation_id, 'registration');
     RETURN synchro.synchro_relation_json(v_relation_id);
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text)
-    FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text)
-    TO synchro_operator;
-
--- The synced registry as the manifest builder reads it.
-CREATE FUNCTION synchro.synchro_registry_snapshot() RETURNS jsonb
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT coalesce(jsonb_agg(jsonb_build_object(
-        'relation_id', r.relation_id, 'table_id', r.table_id, 'name', r.table_name, 'composition', r.composition,
-        'schema', r.physical_schema, 'relation', r.physical_relation,
-        'fields', (SELECT jsonb_agg(jsonb_build_object('field_id', f.field_id, 'name', f.column_name,
-                       'type', f.portable_type, 'nullable', f.nullable, 'writable', f.writable, 'is_key', f.is_key,
-                       'precision', f.decimal_precision, 'scale', f.decimal_scale) ORDER BY f.field_id)
-                     FROM synchro.fields f WHERE f.relation_id = r.relation_id)) ORDER BY r.table_id), '[]'::jsonb)
-      FROM synchro.relations r WHERE r.kind = 'synced'
-$$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() TO synchro_operator;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text,
+    text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text,
+    text[]) TO synchro_operator;

@@ -21,7 +21,16 @@ CREATE TABLE synchro.capture_state (
     blocked_reason text CHECK (blocked_reason IN
         ('registered_relation_drift', 'unrepresentable_value', 'decode_error', 'truncate_unsupported',
          'scope_evaluation_failed', 'membership_evaluation_failed', 'membership_bound_exceeded', 'missing_fence')),
-    blocked_at timestamptz
+    blocked_at timestamptz,
+    -- Where the block was found: the relation (when one is to blame), a bounded detail code,
+    -- the commit LSN of the source transaction (or the WAL position when the catalog showed
+    -- it) and the change's ordinal within that transaction. Never row data.
+    blocked_relation_id text,
+    blocked_detail text CHECK (blocked_detail IN
+        ('column_added', 'column_missing', 'column_type_changed', 'relation_renamed', 'relation_dropped',
+         'replica_identity_changed', 'primary_key_changed')),
+    blocked_lsn pg_lsn,
+    blocked_ordinal integer
 );
 REVOKE ALL ON synchro.capture_state FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.capture_state TO synchro_worker;
@@ -41,8 +50,9 @@ REVOKE ALL ON synchro.projection_rows FROM PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON synchro.projection_rows TO synchro_worker;
 
 -- Each relation's capture status (32_bootstrap): a newly registered relation is 'pending'
--- until its bootstrap copy is reached in the stream. membership_evaluated is the membership
--- contract generation last evaluated for it.
+-- until its bootstrap copy is reached in the stream, and 'copied' again from a staged
+-- reconfiguration until the stream reaches its message. membership_evaluated is the
+-- membership contract generation last evaluated for it.
 CREATE TABLE synchro.relation_capture (
     relation_id text PRIMARY KEY REFERENCES synchro.relations,
     status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'copied', 'active')),
@@ -50,7 +60,9 @@ CREATE TABLE synchro.relation_capture (
     bootstrap_lsn pg_lsn,
     rows_copied bigint,
     updated_at timestamptz NOT NULL DEFAULT now(),
-    membership_evaluated bigint NOT NULL DEFAULT 0
+    membership_evaluated bigint NOT NULL DEFAULT 0,
+    -- The registry generation (33_reconfigure) the worker applies the relation's changes with.
+    registry_generation bigint
 );
 REVOKE ALL ON synchro.relation_capture FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.relation_capture TO synchro_worker;

@@ -25,6 +25,8 @@ CREATE TABLE synchro.source_versions (
     PRIMARY KEY (relation_id, pk)
 );
 REVOKE ALL ON synchro.source_versions FROM PUBLIC;
+-- (The worker reads versions when a reconfiguration replaces a projection, 33_reconfigure.)
+GRANT SELECT ON synchro.source_versions TO synchro_worker;
 
 -- The fence. Arguments: relation_id, kind, key column, document mode, then one (column,
 -- field_id, check) triple per column that needs a value check (12_values).
@@ -89,9 +91,18 @@ BEGIN
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id;
     FOR v_f IN SELECT f.column_name, f.field_id, a.atttypid, a.attgenerated,
                       synchro.synchro_value_check_kind(f.portable_type, a.atttypid) AS kind
-                 FROM synchro.fields f
+                 FROM (SELECT x.column_name, x.field_id, x.attnum, x.portable_type FROM synchro.fields x
+                        WHERE x.relation_id = p_relation_id
+                       UNION ALL
+                       -- An in-flight reconfiguration's added columns are checked from its
+                       -- record on (33_reconfigure).
+                       SELECT p.column_name, p.field_id, p.attnum, p.portable_type FROM synchro.pending_fields p
+                         JOIN synchro.registry_generations g USING (generation)
+                        WHERE p.relation_id = p_relation_id AND g.state IN ('pending', 'staged')
+                          AND NOT EXISTS (SELECT 1 FROM synchro.fields y
+                                           WHERE y.relation_id = p_relation_id AND y.column_name = p.column_name)) f
                  JOIN pg_catalog.pg_attribute a ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-                WHERE f.relation_id = p_relation_id ORDER BY f.attnum LOOP
+                WHERE NOT a.attisdropped ORDER BY f.attnum LOOP
         IF v_f.atttypid = 'json'::regtype THEN
             v_mode := 'json';
         END IF;

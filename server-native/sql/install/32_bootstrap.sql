@@ -53,9 +53,9 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_bootstrap_rows(text) TO synchro_worker
 -- The column name and type OID of every registered field, in the order of
 -- synchro_bootstrap_rows.
 CREATE FUNCTION synchro.synchro_bootstrap_columns(p_relation_id text)
-RETURNS TABLE (column_name text, type_oid oid)
+RETURNS TABLE (column_name text, type_oid oid, type_modifier integer)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT f.column_name::text, a.atttypid
+    SELECT f.column_name::text, a.atttypid, a.atttypmod
       FROM synchro.fields f
       JOIN synchro.relations r USING (relation_id)
       JOIN pg_attribute a ON a.attrelid = r.physical_relation_oid AND a.attname = f.column_name

@@ -51,9 +51,25 @@ DECLARE
 BEGIN
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id;
     IF NOT FOUND THEN RETURN; END IF;
-    SELECT string_agg(synchro.synchro_projection_expression(f.field_id, f.portable_type) || ' AS '
-                      || quote_ident(f.column_name), ', ' ORDER BY f.attnum)
-      INTO v_cols FROM synchro.fields f WHERE f.relation_id = p_relation_id;
+    -- The view's existing columns keep their positions (CREATE OR REPLACE VIEW can only
+    -- append); one whose field was retired (33_reconfigure) reads as NULL of its type.
+    SELECT string_agg(c.expr, ', ' ORDER BY c.ord) INTO v_cols FROM (
+        SELECT a.attnum::integer AS ord,
+               coalesce(synchro.synchro_projection_expression(f.field_id, f.portable_type),
+                        'NULL::' || format_type(a.atttypid, a.atttypmod)) || ' AS ' || quote_ident(a.attname) AS expr
+          FROM pg_attribute a
+          LEFT JOIN synchro.fields f ON f.relation_id = p_relation_id AND f.column_name = a.attname
+         WHERE a.attrelid = to_regclass(format('synchro_projection.%I', v_rel.physical_schema || '.' || v_rel.physical_relation))
+           AND a.attnum > 0
+        UNION ALL
+        SELECT 100000 + f.attnum, synchro.synchro_projection_expression(f.field_id, f.portable_type) || ' AS '
+                                  || quote_ident(f.column_name)
+          FROM synchro.fields f
+         WHERE f.relation_id = p_relation_id
+           AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                            WHERE a.attrelid = to_regclass(format('synchro_projection.%I',
+                                                                  v_rel.physical_schema || '.' || v_rel.physical_relation))
+                              AND a.attnum > 0 AND a.attname = f.column_name)) c;
     IF v_cols IS NULL THEN RETURN; END IF;
     EXECUTE format('CREATE OR REPLACE VIEW synchro_projection.%I AS SELECT %s FROM synchro.projection_rows r '
                    'WHERE r.relation_id = %L',

@@ -42,10 +42,10 @@ BEGIN
         END IF;
         IF v_type.portable_type IS NOT NULL THEN
             INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,
-                is_key, decimal_precision, decimal_scale)
+                is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
             VALUES (NEW.relation_id, synchro.synchro_new_id('fld_'), v_col.attname, v_col.attnum,
                 v_type.portable_type, NOT v_col.attnotnull, false, v_col.attname = NEW.capture_key_column,
-                v_type.decimal_precision, v_type.decimal_scale);
+                v_type.decimal_precision, v_type.decimal_scale, v_col.atttypid, v_col.atttypmod);
         END IF;
     END LOOP;
 END $$;

@@ -139,14 +139,14 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_scope_rows_of(text, text[], text[]) TO
 -- The synced tables not yet materialized: the bootstrap copy not finished, or the first
 -- membership rule not yet live. A Class 3 manifest with such a table is not served: connect,
 -- pull and rebuild keep using the manifest before it until the worker's commit that
--- completes them, so no client is told to rebuild from projections that lack the new
+-- completes them (a reconfiguration's manifest waits for its generation instead, 33), so no client is told to rebuild from projections that lack the new
 -- table's rows.
 CREATE FUNCTION synchro.synchro_unready_tables() RETURNS SETOF text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT r.table_id FROM synchro.relations r
       JOIN synchro.relation_capture c USING (relation_id)
       LEFT JOIN synchro.membership_functions m USING (relation_id)
-     WHERE r.kind = 'synced' AND (c.status <> 'active' OR m.live IS FALSE)
+     WHERE r.kind = 'synced' AND ((c.status <> 'active' AND c.bootstrap_lsn IS NULL) OR m.live IS FALSE)
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_unready_tables() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_unready_tables() TO synchro_adapter, synchro_operator, synchro_monitor;

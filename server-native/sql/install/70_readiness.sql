@@ -75,7 +75,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
             THEN 'ok' ELSE 'failed' END,
         'capture_bootstrap', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.relation_capture rc JOIN synchro.relations r USING (relation_id)
-             WHERE rc.status <> 'active')
+             WHERE rc.status <> 'active' AND rc.bootstrap_lsn IS NULL)
             THEN 'unknown' ELSE 'ok' END,
         -- Every other relation's projection a membership function reads is a declared
         -- dependency (with its impact function); otherwise its changes would not re-evaluate.
@@ -117,3 +117,44 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_blocked() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_capture_blocked() TO synchro_adapter;
+
+-- What the operator needs beside the checks (counts and positions only, never row data):
+-- the durable block and where it was found, the WAL the capture slot retains (everything
+-- from its restart point: a blocked worker confirms nothing, so this grows with every write
+-- to the database), how much more WAL PostgreSQL would keep for it (max_slot_wal_keep_size;
+-- null when unlimited), and the registry generation with reconfigurations in flight.
+CREATE FUNCTION synchro.synchro_capture_report() RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT jsonb_build_object(
+        'blocked', (SELECT CASE WHEN c.blocked_reason IS NULL THEN NULL ELSE jsonb_strip_nulls(jsonb_build_object(
+                        'reason', c.blocked_reason, 'detail', c.blocked_detail,
+                        'relation_id', c.blocked_relation_id, 'lsn', c.blocked_lsn::text,
+                        'ordinal', c.blocked_ordinal, 'since', c.blocked_at)) END
+                      FROM synchro.capture_state c),
+        'retained_wal_bytes', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint
+                                 FROM pg_replication_slots s JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'unconfirmed_wal_bytes', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint
+                                    FROM pg_replication_slots s JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'slot_safe_wal_bytes', (SELECT s.safe_wal_size FROM pg_replication_slots s
+                                  JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'slot_wal_status', (SELECT s.wal_status FROM pg_replication_slots s
+                              JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'registry_generation', (SELECT max(generation) FROM synchro.registry_generations WHERE state = 'active'),
+        'reconfigurations_pending', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'pending'),
+        'reconfigurations_staged', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'staged'))
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_report() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_capture_report() TO synchro_monitor, synchro_operator;
+
+-- The installed schema and assigned scopes of every client generation that is not expired
+-- (active within the client TTL), for the rollout plan; no user or client identity.
+CREATE FUNCTION synchro.synchro_active_client_schemas()
+RETURNS TABLE (schema_version bigint, schema_hash text, assigned_scopes text[])
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT c.schema_version, c.schema_hash, c.assigned_scopes FROM synchro.clients c
+     WHERE c.expired_at IS NULL AND c.schema_version IS NOT NULL
+       AND coalesce(c.last_acknowledged_at, c.generation_started_at)
+           > now() - make_interval(days => coalesce(synchro.synchro_positive_setting('client_ttl_days'), 30)::integer)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_active_client_schemas() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_active_client_schemas() TO synchro_operator, synchro_monitor;

@@ -51,7 +51,9 @@ pub(crate) async fn connect(
         .await?;
     let assigned = assigned_scopes(state, user_id).await?;
     let lineage = serving_lineage(db).await?;
-    let transition_scopes = BTreeMap::new();
+    let transition_scopes = crate::publish::transition_scopes(db, &lineage)
+        .await
+        .map_err(|_| ApiError::unavailable())?;
     let (previous_generation, expired) = match &stored {
         Some(row) => (Some(row.get::<_, i64>(0) as u64), row.get::<_, bool>(2)),
         None => (None, false),

@@ -60,16 +60,128 @@ impl std::fmt::Display for BlockReason {
     }
 }
 
+/// What drifted, for `registered_relation_drift` (`capture_state.blocked_detail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DriftDetail {
+    /// A column that is neither a field nor declared server-only (nor declared by a
+    /// reconfiguration in flight).
+    ColumnAdded,
+    /// A registered field's column is not in the change.
+    ColumnMissing,
+    /// A registered field's column has another SQL type or modifier.
+    ColumnTypeChanged,
+    /// The relation has another qualified name.
+    RelationRenamed,
+    /// The registered relation OID is gone (dropped, or dropped and recreated).
+    RelationDropped,
+    /// Another replica identity.
+    ReplicaIdentityChanged,
+    /// Another primary key.
+    PrimaryKeyChanged,
+}
+
+impl DriftDetail {
+    /// Every detail, in the CHECK constraint's order.
+    pub const ALL: &'static [DriftDetail] = &[
+        DriftDetail::ColumnAdded,
+        DriftDetail::ColumnMissing,
+        DriftDetail::ColumnTypeChanged,
+        DriftDetail::RelationRenamed,
+        DriftDetail::RelationDropped,
+        DriftDetail::ReplicaIdentityChanged,
+        DriftDetail::PrimaryKeyChanged,
+    ];
+
+    /// The code stored in `blocked_detail`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DriftDetail::ColumnAdded => "column_added",
+            DriftDetail::ColumnMissing => "column_missing",
+            DriftDetail::ColumnTypeChanged => "column_type_changed",
+            DriftDetail::RelationRenamed => "relation_renamed",
+            DriftDetail::RelationDropped => "relation_dropped",
+            DriftDetail::ReplicaIdentityChanged => "replica_identity_changed",
+            DriftDetail::PrimaryKeyChanged => "primary_key_changed",
+        }
+    }
+
+    /// The detail a code names.
+    pub fn parse(code: &str) -> Option<DriftDetail> {
+        DriftDetail::ALL
+            .iter()
+            .copied()
+            .find(|d| d.as_str() == code)
+    }
+}
+
 /// A blocking condition, raised as an error so that `?` carries it to the step.
 #[derive(Debug, thiserror::Error)]
 #[error("capture blocked: {0}")]
 pub(crate) struct Blocked(pub(crate) BlockReason);
 
+/// Drift of one registered relation, found at a change (its ordinal among the source
+/// transaction's changes of registered relations) or in the catalog (no ordinal).
+#[derive(Debug, thiserror::Error)]
+#[error("capture blocked: registered_relation_drift ({})", .detail.as_str())]
+pub(crate) struct Drifted {
+    pub(crate) relation_id: String,
+    pub(crate) detail: DriftDetail,
+    pub(crate) ordinal: Option<i32>,
+}
+
+/// The source transaction (commit LSN) an error was raised in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InTransaction(pub(crate) u64);
+
+impl std::fmt::Display for InTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "in the source transaction committed at {:X}/{:X}",
+            self.0 >> 32,
+            self.0 as u32
+        )
+    }
+}
+
+/// Where and why capture blocks, as `capture_state` records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockSite {
+    pub(crate) reason: BlockReason,
+    pub(crate) relation_id: Option<String>,
+    pub(crate) detail: Option<DriftDetail>,
+    pub(crate) lsn: Option<u64>,
+    pub(crate) ordinal: Option<i32>,
+}
+
+/// The first blocking condition in an error's chain, with where it was found.
+pub(crate) fn block_site(e: &anyhow::Error) -> Option<BlockSite> {
+    let lsn = e.downcast_ref::<InTransaction>().map(|t| t.0);
+    e.chain().find_map(|c| {
+        if let Some(b) = c.downcast_ref::<Blocked>() {
+            Some(BlockSite {
+                reason: b.0,
+                relation_id: None,
+                detail: None,
+                lsn,
+                ordinal: None,
+            })
+        } else {
+            c.downcast_ref::<Drifted>().map(|d| BlockSite {
+                reason: BlockReason::RegisteredRelationDrift,
+                relation_id: Some(d.relation_id.clone()),
+                detail: Some(d.detail),
+                lsn,
+                ordinal: d.ordinal,
+            })
+        }
+    })
+}
+
 /// The reason of the first blocking condition in an error's chain.
+#[cfg(test)]
 pub(crate) fn block_reason(e: &anyhow::Error) -> Option<BlockReason> {
-    e.chain()
-        .find_map(|c| c.downcast_ref::<Blocked>())
-        .map(|b| b.0)
+    block_site(e).map(|s| s.reason)
 }
 
 #[cfg(test)]
@@ -95,5 +207,31 @@ mod tests {
             "capture blocked: missing_fence"
         );
         assert_eq!(block_reason(&anyhow::anyhow!("other")), None);
+    }
+
+    #[test]
+    fn a_drift_carries_its_relation_detail_and_transaction() {
+        let e = anyhow::Error::from(Drifted {
+            relation_id: "rel_1".into(),
+            detail: DriftDetail::ColumnAdded,
+            ordinal: Some(3),
+        })
+        .context("decoding")
+        .context(InTransaction(0x1_0000_0010));
+        let site = block_site(&e).expect("a block");
+        assert_eq!(site.reason, BlockReason::RegisteredRelationDrift);
+        assert_eq!(site.relation_id.as_deref(), Some("rel_1"));
+        assert_eq!(site.detail, Some(DriftDetail::ColumnAdded));
+        assert_eq!(site.lsn, Some(0x1_0000_0010));
+        assert_eq!(site.ordinal, Some(3));
+        assert!(InTransaction(0x1_0000_0010).to_string().ends_with("1/10"));
+    }
+
+    #[test]
+    fn drift_details_parse_back() {
+        for d in DriftDetail::ALL {
+            assert_eq!(DriftDetail::parse(d.as_str()), Some(*d));
+        }
+        assert_eq!(DriftDetail::parse("other"), None);
     }
 }

@@ -29,7 +29,7 @@ impl Worker {
         let columns: Vec<Column> = self
             .materialize
             .query(
-                "SELECT column_name, type_oid FROM synchro.synchro_bootstrap_columns($1)",
+                "SELECT column_name, type_oid, type_modifier FROM synchro.synchro_bootstrap_columns($1)",
                 &[&relation_id],
             )
             .await?
@@ -37,6 +37,7 @@ impl Worker {
             .map(|r| Column {
                 name: r.get(0),
                 type_oid: r.get(1),
+                type_modifier: r.get(2),
             })
             .collect();
         let shape = RelationShape {

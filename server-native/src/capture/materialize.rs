@@ -11,6 +11,7 @@ use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
 use super::membership::{column_image, membership_round, EvalRow};
+use super::reconfigure::{self, Activation};
 use super::registry::{Pending, Relations, Status};
 use super::staging::stage_rows;
 use super::statements::{in_transaction, Statements};
@@ -73,13 +74,33 @@ impl Worker {
         let TxChanges {
             finals,
             bootstrapped,
+            reconfigured,
         } = changes;
         let db = &self.materialize;
-        in_transaction(db, self.write(tx, finals, &bootstrapped, registry)).await?;
+        // A reconfiguration this transaction activates: the transaction is applied with the
+        // new generation's fields (its own changes of that relation were skipped: the stage
+        // covers them). A failure leaves the step, which reloads the registry.
+        let activations = reconfigure::load(db, registry, &reconfigured).await?;
+        for a in &activations {
+            a.install(registry);
+        }
+        in_transaction(
+            db,
+            self.write(tx, finals, &bootstrapped, &activations, registry),
+        )
+        .await?;
         for reg in registry.values_mut() {
             if bootstrapped.contains(&reg.relation_id) {
                 reg.status = Status::Active;
             }
+        }
+        for a in &activations {
+            if let Some(reg) = registry.get_mut(&a.relation) {
+                reg.status = Status::Active;
+            }
+        }
+        if !activations.is_empty() {
+            tracing::info!(count = activations.len(), "reconfiguration activated");
         }
         Ok(())
     }
@@ -88,19 +109,33 @@ impl Worker {
     async fn write(
         &self,
         tx: &Transaction,
-        finals: HashMap<RowKey, FinalRow>,
+        mut finals: HashMap<RowKey, FinalRow>,
         bootstrapped: &[String],
+        activations: &[Activation],
         registry: &Relations,
     ) -> Result<()> {
         let db = &self.materialize;
+        let commit_lsn = u64::from(tx.commit_lsn);
+        let mut seq = finals.values().map(|f| f.seq).max().unwrap_or(0);
+        let mut diffs = Vec::with_capacity(activations.len());
+        for a in activations {
+            let diff = a
+                .diff(db, registry, commit_lsn, &mut finals, &mut seq)
+                .await?;
+            a.activate(db, commit_lsn, &diff).await?;
+            diffs.push(diff);
+        }
         let old_images = old_images(db, &self.statements, registry, &finals).await?;
         let changed = ByRelation::group(finals);
         write_projections(db, &self.statements, registry, &changed).await?;
         let targets = self.targets(registry, &changed, &old_images).await?;
         let mut effects = self.evaluate(registry, &targets).await?;
         effects += self
-            .finish_bootstraps(registry, bootstrapped, u64::from(tx.commit_lsn))
+            .finish_bootstraps(registry, bootstrapped, commit_lsn)
             .await?;
+        for (a, diff) in activations.iter().zip(&diffs) {
+            a.record_scopes(db, diff).await?;
+        }
         commit(db, &self.statements, effects, tx.end_lsn).await
     }
 

@@ -39,6 +39,7 @@ mod bootstrap;
 mod materialize;
 mod membership;
 pub mod pgoutput;
+mod reconfigure;
 mod registry;
 mod row;
 mod staging;
@@ -47,7 +48,7 @@ mod step;
 mod transaction;
 pub mod values;
 
-pub use block::BlockReason;
+pub use block::{BlockReason, DriftDetail};
 pub use step::LEADER_LOCK;
 
 use membership::Functions;

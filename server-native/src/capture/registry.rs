@@ -10,10 +10,14 @@ use synchro_protocol::types::{DecimalSpec, FieldSpec, PortableType};
 use tokio_postgres::Client;
 
 /// A registered field, by its source column.
+#[derive(Clone)]
 pub(super) struct Field {
     pub(super) field_id: String,
     pub(super) spec: FieldSpec,
     pub(super) is_key: bool,
+    /// The column's SQL type and modifier as registered (another one in the stream is drift).
+    pub(super) type_oid: u32,
+    pub(super) type_modifier: i32,
 }
 
 /// Bootstrap status of a relation (`synchro.relation_capture.status`).
@@ -84,6 +88,11 @@ pub(super) struct Registered {
     pub(super) relation: String,
     pub(super) replica_identity: u8,
     pub(super) fields_by_column: HashMap<String, Field>,
+    /// Whether clients see it (a capture dependency's other columns are simply not captured).
+    pub(super) synced: bool,
+    /// Columns the stream may carry that are not fields: declared server-only, or declared
+    /// by a reconfiguration in flight (its stage covers their values).
+    pub(super) expected_columns: std::collections::HashSet<String>,
     /// The membership function, when the relation has one.
     pub(super) membership: Option<Membership>,
     /// Bootstrap status.
@@ -140,7 +149,11 @@ async fn load_relations(db: &Client) -> Result<Relations> {
             "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
                     r.replica_identity::text, f.field_id, f.column_name::text, f.portable_type, f.nullable,
                     f.is_key, f.decimal_precision, f.decimal_scale, c.status, r.table_id,
-                    c.membership_evaluated
+                    c.membership_evaluated, f.type_oid, f.type_modifier, r.kind = 'synced',
+                    r.server_only_columns::text[] || ARRAY(
+                        SELECT p.column_name::text FROM synchro.pending_fields p
+                          JOIN synchro.registry_generations g USING (generation)
+                         WHERE p.relation_id = r.relation_id AND g.state IN ('pending', 'staged'))
                FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
                JOIN synchro.relation_capture c USING (relation_id)",
             &[],
@@ -157,6 +170,8 @@ async fn load_relations(db: &Client) -> Result<Relations> {
                 relation: r.get(2),
                 replica_identity: r.get::<_, String>(4).bytes().next().unwrap_or(b'?'),
                 fields_by_column: HashMap::new(),
+                synced: r.get(17),
+                expected_columns: r.get::<_, Vec<String>>(18).into_iter().collect(),
                 membership: None,
                 status: Status::parse(r.get(12))?,
                 table_id: r.get(13),
@@ -169,28 +184,53 @@ async fn load_relations(db: &Client) -> Result<Relations> {
                 live: false,
             }),
         };
-        let ty = PortableType::parse(&r.get::<_, String>(7))
-            .context("registry holds an unknown type")?;
-        let nullable: bool = r.get(8);
-        let spec = match ty {
-            PortableType::Decimal => FieldSpec {
-                ty,
-                nullable,
-                decimal: Some(DecimalSpec::new(
-                    r.get::<_, i32>(10) as u32,
-                    r.get::<_, i32>(11) as u32,
-                )?),
-            },
-            _ => FieldSpec::new(ty, nullable)?,
-        };
-        entry.fields_by_column.insert(
-            r.get(6),
-            Field {
-                field_id: r.get(5),
-                spec,
-                is_key: r.get(9),
-            },
-        );
+        entry.fields_by_column.insert(r.get(6), field(&r, 5)?);
+    }
+    Ok(out)
+}
+
+/// A field from `field_id, column_name, portable_type, nullable, is_key, decimal_precision,
+/// decimal_scale` at `at`, `at + 2`, … and `type_oid, type_modifier` at `at + 10`.
+fn field(r: &tokio_postgres::Row, at: usize) -> Result<Field> {
+    let ty = PortableType::parse(&r.get::<_, String>(at + 2))
+        .context("registry holds an unknown type")?;
+    let nullable: bool = r.get(at + 3);
+    let spec = match ty {
+        PortableType::Decimal => FieldSpec {
+            ty,
+            nullable,
+            decimal: Some(DecimalSpec::new(
+                r.get::<_, i32>(at + 5) as u32,
+                r.get::<_, i32>(at + 6) as u32,
+            )?),
+        },
+        _ => FieldSpec::new(ty, nullable)?,
+    };
+    Ok(Field {
+        field_id: r.get(at),
+        spec,
+        is_key: r.get(at + 4),
+        type_oid: r.get(at + 10),
+        type_modifier: r.get(at + 11),
+    })
+}
+
+/// The fields of a staged registry generation with their columns, in column order.
+pub(super) async fn generation_fields(
+    db: &Client,
+    generation: i64,
+) -> Result<Vec<(String, Field)>> {
+    let mut out = Vec::new();
+    for r in db
+        .query(
+            "SELECT field_id, column_name::text, portable_type, nullable, is_key, decimal_precision, decimal_scale,
+                    NULL, NULL, NULL, type_oid, type_modifier
+               FROM synchro.pending_fields WHERE generation = $1 ORDER BY attnum",
+            &[&generation],
+        )
+        .await?
+    {
+        out.push((r.get(1), field(&r, 0)?));
     }
     Ok(out)
 }

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
 
-use super::block::{BlockReason, Blocked};
+use super::block::{BlockReason, Blocked, DriftDetail};
 use super::pgoutput::Value;
 use super::registry::{Field, Registered};
 use super::values::text_to_wire;
@@ -16,6 +16,7 @@ use super::values::text_to_wire;
 pub(super) struct Column {
     pub(super) name: String,
     pub(super) type_oid: u32,
+    pub(super) type_modifier: i32,
 }
 
 /// The source's description of a relation.
@@ -27,12 +28,30 @@ pub(super) struct RelationShape {
 }
 
 impl RelationShape {
-    /// Whether the source relation is still the registered one (same qualified name and
-    /// replica identity).
-    pub(super) fn matches(&self, reg: &Registered) -> bool {
-        self.namespace == reg.schema
-            && self.name == reg.relation
-            && self.replica_identity == reg.replica_identity
+    /// How the source relation differs from its registration, if it does: another qualified
+    /// name or replica identity, a field's column missing or of another type, or (for a
+    /// synced relation) a column that is neither a field nor expected.
+    pub(super) fn drift(&self, reg: &Registered) -> Option<DriftDetail> {
+        if self.namespace != reg.schema || self.name != reg.relation {
+            return Some(DriftDetail::RelationRenamed);
+        }
+        if self.replica_identity != reg.replica_identity {
+            return Some(DriftDetail::ReplicaIdentityChanged);
+        }
+        let mut found = 0;
+        for c in &self.columns {
+            match reg.fields_by_column.get(&c.name) {
+                Some(f) if f.type_oid != c.type_oid || f.type_modifier != c.type_modifier => {
+                    return Some(DriftDetail::ColumnTypeChanged)
+                }
+                Some(_) => found += 1,
+                None if reg.synced && !reg.expected_columns.contains(&c.name) => {
+                    return Some(DriftDetail::ColumnAdded)
+                }
+                None => {}
+            }
+        }
+        (found != reg.fields_by_column.len()).then_some(DriftDetail::ColumnMissing)
     }
 }
 

@@ -5,10 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
-use super::block::{block_reason, BlockReason, Blocked};
+use super::block::{
+    block_site, BlockReason, BlockSite, Blocked, DriftDetail, Drifted, InTransaction,
+};
 use super::pgoutput::decode;
 use super::registry::{Relations, Status};
 use super::transaction::{
@@ -75,15 +77,39 @@ impl Worker {
         }
         match self.run(confirmed, failpoint).await {
             Ok(outcome) => Ok(outcome),
-            Err(e) => match block_reason(&e) {
-                Some(reason) => self.block(reason).await,
+            Err(e) => match block_site(&e) {
+                Some(site) => self.block(site).await,
                 None => Err(e),
             },
         }
     }
 
+    /// Drift of a registered relation's physical identity that the catalog already shows
+    /// (a drop, recreation, rename, another key or replica identity), so that it blocks even
+    /// before a change of the relation reaches the stream.
+    async fn catalog_drift(&self) -> Result<()> {
+        let Some(row) = self
+            .materialize
+            .query_opt(
+                "SELECT relation_id, detail FROM synchro.synchro_catalog_drift() ORDER BY relation_id LIMIT 1",
+                &[],
+            )
+            .await?
+        else {
+            return Ok(());
+        };
+        let detail = DriftDetail::parse(row.get(1)).context("an unknown drift detail")?;
+        Err(Drifted {
+            relation_id: row.get(0),
+            detail,
+            ordinal: None,
+        }
+        .into())
+    }
+
     /// The step of a leader that is not blocked.
     async fn run(&mut self, confirmed: PgLsn, failpoint: Failpoint) -> Result<StepOutcome> {
+        self.catalog_drift().await?;
         let mut registry = self.bootstrap_pending().await?;
         self.reevaluate_stale(&mut registry).await?;
         // Work done this step: source transactions applied plus staging batches, so
@@ -118,16 +144,27 @@ impl Worker {
         Ok(StepOutcome::Applied(applied))
     }
 
-    /// Records a blocking condition durably.
-    async fn block(&self, reason: BlockReason) -> Result<StepOutcome> {
+    /// Records a blocking condition durably, with where it was found (the WAL position now
+    /// when no source transaction was being applied).
+    async fn block(&self, site: BlockSite) -> Result<StepOutcome> {
+        let reason = site.reason.as_str();
+        let detail = site.detail.map(DriftDetail::as_str);
         self.materialize
             .execute(
-                "UPDATE synchro.capture_state SET blocked_reason = $1, blocked_at = now()",
-                &[&reason.as_str()],
+                "UPDATE synchro.capture_state
+                    SET blocked_reason = $1, blocked_at = now(), blocked_relation_id = $2, blocked_detail = $3,
+                        blocked_lsn = coalesce($4, pg_current_wal_lsn()), blocked_ordinal = $5",
+                &[
+                    &reason,
+                    &site.relation_id,
+                    &detail,
+                    &site.lsn.map(PgLsn::from),
+                    &site.ordinal,
+                ],
             )
             .await?;
-        tracing::error!(reason = reason.as_str(), "capture blocked");
-        Ok(StepOutcome::Blocked(reason.as_str().to_owned()))
+        tracing::error!(reason, detail, "capture blocked");
+        Ok(StepOutcome::Blocked(reason.to_owned()))
     }
 
     /// Loads the registry and records its function owners.
@@ -265,9 +302,12 @@ impl Worker {
                 done.last_end = Some(tx.end_lsn);
                 continue; // applied before a crash; the slot was not advanced yet
             }
+            let position = InTransaction(u64::from(tx.commit_lsn));
             let changes =
-                decode_changes(&self.materialize, &self.statements, tx, registry, &shapes).await?;
-            self.apply(tx, changes, registry).await?;
+                decode_changes(&self.materialize, &self.statements, tx, registry, &shapes)
+                    .await
+                    .context(position)?;
+            self.apply(tx, changes, registry).await.context(position)?;
             done.count += 1;
             done.last_end = Some(tx.end_lsn);
             if failpoint == Failpoint::AfterCommitBeforeAdvance {

@@ -10,7 +10,7 @@ use synchro_protocol::json::Json;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
-use super::block::{BlockReason, Blocked};
+use super::block::{BlockReason, Blocked, Drifted};
 use super::pgoutput::{Message, Value};
 use super::registry::{Registered, Relations, Status};
 use super::row::{key_text, raw_key_text, row_json, Column, RelationShape};
@@ -80,6 +80,7 @@ pub(super) fn record_shapes(tx: &Transaction, shapes: &mut Shapes) {
                         .map(|c| Column {
                             name: c.name.clone(),
                             type_oid: c.type_oid,
+                            type_modifier: c.type_modifier,
                         })
                         .collect(),
                 },
@@ -112,6 +113,8 @@ pub(super) struct TxChanges {
     pub(super) finals: HashMap<RowKey, FinalRow>,
     /// Relation IDs whose bootstrap message this transaction carries.
     pub(super) bootstrapped: Vec<String>,
+    /// Registry generations whose staged reconfiguration this transaction activates.
+    pub(super) reconfigured: Vec<i64>,
 }
 
 /// A fence's key: the relation ID and the key text as the source trigger recorded it.
@@ -183,6 +186,12 @@ impl Decoder {
                 if let Some(id) = content.strip_prefix(b"bootstrap:") {
                     let id = String::from_utf8_lossy(id).into_owned();
                     self.changes.bootstrapped.push(id);
+                } else if let Some(generation) = content.strip_prefix(b"reconfigure:") {
+                    let generation = std::str::from_utf8(generation)
+                        .ok()
+                        .and_then(|g| g.parse::<i64>().ok())
+                        .ok_or(Blocked(BlockReason::DecodeError))?;
+                    self.changes.reconfigured.push(generation);
                 }
                 None
             }
@@ -235,8 +244,12 @@ impl Decoder {
         let shape = shapes
             .get(&change.relation)
             .context("a change arrived before its relation message")?;
-        if !shape.matches(reg) {
-            bail!(Blocked(BlockReason::RegisteredRelationDrift));
+        if let Some(detail) = shape.drift(reg) {
+            bail!(Drifted {
+                relation_id: reg.relation_id.clone(),
+                detail,
+                ordinal: i32::try_from(self.ordinal + 1).ok(),
+            });
         }
         self.ordinal += 1;
         let seq = self.ordinal;

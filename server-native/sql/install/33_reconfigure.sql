@@ -1,0 +1,487 @@
+-- synchro install 33: registry generations and controlled reconfiguration.
+-- Spec 000 "Registration Contract", "Class 2: Compatible Additive Change" (historical
+-- nullness), "Membership Generations And Controlled Reconfiguration", "Relation Drift",
+-- "Controlled Relation Reconfiguration"; spec 003 "Relation drift and controlled
+-- reconfiguration".
+--
+-- A relation's fields change only through a new registry generation:
+--   1. synchro_reconfigure_relation (operator, after or in the same transaction as the DDL)
+--      reads the relation's new shape under a SHARE lock (the write gate), keeps every field
+--      ID whose contract survives, gives each added column a new field ID, retires only the
+--      fields the operator names, records whether each added column holds any value (once,
+--      for classification), and persists the complete 'pending' generation.
+--   2. The publisher (`synchro-server publish`) classifies the pending shape with the protocol
+--      core, inserts its manifest and calls synchro_stage_generation, which copies the rows
+--      under the new shape into synchro.projection_stage under the same SHARE lock, marks the
+--      relation 'copied' and emits the transactional message 'synchro' / 'reconfigure:<n>'.
+--      The manifest is not served yet (synchro_unactivated_manifests).
+--   3. When the stream reaches that message the worker, in one materialization transaction,
+--      replaces the relation's projection with the staged rows (every row whose content
+--      differs becomes a change at that boundary, with its effects), activates the generation
+--      (synchro_activate_generation: fields, fence, view), records the scopes whose rows
+--      gained historical values, and the manifest becomes served. Changes of the relation
+--      before the message are covered by the stage and skipped, as for a bootstrap.
+-- A capture block the relation's drift caused is cleared by step 2.
+
+CREATE TABLE synchro.registry_generations (
+    generation bigint PRIMARY KEY CHECK (generation >= 1),
+    relation_id text NOT NULL REFERENCES synchro.relations,
+    change text NOT NULL CHECK (change IN ('registration', 'reconfiguration')),
+    state text NOT NULL CHECK (state IN ('pending', 'staged', 'active', 'superseded')),
+    server_only_columns name[] NOT NULL DEFAULT '{}',
+    -- Added fields, and those among them whose source values were all NULL under the write
+    -- gates when the generation was recorded (never recomputed).
+    added_fields text[] NOT NULL DEFAULT '{}',
+    added_without_history text[] NOT NULL DEFAULT '{}',
+    retired_fields text[] NOT NULL DEFAULT '{}',
+    -- The manifest it activates with (none when the client-visible schema is unchanged).
+    schema_version bigint REFERENCES synchro.manifests,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    staged_at timestamptz,
+    activated_at timestamptz,
+    activated_lsn pg_lsn
+);
+REVOKE ALL ON synchro.registry_generations FROM PUBLIC;
+GRANT SELECT ON synchro.registry_generations TO synchro_worker, synchro_monitor;
+-- At most one reconfiguration of a relation is in flight.
+CREATE UNIQUE INDEX registry_generations_in_flight ON synchro.registry_generations (relation_id)
+    WHERE state IN ('pending', 'staged');
+
+-- The complete field list of a generation that is not active yet.
+CREATE TABLE synchro.pending_fields (
+    generation bigint NOT NULL REFERENCES synchro.registry_generations ON DELETE CASCADE,
+    relation_id text NOT NULL REFERENCES synchro.relations,
+    field_id text NOT NULL,
+    column_name name NOT NULL,
+    attnum smallint NOT NULL,
+    portable_type text NOT NULL,
+    nullable boolean NOT NULL,
+    writable boolean NOT NULL,
+    is_key boolean NOT NULL,
+    decimal_precision integer,
+    decimal_scale integer,
+    type_oid oid NOT NULL,
+    type_modifier integer NOT NULL,
+    PRIMARY KEY (generation, field_id),
+    UNIQUE (generation, attnum)
+);
+REVOKE ALL ON synchro.pending_fields FROM PUBLIC;
+GRANT SELECT ON synchro.pending_fields TO synchro_worker;
+-- An added column's existing values are checked exactly as registration checks them (12_values).
+CREATE TRIGGER synchro_pending_fields_value_checks AFTER INSERT ON synchro.pending_fields
+    FOR EACH ROW EXECUTE FUNCTION synchro.synchro_fields_value_trigger();
+
+-- Rows copied under a staged generation's fields (output-function text in attnum order).
+CREATE TABLE synchro.projection_stage (
+    generation bigint NOT NULL REFERENCES synchro.registry_generations ON DELETE CASCADE,
+    n bigint NOT NULL,
+    row_values text[] NOT NULL,
+    PRIMARY KEY (generation, n)
+);
+REVOKE ALL ON synchro.projection_stage FROM PUBLIC;
+GRANT SELECT ON synchro.projection_stage TO synchro_worker;
+
+-- The scopes a Class 3 manifest's activation gave historical values: connect rebuilds only
+-- these (intersected with the client's assigned scopes). A Class 3 manifest without a
+-- recorded set (an added table) rebuilds every assigned scope.
+CREATE TABLE synchro.manifest_affected_scopes (
+    schema_version bigint NOT NULL REFERENCES synchro.manifests,
+    scope_id text NOT NULL,
+    PRIMARY KEY (schema_version, scope_id)
+);
+REVOKE ALL ON synchro.manifest_affected_scopes FROM PUBLIC;
+GRANT SELECT, INSERT ON synchro.manifest_affected_scopes TO synchro_worker;
+
+-- The next registry generation (serialized).
+CREATE FUNCTION synchro.synchro_next_generation() RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    LOCK TABLE synchro.registry_generations IN EXCLUSIVE MODE;
+    SELECT coalesce(max(generation), 0) + 1 FROM synchro.registry_generations;
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_next_generation() FROM PUBLIC;
+
+-- A registration's generation: active at once (its bootstrap is the staged copy).
+CREATE FUNCTION synchro.synchro_record_generation(p_relation_id text, p_change text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_generation bigint := synchro.synchro_next_generation();
+BEGIN
+    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns,
+                                              activated_at)
+    SELECT v_generation, p_relation_id, p_change, 'active', r.server_only_columns, now()
+      FROM synchro.relations r WHERE r.relation_id = p_relation_id;
+    UPDATE synchro.relation_capture SET registry_generation = v_generation WHERE relation_id = p_relation_id;
+    RETURN v_generation;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_record_generation(text, text) FROM PUBLIC;
+
+-- The physical identity drift of every registered relation that the catalog shows: dropped
+-- (or recreated), renamed or moved, another replica identity, another primary key.
+CREATE FUNCTION synchro.synchro_catalog_drift() RETURNS TABLE (relation_id text, detail text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT r.relation_id,
+           CASE WHEN c.oid IS NULL THEN 'relation_dropped'
+                WHEN c.relname <> r.physical_relation OR n.nspname <> r.physical_schema THEN 'relation_renamed'
+                WHEN c.relreplident <> r.replica_identity THEN 'replica_identity_changed'
+                ELSE 'primary_key_changed' END
+      FROM synchro.relations r
+      LEFT JOIN pg_class c ON c.oid = r.physical_relation_oid
+      LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid IS NULL OR c.relname <> r.physical_relation OR n.nspname <> r.physical_schema
+        OR c.relreplident <> r.replica_identity
+        OR NOT EXISTS (SELECT 1 FROM pg_constraint k JOIN pg_attribute a
+                                  ON a.attrelid = k.conrelid AND a.attnum = k.conkey[1]
+                        WHERE k.conrelid = c.oid AND k.contype = 'p' AND cardinality(k.conkey) = 1
+                          AND a.attname = r.capture_key_column AND a.atttypid = r.primary_key_type)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_catalog_drift() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_catalog_drift() TO synchro_worker, synchro_monitor, synchro_operator;
+
+-- Records a pending reconfiguration of one synced relation from its current catalog shape
+-- (see the top of this file). p_server_only: the columns that are not synced (NULL keeps the
+-- current list, less columns that no longer exist); p_retire: registered columns whose
+-- fields are retired (Class 4; a registered column that is gone must be named here). A
+-- pending (not yet staged) reconfiguration of the relation is replaced. Returns the plan:
+-- {"relation_id","generation","added":[{"field_id","column","type","nullable",
+-- "has_values"}],"changed":[{"field_id","change"}],"retired":[field_id],"unchanged":n,
+-- "scopes_holding_rows":n}.
+CREATE FUNCTION synchro.synchro_reconfigure_relation(p_schema text, p_relation text,
+    p_server_only text[] DEFAULT NULL, p_retire text[] DEFAULT '{}') RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_server_only name[];
+    v_generation bigint;
+    v_col record;
+    v_old synchro.fields%ROWTYPE;
+    v_type record;
+    v_field_id text;
+    v_nullable boolean;
+    v_writable boolean;
+    v_has boolean;
+    v_added jsonb := '[]';
+    v_changed jsonb := '[]';
+    v_retired text[] := '{}';
+    v_added_ids text[] := '{}';
+    v_without text[] := '{}';
+    v_unchanged integer := 0;
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d WHERE d.relation_id = v_rel.relation_id) THEN
+        -- A new physical identity is a new registration (see the operator guide).
+        RAISE EXCEPTION 'the relation''s physical identity changed (dropped, renamed, another key or replica identity); it cannot be reconfigured in place'
+            USING ERRCODE = '55000';
+    END IF;
+    IF NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = v_rel.physical_relation_oid), 'USAGE') THEN
+        RAISE EXCEPTION 'reconfiguration needs synchro_owner to be granted the relation owner''s role'
+            USING ERRCODE = '42501';
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.registry_generations g
+                WHERE g.relation_id = v_rel.relation_id AND g.state = 'staged') THEN
+        RAISE EXCEPTION 'a reconfiguration of this relation is being activated; retry once capture has applied it'
+            USING ERRCODE = '55006';
+    END IF;
+    -- The write gate: no writer of the relation commits until this transaction does, so the
+    -- facts recorded below hold at its commit.
+    EXECUTE format('LOCK TABLE ONLY %I.%I IN SHARE MODE', v_rel.physical_schema, v_rel.physical_relation);
+    DELETE FROM synchro.registry_generations g WHERE g.relation_id = v_rel.relation_id AND g.state = 'pending';
+
+    v_server_only := coalesce(p_server_only::name[], ARRAY(
+        SELECT c FROM unnest(v_rel.server_only_columns) c
+         WHERE EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = v_rel.physical_relation_oid
+                          AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = c)));
+    p_retire := coalesce(p_retire, '{}');
+    IF v_rel.capture_key_column = ANY (v_server_only) OR v_rel.capture_key_column = ANY (p_retire::name[]) THEN
+        RAISE EXCEPTION 'the primary key cannot be server-only or retired' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_retire) c(name)
+                WHERE NOT EXISTS (SELECT 1 FROM synchro.fields f
+                                   WHERE f.relation_id = v_rel.relation_id AND f.column_name = c.name)) THEN
+        RAISE EXCEPTION 'only registered columns can be retired' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(v_server_only) c(name)
+                WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = v_rel.physical_relation_oid
+                                     AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = c.name)
+                   OR (EXISTS (SELECT 1 FROM synchro.fields f
+                                WHERE f.relation_id = v_rel.relation_id AND f.column_name = c.name)
+                       AND NOT c.name = ANY (p_retire::name[]))) THEN
+        RAISE EXCEPTION 'server-only columns must exist, and a synced column must be retired before it becomes server-only'
+            USING ERRCODE = '22023';
+    END IF;
+    -- A registered column that is gone must be retired explicitly.
+    SELECT f.* INTO v_old FROM synchro.fields f
+     WHERE f.relation_id = v_rel.relation_id AND NOT f.column_name = ANY (p_retire::name[])
+       AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = v_rel.physical_relation_oid
+                          AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = f.column_name)
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM synchro.synchro_registration_error('missing_field', v_rel.relation_id, v_old.field_id);
+    END IF;
+
+    v_generation := synchro.synchro_next_generation();
+    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns)
+    VALUES (v_generation, v_rel.relation_id, 'reconfiguration', 'pending', v_server_only);
+
+    FOR v_col IN SELECT a.* FROM pg_attribute a
+                  WHERE a.attrelid = v_rel.physical_relation_oid AND a.attnum > 0 AND NOT a.attisdropped
+                    AND NOT a.attname = ANY (v_server_only) AND NOT a.attname = ANY (p_retire::name[])
+                  ORDER BY a.attnum LOOP
+        SELECT f.* INTO v_old FROM synchro.fields f
+         WHERE f.relation_id = v_rel.relation_id AND f.column_name = v_col.attname;
+        IF v_col.attname = v_rel.capture_key_column THEN
+            INSERT INTO synchro.pending_fields
+            SELECT v_generation, f.relation_id, f.field_id, f.column_name, v_col.attnum, f.portable_type, f.nullable,
+                   f.writable, f.is_key, f.decimal_precision, f.decimal_scale, v_col.atttypid, v_col.atttypmod
+              FROM synchro.fields f WHERE f.relation_id = v_rel.relation_id AND f.field_id = v_old.field_id;
+            v_unchanged := v_unchanged + 1;
+            CONTINUE;
+        END IF;
+        SELECT t.* INTO v_type FROM synchro.synchro_portable_type(v_col.atttypid, v_col.atttypmod) t;
+        IF v_type.portable_type IS NULL THEN
+            -- No portable type: declare it server-only (or retire it, when it was synced).
+            PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id);
+        END IF;
+        v_nullable := NOT v_col.attnotnull;
+        v_writable := v_col.attgenerated = '' AND v_col.attidentity <> 'a';
+        IF v_old.field_id IS NOT NULL AND v_old.portable_type <> v_type.portable_type THEN
+            -- An in-place type change is Class 4 through a new field: add a column, migrate,
+            -- retire the old one (the operator guide's expand, migrate, contract).
+            PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id);
+        END IF;
+        IF v_old.field_id IS NULL THEN
+            v_field_id := synchro.synchro_new_id('fld_');
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %I.%I WHERE %I IS NOT NULL)',
+                           v_rel.physical_schema, v_rel.physical_relation, v_col.attname) INTO v_has;
+            v_added := v_added || jsonb_build_object('field_id', v_field_id, 'column', v_col.attname,
+                'type', v_type.portable_type, 'nullable', v_nullable, 'has_values', v_has);
+            v_added_ids := v_added_ids || v_field_id;
+            IF NOT v_has THEN
+                v_without := v_without || v_field_id;
+            END IF;
+        ELSE
+            v_field_id := v_old.field_id;
+            IF v_old.nullable <> v_nullable THEN
+                v_changed := v_changed || jsonb_build_object('field_id', v_field_id, 'change',
+                    CASE WHEN v_nullable THEN 'nullability_loosened' ELSE 'nullability_tightened' END);
+            END IF;
+            IF v_old.writable <> v_writable THEN
+                v_changed := v_changed || jsonb_build_object('field_id', v_field_id, 'change',
+                    CASE WHEN v_writable THEN 'writability_loosened' ELSE 'writability_removed' END);
+            END IF;
+            IF v_old.decimal_precision IS DISTINCT FROM v_type.decimal_precision
+               OR v_old.decimal_scale IS DISTINCT FROM v_type.decimal_scale THEN
+                v_changed := v_changed || jsonb_build_object('field_id', v_field_id, 'change',
+                    CASE WHEN v_type.decimal_scale >= v_old.decimal_scale
+                              AND v_type.decimal_precision - v_type.decimal_scale
+                                  >= v_old.decimal_precision - v_old.decimal_scale
+                         THEN 'decimal_widened' ELSE 'decimal_narrowed' END);
+            END IF;
+            IF v_old.nullable = v_nullable AND v_old.writable = v_writable
+               AND v_old.decimal_precision IS NOT DISTINCT FROM v_type.decimal_precision
+               AND v_old.decimal_scale IS NOT DISTINCT FROM v_type.decimal_scale THEN
+                v_unchanged := v_unchanged + 1;
+            END IF;
+        END IF;
+        INSERT INTO synchro.pending_fields (generation, relation_id, field_id, column_name, attnum, portable_type,
+            nullable, writable, is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
+        VALUES (v_generation, v_rel.relation_id, v_field_id, v_col.attname, v_col.attnum, v_type.portable_type,
+            v_nullable, v_writable, false, v_type.decimal_precision, v_type.decimal_scale, v_col.atttypid,
+            v_col.atttypmod);
+    END LOOP;
+    SELECT coalesce(array_agg(f.field_id ORDER BY f.field_id), '{}') INTO v_retired FROM synchro.fields f
+     WHERE f.relation_id = v_rel.relation_id
+       AND NOT EXISTS (SELECT 1 FROM synchro.pending_fields p WHERE p.generation = v_generation
+                          AND p.field_id = f.field_id);
+    -- A retired field's column that still exists is server-only from now on (dropping it
+    -- later changes nothing).
+    UPDATE synchro.registry_generations
+       SET added_fields = v_added_ids, added_without_history = v_without, retired_fields = v_retired,
+           server_only_columns = server_only_columns || ARRAY(
+               SELECT f.column_name FROM synchro.fields f
+                WHERE f.relation_id = v_rel.relation_id AND f.field_id = ANY (v_retired)
+                  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = v_rel.physical_relation_oid
+                                 AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = f.column_name)
+                  AND NOT f.column_name = ANY (server_only_columns))
+     WHERE generation = v_generation;
+    RETURN jsonb_build_object('relation_id', v_rel.relation_id, 'table_id', v_rel.table_id,
+        'generation', v_generation, 'added', v_added, 'changed', v_changed,
+        'retired', to_jsonb(v_retired), 'unchanged', v_unchanged,
+        'scopes_holding_rows', (SELECT count(DISTINCT e.scope_id) FROM synchro.membership_edges e
+                                 WHERE e.relation_id = v_rel.relation_id));
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_reconfigure_relation(text, text, text[], text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_reconfigure_relation(text, text, text[], text[]) TO synchro_operator;
+
+-- The pending generations the publisher classifies: {"generation","relation_id",
+-- "added_without_history":[...]} each.
+CREATE FUNCTION synchro.synchro_pending_generations() RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object('generation', g.generation, 'relation_id', g.relation_id,
+                                                 'added_without_history', to_jsonb(g.added_without_history))
+                              ORDER BY g.generation), '[]')
+      FROM synchro.registry_generations g WHERE g.state = 'pending'
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_pending_generations() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_pending_generations() TO synchro_operator;
+
+-- Stages a pending generation (see the top of this file): checks under the write gate that
+-- the catalog still has its shape, copies the rows, marks the relation 'copied', binds the
+-- manifest (NULL when the client-visible schema is unchanged), emits the message and clears
+-- a capture block the relation's column drift caused.
+CREATE FUNCTION synchro.synchro_stage_generation(p_generation bigint, p_schema_version bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_gen synchro.registry_generations%ROWTYPE;
+    v_rel synchro.relations%ROWTYPE;
+    v_cols text;
+    v_rows bigint;
+BEGIN
+    SELECT * INTO v_gen FROM synchro.registry_generations WHERE generation = p_generation FOR UPDATE;
+    IF NOT FOUND OR v_gen.state <> 'pending' THEN
+        RAISE EXCEPTION 'no such pending reconfiguration' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = v_gen.relation_id;
+    EXECUTE format('LOCK TABLE ONLY %I.%I IN SHARE MODE', v_rel.physical_schema, v_rel.physical_relation);
+    -- The catalog must still have exactly the pending shape (columns, types, nullability).
+    IF EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d WHERE d.relation_id = v_rel.relation_id)
+       OR EXISTS (SELECT 1 FROM synchro.pending_fields p
+                   WHERE p.generation = p_generation
+                     AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                      WHERE a.attrelid = v_rel.physical_relation_oid AND a.attnum = p.attnum
+                                        AND NOT a.attisdropped AND a.attname = p.column_name
+                                        AND a.atttypid = p.type_oid AND a.atttypmod = p.type_modifier
+                                        AND a.attnotnull = NOT p.nullable))
+       OR EXISTS (SELECT 1 FROM pg_attribute a
+                   WHERE a.attrelid = v_rel.physical_relation_oid AND a.attnum > 0 AND NOT a.attisdropped
+                     AND NOT a.attname = ANY (v_gen.server_only_columns)
+                     AND NOT EXISTS (SELECT 1 FROM synchro.pending_fields p
+                                      WHERE p.generation = p_generation AND p.column_name = a.attname)
+                     AND NOT EXISTS (SELECT 1 FROM synchro.fields f
+                                      WHERE f.relation_id = v_rel.relation_id AND f.column_name = a.attname
+                                        AND f.field_id = ANY (v_gen.retired_fields))) THEN
+        RAISE EXCEPTION 'the relation changed after it was reconfigured; reconfigure it again'
+            USING ERRCODE = '40001';
+    END IF;
+    SELECT string_agg(format('CASE WHEN %1$I IS NULL THEN NULL ELSE format(''%%s'', %1$I) END', p.column_name),
+                      ', ' ORDER BY p.attnum)
+      INTO v_cols FROM synchro.pending_fields p WHERE p.generation = p_generation;
+    EXECUTE format('INSERT INTO synchro.projection_stage (generation, n, row_values) '
+                   'SELECT %s, row_number() OVER (), ARRAY[%s]::text[] FROM ONLY %I.%I',
+                   p_generation, v_cols, v_rel.physical_schema, v_rel.physical_relation);
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    UPDATE synchro.registry_generations SET state = 'staged', staged_at = now(), schema_version = p_schema_version
+     WHERE generation = p_generation;
+    UPDATE synchro.relation_capture SET status = 'copied', rows_copied = v_rows, updated_at = now()
+     WHERE relation_id = v_rel.relation_id;
+    -- New columns' values are checked by the fence from now on.
+    PERFORM synchro.synchro_create_fence(v_rel.relation_id);
+    PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro', 'reconfigure:' || p_generation);
+    UPDATE synchro.capture_state
+       SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
+           blocked_lsn = NULL, blocked_ordinal = NULL
+     WHERE blocked_reason = 'registered_relation_drift' AND blocked_relation_id = v_rel.relation_id
+       AND blocked_detail IN ('column_added', 'column_missing', 'column_type_changed');
+    RETURN v_rows;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint) TO synchro_operator;
+
+-- Activates a staged generation when the stream reaches its message (the worker, inside the
+-- materialization transaction of that source transaction, after it read the stage).
+CREATE FUNCTION synchro.synchro_activate_generation(p_generation bigint, p_lsn pg_lsn) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_gen synchro.registry_generations%ROWTYPE;
+    v_rel synchro.relations%ROWTYPE;
+BEGIN
+    SELECT * INTO v_gen FROM synchro.registry_generations WHERE generation = p_generation FOR UPDATE;
+    IF NOT FOUND OR v_gen.state <> 'staged' THEN
+        RAISE EXCEPTION 'no such staged reconfiguration' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = v_gen.relation_id;
+    -- Retained fields change in place, retired ones go (their view column reads NULL from
+    -- now on), added ones are inserted (their insert triggers recheck the values and extend
+    -- the view).
+    DELETE FROM synchro.fields WHERE relation_id = v_gen.relation_id AND field_id = ANY (v_gen.retired_fields);
+    UPDATE synchro.fields f
+       SET column_name = p.column_name, attnum = p.attnum, nullable = p.nullable, writable = p.writable,
+           decimal_precision = p.decimal_precision, decimal_scale = p.decimal_scale, type_oid = p.type_oid,
+           type_modifier = p.type_modifier
+      FROM synchro.pending_fields p
+     WHERE p.generation = p_generation AND f.relation_id = p.relation_id AND f.field_id = p.field_id;
+    INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,
+        is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
+    SELECT p.relation_id, p.field_id, p.column_name, p.attnum, p.portable_type, p.nullable, p.writable, p.is_key,
+           p.decimal_precision, p.decimal_scale, p.type_oid, p.type_modifier
+      FROM synchro.pending_fields p
+     WHERE p.generation = p_generation
+       AND NOT EXISTS (SELECT 1 FROM synchro.fields f WHERE f.relation_id = p.relation_id AND f.field_id = p.field_id)
+     ORDER BY p.attnum;
+    PERFORM synchro.synchro_create_projection_view(v_gen.relation_id);
+    PERFORM synchro.synchro_create_fence(v_gen.relation_id);
+    UPDATE synchro.relations SET server_only_columns = v_gen.server_only_columns
+     WHERE relation_id = v_gen.relation_id;
+    UPDATE synchro.registry_generations SET state = 'superseded'
+     WHERE relation_id = v_gen.relation_id AND state = 'active';
+    UPDATE synchro.registry_generations SET state = 'active', activated_at = now(), activated_lsn = p_lsn
+     WHERE generation = p_generation;
+    UPDATE synchro.relation_capture SET status = 'active', registry_generation = p_generation, updated_at = now()
+     WHERE relation_id = v_gen.relation_id;
+    DELETE FROM synchro.projection_stage WHERE generation = p_generation;
+    DELETE FROM synchro.pending_fields WHERE generation = p_generation;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_activate_generation(bigint, pg_lsn) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_activate_generation(bigint, pg_lsn) TO synchro_worker;
+
+-- Manifests whose registry generation is not active yet: never served (publish.rs).
+CREATE FUNCTION synchro.synchro_unactivated_manifests() RETURNS SETOF bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT g.schema_version FROM synchro.registry_generations g
+     WHERE g.state IN ('pending', 'staged') AND g.schema_version IS NOT NULL
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_unactivated_manifests() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_unactivated_manifests() TO synchro_adapter, synchro_operator;
+
+-- The recorded affected scope sets of the given Class 3 manifests: (schema_version, scope_id),
+-- with a NULL scope_id for a recorded empty set. A version not returned has none recorded.
+CREATE FUNCTION synchro.synchro_transition_scopes(p_versions bigint[])
+RETURNS TABLE (schema_version bigint, scope_id text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT g.schema_version, s.scope_id
+      FROM synchro.registry_generations g
+      LEFT JOIN synchro.manifest_affected_scopes s ON s.schema_version = g.schema_version
+     WHERE g.state IN ('active', 'superseded') AND g.change = 'reconfiguration'
+       AND g.schema_version = ANY (p_versions)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_transition_scopes(bigint[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_transition_scopes(bigint[]) TO synchro_adapter, synchro_operator;
+
+
+-- The synced registry as the manifest builder reads it: a relation with a pending
+-- reconfiguration (33_reconfigure) as that generation will make it, with "generation" set.
+CREATE FUNCTION synchro.synchro_registry_snapshot() RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+        'relation_id', r.relation_id, 'table_id', r.table_id, 'name', r.table_name, 'composition', r.composition,
+        'schema', r.physical_schema, 'relation', r.physical_relation, 'generation', g.generation,
+        'fields', CASE WHEN g.generation IS NULL THEN
+                      (SELECT jsonb_agg(jsonb_build_object('field_id', f.field_id, 'name', f.column_name,
+                           'type', f.portable_type, 'nullable', f.nullable, 'writable', f.writable, 'is_key', f.is_key,
+                           'precision', f.decimal_precision, 'scale', f.decimal_scale) ORDER BY f.field_id)
+                         FROM synchro.fields f WHERE f.relation_id = r.relation_id)
+                  ELSE
+                      (SELECT jsonb_agg(jsonb_build_object('field_id', f.field_id, 'name', f.column_name,
+                           'type', f.portable_type, 'nullable', f.nullable, 'writable', f.writable, 'is_key', f.is_key,
+                           'precision', f.decimal_precision, 'scale', f.decimal_scale) ORDER BY f.field_id)
+                         FROM synchro.pending_fields f WHERE f.generation = g.generation) END)
+        ORDER BY r.table_id), '[]'::jsonb)
+      FROM synchro.relations r
+      LEFT JOIN synchro.registry_generations g ON g.relation_id = r.relation_id AND g.state = 'pending'
+     WHERE r.kind = 'synced'
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() TO synchro_operator;
