@@ -1,6 +1,7 @@
 //! The client's errors, one type per layer: [`StorageError`] for everything the local
 //! database does (the store), [`ClientError`] for the engine, which wraps it. Each has a
 //! stable `code()`; no message repeats a row value, a key, a token or a statement's text.
+//! [`UpgradeReason`] says why `upgrade_required` was reached.
 
 use synchro_protocol::wire::{ErrorBody, Message};
 
@@ -93,10 +94,18 @@ pub enum ClientError {
     /// The server answered something that is not the protocol.
     #[error("the server response is malformed: {0}")]
     Malformed(&'static str),
-    /// The schema history cannot continue (action `unsupported` or HTTP 426); local data
-    /// and the queue are kept.
-    #[error("this client's schema can no longer sync: {0}")]
-    UpgradeRequired(&'static str),
+    /// The application must be upgraded before this database syncs again (HTTP 426, or the
+    /// connect action `unsupported`); local data and the queue are kept. Not retryable: the
+    /// same client asks the server nothing more until it is upgraded.
+    #[error("this client must be upgraded: {}", .0.describe())]
+    UpgradeRequired(UpgradeReason),
+    /// The configured `client_version` is not a SemVer 2.0.0 version; the client was not
+    /// opened and nothing was written.
+    #[error("the client version is not a SemVer 2.0.0 version: {reason}")]
+    InvalidClientVersion {
+        /// Which SemVer rule it breaks.
+        reason: &'static str,
+    },
     /// A non-retryable local inconsistency; nothing is sent until it is resolved.
     #[error("the local database is blocked: {0}")]
     Blocked(&'static str),
@@ -117,9 +126,18 @@ impl ClientError {
             ClientError::Server { code, .. } => code,
             ClientError::Malformed(_) => "protocol_error",
             ClientError::UpgradeRequired(_) => "upgrade_required",
+            ClientError::InvalidClientVersion { .. } => "invalid_client_version",
             ClientError::Blocked(_) => "local_state_inconsistent",
             ClientError::IllegalTransition(_) => "illegal_state_transition",
             ClientError::Injected => "injected",
+        }
+    }
+
+    /// Why an upgrade is required, for [`ClientError::UpgradeRequired`].
+    pub fn upgrade_reason(&self) -> Option<UpgradeReason> {
+        match self {
+            ClientError::UpgradeRequired(r) => Some(*r),
+            _ => None,
         }
     }
 
@@ -153,6 +171,41 @@ impl ClientError {
     /// Whether the server answered with the error `code`.
     pub(crate) fn is_server(&self, code: &str) -> bool {
         matches!(self, ClientError::Server { code: c, .. } if c == code)
+    }
+}
+
+/// Why a client must be upgraded ([`ClientError::UpgradeRequired`]), each with a stable
+/// [`UpgradeReason::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpgradeReason {
+    /// The server refused this client's runtime with HTTP 426 (its `client_version` is
+    /// below the server's minimum, or its protocol version is not the server's). A client
+    /// opened with a version of higher precedence connects again; nothing else does.
+    ClientRuntime,
+    /// The server answered `unsupported`: the schema history crossed an incompatible
+    /// change. After an application upgrade, the explicit schema reset continues.
+    SchemaHistory,
+}
+
+impl UpgradeReason {
+    /// Stable machine-readable reason: `client_runtime` or `schema_history`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradeReason::ClientRuntime => "client_runtime",
+            UpgradeReason::SchemaHistory => "schema_history",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            UpgradeReason::ClientRuntime => {
+                "the server requires a newer client runtime than this client's version"
+            }
+            UpgradeReason::SchemaHistory => {
+                "the schema history crossed an incompatible change; upgrade, then request the schema reset"
+            }
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! worker), a `fetch` transport, and the JavaScript API.
 //!
 //! ```js
-//! const db = await SynchroClient.open("app.db", "https://sync.example.com", async () => token, []);
+//! const db = await SynchroClient.open("app.db", "https://sync.example.com", async () => token, [],
+//!   { clientVersion: "2.4.0" });             // optional; the default is the crate's version
 //! db.subscribe((tables) => render(tables));
 //! db.onProgress((p) => console.log(p.phase, p.rows));
 //! const report = await db.sync();           // connect, migrate, rebuild, pull — all verified
@@ -11,8 +12,11 @@
 //!
 //! Every failure is thrown as an `Error` with a stable `code` (`network_error`,
 //! `sync_integrity_failure`, `upgrade_required`, `local_state_inconsistent`, a server error
-//! code such as `unauthorized`, ...) and `retryable`. Messages never carry values, keys,
-//! tokens or identifiers.
+//! code such as `unauthorized`, ...) and `retryable`; an `upgrade_required` error also has a
+//! `reason` (`client_runtime`: the server's minimum client version is above this client's;
+//! `schema_history`: the schema crossed an incompatible change). A `clientVersion` that is
+//! not SemVer 2.0.0 is refused by `open` with `invalid_client_version`. Messages never carry
+//! values, keys, tokens or identifiers.
 
 use js_sys::{Array, Function, Object, Promise, Reflect, Uint8Array};
 use rusqlite::types::ValueRef;
@@ -22,7 +26,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::engine::Client;
+use crate::engine::{Client, ClientConfig};
 use crate::error::{ClientError, StorageError};
 use crate::store::{parse_operation, LocalWrite, Storage};
 use crate::transport::{Response, Transport, TransportError};
@@ -135,7 +139,32 @@ fn js_error(code: &str, message: &str, retryable: bool) -> JsValue {
 }
 
 fn client_error(e: ClientError) -> JsValue {
-    js_error(e.code(), &e.to_string(), e.retryable())
+    let error = js_error(e.code(), &e.to_string(), e.retryable());
+    if let Some(reason) = e.upgrade_reason() {
+        let _ = Reflect::set(&error, &"reason".into(), &reason.as_str().into());
+    }
+    error
+}
+
+/// The `options` of `SynchroClient.open`: `{ clientVersion?: string }`, checked before
+/// anything is opened.
+fn client_config(options: Option<Object>) -> Result<ClientConfig, JsValue> {
+    let mut config = ClientConfig::new();
+    if let Some(options) = options {
+        let v = Reflect::get(&options, &"clientVersion".into()).unwrap_or(JsValue::UNDEFINED);
+        if !v.is_undefined() && !v.is_null() {
+            let v = v.as_string().ok_or_else(|| {
+                js_error(
+                    "invalid_client_version",
+                    "clientVersion must be a string",
+                    false,
+                )
+            })?;
+            config = config.with_client_version(v);
+        }
+    }
+    config.validate().map_err(client_error)?;
+    Ok(config)
 }
 
 fn storage_error(e: StorageError) -> JsValue {
@@ -170,19 +199,35 @@ impl SynchroClient {
     /// Opens the database `name` on OPFS, evolves the application's local-only tables with
     /// `localMigrations` (SQL per version, 1..N), reads the durable migration journal, and
     /// returns a client for the server at `url` whose bearer tokens come from `tokenProvider`.
+    /// `options.clientVersion` is the runtime version presented on connect (SemVer 2.0.0;
+    /// the default is this package's version); a malformed one throws
+    /// `invalid_client_version` before the database is opened.
     pub async fn open(
         name: String,
         url: String,
         #[wasm_bindgen(js_name = tokenProvider)] token_provider: Function,
         #[wasm_bindgen(js_name = localMigrations)] local_migrations: Option<Vec<String>>,
+        options: Option<Object>,
     ) -> Result<SynchroClient, JsValue> {
+        let config = client_config(options)?;
         let mut storage = open_opfs(&name).await.map_err(storage_error)?;
         let ladder = local_migrations.unwrap_or_default();
         let ladder: Vec<&str> = ladder.iter().map(String::as_str).collect();
         storage.migrate_local(&ladder).map_err(storage_error)?;
-        let inner = Client::open(storage, FetchTransport::new(&url, token_provider), random16)
-            .map_err(client_error)?;
+        let inner = Client::open_with(
+            storage,
+            FetchTransport::new(&url, token_provider),
+            random16,
+            config,
+        )
+        .map_err(client_error)?;
         Ok(SynchroClient { inner })
+    }
+
+    /// The runtime version presented as `client_version` on connect.
+    #[wasm_bindgen(js_name = clientVersion)]
+    pub fn client_version(&self) -> String {
+        self.inner.client_version().to_owned()
     }
 
     /// The engine state (`fresh`, `idle`, `upgrade_required`, ...).

@@ -1,9 +1,9 @@
 //! The JavaScript API in headless Chromium (dedicated worker, OPFS): open by name with a
-//! local ladder, read-only queries with typed results, and failures thrown as `Error`
-//! objects carrying a stable `code` and `retryable`.
+//! local ladder and an optional `clientVersion`, read-only queries with typed results, and
+//! failures thrown as `Error` objects carrying a stable `code` and `retryable`.
 #![cfg(target_arch = "wasm32")]
 
-use js_sys::{Array, Function, Reflect};
+use js_sys::{Array, Function, Object, Reflect};
 use synchro_client::wasm::SynchroClient;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_test::wasm_bindgen_test;
@@ -15,6 +15,14 @@ fn member(v: &JsValue, name: &str) -> JsValue {
 }
 
 async fn open(name: &str, ladder: &[&str]) -> Result<SynchroClient, JsValue> {
+    open_with(name, ladder, None).await
+}
+
+async fn open_with(
+    name: &str,
+    ladder: &[&str],
+    options: Option<Object>,
+) -> Result<SynchroClient, JsValue> {
     // Nothing listens on port 9: every request fails at the network.
     let token = Function::new_no_args("return Promise.resolve('token')");
     SynchroClient::open(
@@ -22,8 +30,15 @@ async fn open(name: &str, ladder: &[&str]) -> Result<SynchroClient, JsValue> {
         "http://127.0.0.1:9".into(),
         token,
         Some(ladder.iter().map(|s| s.to_string()).collect()),
+        options,
     )
     .await
+}
+
+fn version_option(v: JsValue) -> Option<Object> {
+    let o = Object::new();
+    Reflect::set(&o, &"clientVersion".into(), &v).unwrap();
+    Some(o)
 }
 
 #[wasm_bindgen_test]
@@ -32,6 +47,7 @@ async fn open_query_and_typed_errors() {
     let ladder = ["CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, big INTEGER, raw BLOB)"];
     let mut db = open(&name, &ladder).await.unwrap();
     assert_eq!(db.state(), "fresh");
+    assert_eq!(db.client_version(), env!("CARGO_PKG_VERSION"));
 
     // A sync against an unreachable server rejects with a typed, retryable Error.
     let e = db.sync().await.unwrap_err();
@@ -92,4 +108,21 @@ async fn open_query_and_typed_errors() {
     let e = open(&name, &[]).await.err().expect("refused");
     assert_eq!(member(&e, "code"), "local_schema_error");
     assert_eq!(member(&e, "retryable"), false);
+
+    // The application's own runtime version; one that is not SemVer 2.0.0 (or not a
+    // string) is refused before the database is opened.
+    let db = open_with(&name, &ladder, version_option("2.4.0-beta.1".into()))
+        .await
+        .unwrap();
+    assert_eq!(db.client_version(), "2.4.0-beta.1");
+    drop(db);
+    for bad in [JsValue::from_str("v2.4.0"), JsValue::from_f64(2.0)] {
+        let e = open_with("/never-created.db", &ladder, version_option(bad))
+            .await
+            .err()
+            .expect("refused");
+        assert!(e.is_instance_of::<js_sys::Error>());
+        assert_eq!(member(&e, "code"), "invalid_client_version");
+        assert_eq!(member(&e, "retryable"), false);
+    }
 }

@@ -1,11 +1,11 @@
 //! The versioned `_synchro_*` metadata tables (`store::schema`): a database written before
 //! the metadata version existed opens with this engine, keeps its data and ends with exactly
-//! the layout of a fresh database. Its tables were created on first need by the
-//! `IF NOT EXISTS` statements below, copied verbatim from that code (`engine.rs`,
-//! `apply.rs` and `queue.rs` at f969238), so such a database holds one of three subsets:
-//! after the engine's first open, after a first migration (or both), or after a bare
-//! `Storage::install`. Also: a synchro table of another shape, and a metadata version from
-//! a newer engine, are refused with nothing changed.
+//! the layout of a fresh database (V1, then every rung of the ladder). Its tables were
+//! created on first need by the `IF NOT EXISTS` statements below, copied verbatim from that
+//! code (`engine.rs`, `apply.rs` and `queue.rs` at f969238), so such a database holds one of
+//! three subsets: after the engine's first open, after a first migration (or both), or after
+//! a bare `Storage::install`. Also: a synchro table of another shape, and a metadata version
+//! from a newer engine, are refused with nothing changed.
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);
@@ -14,6 +14,7 @@ use rusqlite::{params, Connection};
 use synchro_client::engine::{Client, Response, Transport, TransportError};
 use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_client::storage::Storage;
+use synchro_client::store::schema::METADATA_VERSION;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::migration::MigrationPlan;
 use synchro_protocol::state::ClientState;
@@ -172,7 +173,7 @@ fn a_synced_database_from_before_the_version_opens_with_its_data() {
     assert_eq!(c.manifest(), Some(&m));
     assert_eq!(c.journal_phase().unwrap(), None);
     let conn = c.storage().connection();
-    assert_eq!(metadata_version(conn), 1);
+    assert_eq!(metadata_version(conn), METADATA_VERSION);
     assert_eq!(synchro_objects(conn), fresh_objects(Some(&m)));
     assert_eq!(
         c.storage().scope_state("a").unwrap(),
@@ -222,7 +223,7 @@ fn every_subset_the_code_before_could_leave_is_adopted() {
         (c.client_id(), c.state()),
         ("legacy-client", ClientState::Fresh)
     );
-    assert_eq!(metadata_version(c.storage().connection()), 1);
+    assert_eq!(metadata_version(c.storage().connection()), METADATA_VERSION);
     assert_eq!(
         synchro_objects(c.storage().connection()),
         fresh_objects(None)
@@ -243,7 +244,7 @@ fn every_subset_the_code_before_could_leave_is_adopted() {
     let mut storage = Storage::open_in_memory().unwrap();
     before_first_open(storage.connection());
     storage.install(&m).unwrap();
-    assert_eq!(metadata_version(storage.connection()), 1);
+    assert_eq!(metadata_version(storage.connection()), METADATA_VERSION);
     let c = Client::open(storage, Offline, || unreachable!()).unwrap();
     assert_eq!(
         synchro_objects(c.storage().connection()),
@@ -281,7 +282,10 @@ fn an_unknown_shape_or_a_newer_version_is_refused_untouched() {
     let storage = c.into_storage();
     storage
         .connection()
-        .execute(r#"UPDATE "_synchro_meta" SET "metadata_version" = 2"#, [])
+        .execute(
+            r#"UPDATE "_synchro_meta" SET "metadata_version" = ?"#,
+            [METADATA_VERSION + 1],
+        )
         .unwrap();
     let e = Client::open(storage, Offline, || [1; 16]).err().unwrap();
     assert_eq!(e.code(), "local_schema_error");

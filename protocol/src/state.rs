@@ -26,7 +26,8 @@ pub enum ClientState {
     Rebuilding,
     /// A journaled local schema migration is being applied.
     Migrating,
-    /// The server answered `unsupported` or 426; only an explicit reset connect may follow.
+    /// The server answered `unsupported` or 426; only an explicit reset connect may follow
+    /// (after a 426, a client opened with an upgraded version starts again outside it).
     UpgradeRequired,
     /// A non-retryable local error; queue and local data are kept for inspection.
     Blocked,

@@ -67,8 +67,10 @@ enum Command {
         /// Largest accepted request body in bytes.
         #[arg(long, default_value_t = 1_048_576)]
         max_body_bytes: usize,
-        /// Minimum client runtime version (SemVer).
-        #[arg(long)]
+        /// Minimum client runtime version (SemVer 2.0.0): a connect whose `client_version` is
+        /// absent or of lower precedence is answered 426 `upgrade_required`. A malformed
+        /// value refuses to start.
+        #[arg(long, value_parser = semver_version)]
         min_client_version: Option<String>,
         /// Connection as the owner of the registered scope-assignment function (evaluated
         /// with that owner's privileges).
@@ -180,6 +182,13 @@ fn limits_default() -> crate::serve::ConnectionLimits {
 
 fn millis(d: std::time::Duration) -> u64 {
     d.as_millis() as u64
+}
+
+/// A parser of SemVer 2.0.0 versions (kept as given).
+fn semver_version(text: &str) -> std::result::Result<String, String> {
+    synchro_protocol::semver::Version::parse(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// A parser of integers of at least 1.

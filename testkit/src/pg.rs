@@ -150,9 +150,22 @@ pub fn serve_args(env: &Env, port: u16, secret: &str) -> Vec<String> {
 /// Starts the server binary `bin` ([`serve_args`]) quietly. A test package passes its own
 /// `env!("CARGO_BIN_EXE_...")`.
 pub fn start_server_binary(bin: &str, env: &Env, port: u16, secret: &str) -> Server {
+    start_server_binary_with(bin, env, port, secret, &[])
+}
+
+/// [`start_server_binary`] with `extra` flags after [`serve_args`] (such as
+/// `["--min-client-version", "2.0.0"]`).
+pub fn start_server_binary_with(
+    bin: &str,
+    env: &Env,
+    port: u16,
+    secret: &str,
+    extra: &[String],
+) -> Server {
     Server(
         std::process::Command::new(bin)
             .args(serve_args(env, port, secret))
+            .args(extra)
             .env("SYNCHRO_LOG", "error")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -2,7 +2,9 @@
 //! a native client syncs two scopes, survives a server restart and a reopen, refuses a
 //! tampered row and rebuilds only the scope whose terminal checksum was tampered with, and
 //! upgrades across Class 2 (replace, nothing downloaded again), Class 3 (rebuild_local of
-//! the announced scopes) and Class 4 (unsupported: local data and local-only rows kept).
+//! the announced scopes) and Class 4 (unsupported: local data and local-only rows kept), and
+//! meets a server's minimum client version (`--min-client-version`: an old client keeps its
+//! offline writes until the upgraded application syncs them).
 
 mod common;
 
@@ -11,8 +13,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use common::{free_port, start_server, wait_ready, Env, Server};
-use synchro_client::engine::{Client, Failpoint, Progress, Response, Transport, TransportError};
+use common::{free_port, start_server_with, wait_ready, Env, Server};
+use synchro_client::engine::{
+    Client, ClientConfig, ClientError, Failpoint, Progress, Response, Transport, TransportError,
+    UpgradeReason, DEFAULT_CLIENT_VERSION,
+};
 use synchro_client::http::HttpTransport;
 use synchro_client::queue::{LocalWrite, Operation};
 use synchro_client::storage::Storage;
@@ -109,6 +114,8 @@ struct Stack {
     env: Env,
     port: u16,
     base: String,
+    /// The server's flags beyond `serve_args`.
+    args: Vec<String>,
     server: Option<Server>,
     tamper: Rc<RefCell<Tamper>>,
     dir: std::path::PathBuf,
@@ -116,6 +123,12 @@ struct Stack {
 
 impl Stack {
     async fn start() -> Stack {
+        Stack::start_with(&[]).await
+    }
+
+    /// A stack whose server runs with `args` beyond `serve_args`.
+    async fn start_with(args: &[&str]) -> Stack {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let env = Env::installed().await;
         // Two scopes per row: its owner's and its team's. Alice also has team:red.
         common::docs_with_owner_and_team(
@@ -126,7 +139,7 @@ impl Stack {
         .await;
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
-        let server = start_server(&env, port, SECRET);
+        let server = start_server_with(&env, port, SECRET, &args);
         wait_ready(&reqwest::Client::new(), &base).await;
         let dir = std::env::temp_dir().join(format!(
             "synchro-client-engine-{}-{port}",
@@ -138,6 +151,7 @@ impl Stack {
             env,
             port,
             base,
+            args,
             server: Some(server),
             tamper: Rc::default(),
             dir,
@@ -146,7 +160,14 @@ impl Stack {
 
     fn restart(&mut self) {
         self.server = None;
-        self.server = Some(start_server(&self.env, self.port, SECRET));
+        self.server = Some(start_server_with(&self.env, self.port, SECRET, &self.args));
+    }
+
+    /// Restarts the server with `args` beyond `serve_args`, and waits until it is ready.
+    async fn restart_with(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|a| a.to_string()).collect();
+        self.restart();
+        wait_ready(&reqwest::Client::new(), &self.base).await;
     }
 
     /// Opens alice's client over the database file (creating it with the local ladder).
@@ -156,6 +177,15 @@ impl Stack {
 
     /// Alice's client over its own database file (its own client ID).
     fn client_named(&self, file: &str) -> Client<Proxy> {
+        self.client_with(file, ClientConfig::new()).unwrap()
+    }
+
+    /// Alice's client over `file`, presenting `version` as its runtime version.
+    fn client_at(&self, file: &str, version: &str) -> Result<Client<Proxy>, ClientError> {
+        self.client_with(file, ClientConfig::new().with_client_version(version))
+    }
+
+    fn client_with(&self, file: &str, config: ClientConfig) -> Result<Client<Proxy>, ClientError> {
         let mut storage = Storage::open(self.dir.join(file)).unwrap();
         storage
             .migrate_local(&[
@@ -173,14 +203,14 @@ impl Stack {
             .bytes()
             .fold(0u8, |a, b| a.wrapping_mul(31).wrapping_add(b));
         let mut n = 0u8;
-        Client::open(storage, transport, move || {
+        let random = move || {
             n = n.wrapping_add(1);
             let mut r = [seed; 16];
             r[15] = n;
             r[14] = n.wrapping_mul(7);
             r
-        })
-        .unwrap()
+        };
+        Client::open_with(storage, transport, random, config)
     }
 
     async fn source_rows(&self) -> Vec<(i64, String, String, Option<String>)> {
@@ -811,4 +841,170 @@ async fn a_batch_sealed_before_a_schema_change_moves_to_a_successor_with_the_sam
         Some("sealed under v1")
     );
     let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+/// `MAJOR+1.0.0` of `version`: a version every client of this crate's default is below.
+fn next_major(version: &str) -> String {
+    let major: u64 = version.split('.').next().unwrap().parse().unwrap();
+    format!("{}.0.0", major + 1)
+}
+
+#[tokio::test]
+async fn below_the_minimum_client_version_offline_writes_wait_for_the_upgraded_app() {
+    // A floor the crate's own version meets exactly: the default client syncs.
+    let mut s = Stack::start_with(&["--min-client-version", DEFAULT_CLIENT_VERSION]).await;
+    let mut phone = s.client_named("phone.db");
+    let mut laptop = s.client_named("laptop.db");
+    assert_eq!(phone.client_version(), DEFAULT_CLIENT_VERSION);
+    phone.sync_once().await.unwrap();
+    laptop.sync_once().await.unwrap();
+    assert_eq!(local_rows(&phone), s.source_rows().await);
+    phone
+        .storage()
+        .connection()
+        .execute("INSERT INTO drafts (id, body) VALUES (1, 'local only')", [])
+        .unwrap();
+    // Offline intent, not pushed yet.
+    let from_phone = set_title(&mut phone, 2, "phone, offline");
+    let from_laptop = set_title(&mut laptop, 3, "laptop, offline");
+
+    // The operator raises the floor above the installed application.
+    let floor = next_major(DEFAULT_CLIENT_VERSION);
+    s.restart_with(&["--min-client-version", &floor]).await;
+    let before = local_rows(&phone);
+    s.tamper.borrow_mut().paths.clear();
+    let e = phone.sync_once().await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.retryable(), e.upgrade_reason()),
+        (
+            "upgrade_required",
+            false,
+            Some(UpgradeReason::ClientRuntime)
+        )
+    );
+    assert_eq!(
+        s.tamper.borrow().paths,
+        ["/sync/connect"],
+        "refused at connect: nothing pushed"
+    );
+    assert_eq!(phone.state(), ClientState::UpgradeRequired);
+    assert_eq!(state_of(&phone, &from_phone), "pending");
+    assert_eq!(
+        local_rows(&phone),
+        before,
+        "the offline write is still visible"
+    );
+    assert_eq!(title_of(&phone, 2).as_deref(), Some("phone, offline"));
+    assert_ne!(
+        source_title_and_version(&s, 2).await.0.as_deref(),
+        Some("phone, offline")
+    );
+    // Nothing more is asked of the server by this version, also after a restart, nor by the
+    // same version with other build metadata (the same SemVer precedence).
+    let e = phone.sync_once().await.unwrap_err();
+    assert_eq!(e.upgrade_reason(), Some(UpgradeReason::ClientRuntime));
+    drop(phone);
+    for same in [
+        DEFAULT_CLIENT_VERSION.to_owned(),
+        format!("{DEFAULT_CLIENT_VERSION}+rebuilt"),
+    ] {
+        let mut phone = s.client_at("phone.db", &same).unwrap();
+        assert_eq!(phone.state(), ClientState::UpgradeRequired);
+        let e = phone.sync_once().await.unwrap_err();
+        assert_eq!(e.upgrade_reason(), Some(UpgradeReason::ClientRuntime));
+    }
+    assert_eq!(
+        s.tamper.borrow().paths,
+        ["/sync/connect"],
+        "only the first refusal asked the server"
+    );
+    // A version that is not SemVer 2.0.0 is refused when the client is opened.
+    for bad in [
+        format!("v{floor}"),
+        "2.0".to_owned(),
+        format!("{floor} "),
+        String::new(),
+    ] {
+        let e = s.client_at("phone.db", &bad).err().unwrap();
+        assert_eq!(
+            (e.code(), e.retryable()),
+            ("invalid_client_version", false),
+            "{bad:?}"
+        );
+    }
+
+    // The upgraded application (exactly at the floor) opens the same database and syncs:
+    // the write made before the upgrade is applied, local-only rows are kept.
+    let mut phone = s.client_at("phone.db", &floor).unwrap();
+    assert_eq!(phone.state(), ClientState::Stopped);
+    assert_eq!(state_of(&phone, &from_phone), "pending");
+    let report = phone.sync_once().await.unwrap();
+    assert_eq!(report.action, "none");
+    assert_eq!(phone.state(), ClientState::Idle);
+    assert_eq!(state_of(&phone, &from_phone), "applied");
+    assert_eq!(
+        source_title_and_version(&s, 2).await.0.as_deref(),
+        Some("phone, offline")
+    );
+    assert_eq!(drafts(&phone), [(1, "local only".to_owned(), 0)]);
+    converge(&s, &mut phone).await;
+
+    // The laptop's application asks for the explicit schema reset while refused: nothing is
+    // sent until it is upgraded, then the reset connect rebuilds every scope after pushing.
+    let e = laptop.sync_once().await.unwrap_err();
+    assert_eq!(e.upgrade_reason(), Some(UpgradeReason::ClientRuntime));
+    laptop.request_schema_reset().unwrap();
+    s.tamper.borrow_mut().paths.clear();
+    let e = laptop.sync_once().await.unwrap_err();
+    assert_eq!(e.upgrade_reason(), Some(UpgradeReason::ClientRuntime));
+    assert!(s.tamper.borrow().paths.is_empty(), "nothing sent");
+    drop(laptop);
+    let upgraded = floor.replace(".0.0", ".1.0");
+    let mut laptop = s.client_at("laptop.db", &upgraded).unwrap();
+    s.tamper.borrow_mut().rebuilds.clear();
+    let report = laptop.sync_once().await.unwrap();
+    assert_eq!(report.action, "rebuild_local");
+    let all = BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()]);
+    assert_eq!(report.rebuilt, all);
+    let paths = s.tamper.borrow().paths.clone();
+    let push = paths.iter().position(|p| p == "/sync/push").unwrap();
+    let rebuild = paths.iter().position(|p| p == "/sync/rebuild").unwrap();
+    assert!(push < rebuild, "{paths:?}");
+    assert_eq!(state_of(&laptop, &from_laptop), "applied");
+    assert_eq!(
+        source_title_and_version(&s, 3).await.0.as_deref(),
+        Some("laptop, offline")
+    );
+    assert_eq!(laptop.state(), ClientState::Idle);
+    converge(&s, &mut laptop).await;
+
+    // A client presenting the crate's own version is below this floor.
+    let mut fresh = s.client_named("fresh.db");
+    let e = fresh.sync_once().await.unwrap_err();
+    assert_eq!(e.upgrade_reason(), Some(UpgradeReason::ClientRuntime));
+    assert_eq!(fresh.state(), ClientState::UpgradeRequired);
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[test]
+fn a_malformed_minimum_client_version_refuses_to_start() {
+    // Refused while parsing the flags, before any database is reached.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server-under-test"))
+        .args([
+            "serve",
+            "--database-url",
+            "postgres://127.0.0.1:9/none",
+            "--jwt-secret",
+            SECRET,
+            "--min-client-version",
+            "v2.0.0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--min-client-version") && stderr.contains("SemVer"),
+        "{stderr}"
+    );
 }

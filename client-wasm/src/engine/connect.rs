@@ -1,14 +1,18 @@
-//! Step: connect (spec 003 `POST /sync/connect`). Presents the identity, generation, schema
-//! and installed cursors; records the generation the server returns; for an unchanged schema
-//! records the scope updates, and for a migration verifies the announced target manifest and
-//! hands it on. A 426 or the `unsupported` action enters `upgrade_required`, durably.
+//! Step: connect (spec 003 `POST /sync/connect`). Presents the identity, generation, schema,
+//! installed cursors and the client's runtime version (`client_version`, which the server
+//! holds against its `--min-client-version`); records the generation the server returns;
+//! for an unchanged schema records the scope updates, and for a migration verifies the
+//! announced target manifest and hands it on. A 426 or the `unsupported` action enters
+//! `upgrade_required`, durably: a 426 records the refused client version (a client opened
+//! with a higher one connects again), `unsupported` the flag only the explicit reset clears.
+//! Neither touches the queue or local data.
 
 use std::collections::BTreeSet;
 
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::wire::{ConnectRequest, ConnectResponse, Message};
 
-use super::{Client, ClientError, Connected, Migration, SchemaAction, Transport};
+use super::{Client, ClientError, Connected, Migration, SchemaAction, Transport, UpgradeReason};
 use crate::store::Phase;
 
 impl<T: Transport> Client<T> {
@@ -30,7 +34,7 @@ impl<T: Transport> Client<T> {
             client_generation: self.storage.generation()?,
             schema: self.schema_json(),
             schema_reset: reset,
-            client_version: None,
+            client_version: Some(self.client_version.clone()),
             scope_cursors: self
                 .scopes()?
                 .into_iter()
@@ -39,10 +43,11 @@ impl<T: Transport> Client<T> {
         };
         let r = self.post("/sync/connect", &request).await?;
         if r.status == 426 {
-            self.storage.set_upgrade_required()?;
-            return Err(ClientError::UpgradeRequired(
-                "the server requires an upgrade",
-            ));
+            // The runtime (its version, or its protocol version) is refused: only an upgraded
+            // application can continue, and the schema is not at fault.
+            self.storage
+                .set_refused_client_version(&self.client_version)?;
+            return Err(ClientError::UpgradeRequired(UpgradeReason::ClientRuntime));
         }
         if r.status != 200 {
             return Err(ClientError::from_response(&r));
@@ -99,11 +104,58 @@ impl<T: Transport> Client<T> {
             }
             SchemaAction::Unsupported => {
                 self.storage.set_upgrade_required()?;
-                return Err(ClientError::UpgradeRequired(
-                    "the schema history crossed an incompatible change",
-                ));
+                return Err(ClientError::UpgradeRequired(UpgradeReason::SchemaHistory));
             }
         };
         Ok((action, affected, connected))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use synchro_protocol::json::Json;
+    use synchro_protocol::wire::{ConnectRequest, Message};
+
+    use crate::engine::{Client, ClientConfig, Response, Transport, TransportError};
+    use crate::store::Storage;
+
+    /// Keeps every body it is given and answers nothing (a network failure).
+    #[derive(Clone, Default)]
+    struct Recorder(Rc<RefCell<Vec<String>>>);
+
+    impl Transport for Recorder {
+        async fn post(&self, _: &str, body: String) -> Result<Response, TransportError> {
+            self.0.borrow_mut().push(body);
+            Err(TransportError("recorded".into()))
+        }
+    }
+
+    /// The `client_version` of the one connect `config`'s client sends.
+    async fn sent_version(config: ClientConfig) -> Option<String> {
+        let recorder = Recorder::default();
+        let storage = Storage::open_in_memory().unwrap();
+        let mut c = Client::open_with(storage, recorder.clone(), || [3; 16], config).unwrap();
+        assert_eq!(c.connect().await.unwrap_err().code(), "network_error");
+        let bodies = recorder.0.borrow();
+        assert_eq!(bodies.len(), 1);
+        ConnectRequest::from_json(&Json::parse(&bodies[0]).unwrap())
+            .unwrap()
+            .client_version
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    async fn connect_sends_the_crate_version_unless_the_application_sets_one() {
+        assert_eq!(
+            sent_version(ClientConfig::new()).await.as_deref(),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+        assert_eq!(
+            sent_version(ClientConfig::new().with_client_version("3.1.4-rc.1+sha.5")).await,
+            Some("3.1.4-rc.1+sha.5".to_owned())
+        );
     }
 }

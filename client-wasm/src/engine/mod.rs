@@ -13,10 +13,13 @@
 //! This file is the facade and the order of a round; each step is its own file and none of
 //! them calls another: `connect` (the exchange and its scope updates), `migrate` (journal,
 //! DDL, recovery), `push`, `rebuild`, `pull`. No step holds SQL: they call the store.
+//! `config` holds what the application sets when it opens a client ([`ClientConfig`]: the
+//! runtime version presented on connect).
 //!
 //! Every state change goes through the spec 001 state machine first; an illegal transition
 //! is refused before anything durable is touched.
 
+mod config;
 mod connect;
 mod migrate;
 mod pull;
@@ -31,10 +34,11 @@ use synchro_protocol::manifest::{Manifest, SchemaRef};
 use synchro_protocol::state::{ClientState, StateMachine};
 use synchro_protocol::wire::Message;
 
-pub use crate::error::ClientError;
+pub use crate::error::{ClientError, UpgradeReason};
 pub use crate::store::JOURNAL_VERSION;
 use crate::store::{hex, JournalError, LocalWrite, Phase, Storage, StorageError};
 pub use crate::transport::{Response, Transport, TransportError};
+pub use config::{ClientConfig, DEFAULT_CLIENT_VERSION};
 
 /// Largest page the engine asks for (the server's limit is 1..=1000).
 pub const DEFAULT_PAGE_LIMIT: u32 = 1000;
@@ -220,6 +224,7 @@ pub struct Client<T: Transport> {
     transport: T,
     machine: StateMachine,
     client_id: String,
+    client_version: String,
     manifest: Option<Manifest>,
     page_limit: u32,
     failpoint: Failpoint,
@@ -234,15 +239,36 @@ impl<T: Transport> Client<T> {
     /// (16 bytes; injected so tests and the browser choose the source). The metadata tables
     /// are brought to the current version (a database written before the version existed
     /// is adopted), then the durable journal is read: a pending one is executed, an
-    /// inconsistent one is [`ClientError::Blocked`].
+    /// inconsistent one is [`ClientError::Blocked`]. The client presents the crate's version
+    /// ([`DEFAULT_CLIENT_VERSION`]) on connect; [`Client::open_with`] sets another.
     pub fn open(
+        storage: Storage,
+        transport: T,
+        random: impl FnMut() -> [u8; 16] + 'static,
+    ) -> Result<Client<T>, ClientError> {
+        Client::open_with(storage, transport, random, ClientConfig::new())
+    }
+
+    /// [`Client::open`] with the application's settings. A `client_version` that is not
+    /// SemVer 2.0.0 is [`ClientError::InvalidClientVersion`] before the database is touched.
+    /// A database whose client version a server refused (HTTP 426) opens in
+    /// `upgrade_required` unless `config` presents a version of higher precedence: then the
+    /// next round connects again.
+    pub fn open_with(
         mut storage: Storage,
         transport: T,
         mut random: impl FnMut() -> [u8; 16] + 'static,
+        config: ClientConfig,
     ) -> Result<Client<T>, ClientError> {
+        config.validate()?;
+        let client_version = config.client_version().to_owned();
         let identity = storage.open_client(|| hex(&random()))?;
         let manifest = storage.active_schema()?;
-        let state = match (&manifest, identity.upgrade_required) {
+        let runtime_refused = identity
+            .refused_client_version
+            .as_deref()
+            .is_some_and(|refused| config::still_refused(&client_version, refused));
+        let state = match (&manifest, identity.upgrade_required || runtime_refused) {
             (_, true) => ClientState::UpgradeRequired,
             (None, _) => ClientState::Fresh,
             (Some(_), _) => ClientState::Stopped,
@@ -252,6 +278,7 @@ impl<T: Transport> Client<T> {
             transport,
             machine: StateMachine::new(state),
             client_id: identity.client_id,
+            client_version,
             manifest,
             page_limit: DEFAULT_PAGE_LIMIT,
             failpoint: Failpoint::None,
@@ -267,6 +294,11 @@ impl<T: Transport> Client<T> {
     /// The client ID (random, stable for the database's life).
     pub fn client_id(&self) -> &str {
         &self.client_id
+    }
+
+    /// The runtime version this client presents as `client_version` on connect.
+    pub fn client_version(&self) -> &str {
+        &self.client_version
     }
 
     /// The engine state.
@@ -341,6 +373,7 @@ impl<T: Transport> Client<T> {
     /// Connects and executes the schema action (steps 1-6 for replace and rebuild_local).
     /// Returns the action's name and, for `rebuild_local`, the affected scopes.
     pub async fn connect(&mut self) -> Result<(String, BTreeSet<String>), ClientError> {
+        self.may_connect()?;
         self.go(ClientState::Connecting)?;
         match self.connect_and_migrate().await {
             Ok(action) => Ok(action),
@@ -399,11 +432,7 @@ impl<T: Transport> Client<T> {
         if state == ClientState::Blocked {
             return Err(ClientError::Blocked("the engine is blocked"));
         }
-        if state == ClientState::UpgradeRequired && !self.storage.reset_requested()? {
-            return Err(ClientError::UpgradeRequired(
-                "this client's schema can no longer sync",
-            ));
-        }
+        self.may_connect()?;
         // A journal still waiting for its DDL (an interruption in this process) runs first.
         if self.storage.journal_phase()? == Some(Phase::Pending) {
             self.recover()?;
@@ -451,6 +480,23 @@ impl<T: Transport> Client<T> {
     }
 
     // ----- shared by the steps -----------------------------------------------------------
+
+    /// In `upgrade_required`, nothing is sent while the server's refusal of this client
+    /// version holds, nor (after `unsupported`) until the application asked for the reset.
+    fn may_connect(&self) -> Result<(), ClientError> {
+        if self.machine.state() != ClientState::UpgradeRequired {
+            return Ok(());
+        }
+        if let Some(refused) = self.storage.refused_client_version()? {
+            if config::still_refused(&self.client_version, &refused) {
+                return Err(ClientError::UpgradeRequired(UpgradeReason::ClientRuntime));
+            }
+        }
+        if !self.storage.reset_requested()? {
+            return Err(ClientError::UpgradeRequired(UpgradeReason::SchemaHistory));
+        }
+        Ok(())
+    }
 
     fn go(&mut self, to: ClientState) -> Result<(), ClientError> {
         if self.machine.state() == to {

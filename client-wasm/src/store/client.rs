@@ -1,6 +1,7 @@
 //! The client's identity and connect state (`_synchro_client`, one row): the random client
-//! ID, the generation and scope set version the last connect returned, and the two flags of
-//! spec 000 "Explicit Incompatible-Schema Reset" (`upgrade_required`, `reset_requested`).
+//! ID, the generation and scope set version the last connect returned, the two flags of
+//! spec 000 "Explicit Incompatible-Schema Reset" (`upgrade_required`, `reset_requested`),
+//! and the client version a server refused with HTTP 426 (`refused_client_version`).
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -14,6 +15,8 @@ pub(crate) struct Identity {
     pub client_id: String,
     /// The schema history could not continue; kept across restarts.
     pub upgrade_required: bool,
+    /// The client version a server last refused with HTTP 426; kept across restarts.
+    pub refused_client_version: Option<String>,
 }
 
 impl Storage {
@@ -26,14 +29,14 @@ impl Storage {
     ) -> Result<Identity, StorageError> {
         self.with_tx(|tx| {
             schema::ensure(tx)?;
-            let existing: Option<(String, i64)> = tx
+            let existing: Option<(String, i64, Option<String>)> = tx
                 .query_row(
-                    r#"SELECT "client_id", "upgrade_required" FROM "_synchro_client" WHERE "id" = 1"#,
+                    r#"SELECT "client_id", "upgrade_required", "refused_client_version" FROM "_synchro_client" WHERE "id" = 1"#,
                     [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
                 .optional()?;
-            let (client_id, upgrade_required) = match existing {
+            let (client_id, upgrade_required, refused_client_version) = match existing {
                 Some(v) => v,
                 None => {
                     let id = new_id();
@@ -41,12 +44,13 @@ impl Storage {
                         r#"INSERT INTO "_synchro_client" ("id", "client_id") VALUES (1, ?)"#,
                         [&id],
                     )?;
-                    (id, 0)
+                    (id, 0, None)
                 }
             };
             Ok(Identity {
                 client_id,
                 upgrade_required: upgrade_required == 1,
+                refused_client_version,
             })
         })
     }
@@ -63,15 +67,34 @@ impl Storage {
             .map(|g| g as u64))
     }
 
-    /// Records what a connect returned.
+    /// Records what a connect returned (a server that answered 200 refuses this client's
+    /// version no longer).
     pub(crate) fn record_connect(
         &self,
         generation: i64,
         scope_set_version: Option<i64>,
     ) -> Result<(), StorageError> {
         self.connection().execute(
-            r#"UPDATE "_synchro_client" SET "client_generation" = ?, "scope_set_version" = ? WHERE "id" = 1"#,
+            r#"UPDATE "_synchro_client" SET "client_generation" = ?, "scope_set_version" = ?, "refused_client_version" = NULL WHERE "id" = 1"#,
             params![generation, scope_set_version],
+        )?;
+        Ok(())
+    }
+
+    /// The client version a server last refused with HTTP 426, if any.
+    pub(crate) fn refused_client_version(&self) -> Result<Option<String>, StorageError> {
+        Ok(self.connection().query_row(
+            r#"SELECT "refused_client_version" FROM "_synchro_client" WHERE "id" = 1"#,
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Records that a server refused the client version `version` with HTTP 426.
+    pub(crate) fn set_refused_client_version(&self, version: &str) -> Result<(), StorageError> {
+        self.connection().execute(
+            r#"UPDATE "_synchro_client" SET "refused_client_version" = ? WHERE "id" = 1"#,
+            [version],
         )?;
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! ## The metadata layout and its version
 //!
 //! [`V1`] is the layout (client identity, journal, scopes, server rows, staged rebuild rows,
-//! the queue, outcomes, shadows) and the one row of `_synchro_meta` records its version.
+//! the queue, outcomes, shadows), each later version a rung of `UPGRADES` (2: the client
+//! version a server refused), and the one row of `_synchro_meta` records the version.
 //! [`ensure`] brings a database to [`METADATA_VERSION`] inside the caller's transaction, so
 //! the layout and whatever needs it commit together or not at all:
 //!
@@ -111,8 +112,12 @@ pub const V1: &[(&str, &str, &str)] = &[
 ];
 
 /// The upgrade ladder: rung `i` takes metadata version `i + 1` to `i + 2` (statements run
-/// in order, in the caller's transaction). Empty: version 1 is current.
-const UPGRADES: &[&[&str]] = &[];
+/// in order, in the caller's transaction).
+const UPGRADES: &[&[&str]] = &[
+    // 1 -> 2: the client version a server refused with HTTP 426 (NULL: none), so that the
+    // refusal survives restarts and only an upgraded version connects again.
+    &[r#"ALTER TABLE "_synchro_client" ADD COLUMN "refused_client_version" TEXT"#],
+];
 
 /// Brings the metadata layout to [`METADATA_VERSION`] (see the module docs); run inside
 /// the caller's transaction.
@@ -290,7 +295,7 @@ mod tests {
     fn a_fresh_database_gets_v1_and_the_ladder_runs_each_rung_once() {
         let conn = Connection::open_in_memory().unwrap();
         ensure(&conn).unwrap();
-        assert_eq!(recorded(&conn).unwrap(), Some(1));
+        assert_eq!(recorded(&conn).unwrap(), Some(METADATA_VERSION));
         let objects: i64 = conn
             .query_row(
                 "SELECT count(*) FROM sqlite_schema WHERE name LIKE '\\_synchro\\_%' ESCAPE '\\'",
@@ -301,7 +306,20 @@ mod tests {
         assert_eq!(objects as usize, V1.len());
         // Again: nothing to do.
         ensure(&conn).unwrap();
-        // A ladder with two rungs takes version 1 to 3, each rung once, in order.
+        assert_eq!(recorded(&conn).unwrap(), Some(METADATA_VERSION));
+        // Rung 1 -> 2 gave the client table its refused client version.
+        let refused: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('_synchro_client') WHERE name = 'refused_client_version'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(refused, 1);
+        // On a database at version 1, a ladder with two rungs takes it to 3, each rung once,
+        // in order.
+        let conn = Connection::open_in_memory().unwrap();
+        assert_eq!(upgrade(&conn, &[]).unwrap(), 1);
         let ladder: &[&[&str]] = &[
             &[r#"ALTER TABLE "_synchro_scopes" ADD COLUMN "note" TEXT"#],
             &[r#"UPDATE "_synchro_scopes" SET "note" = 'v3'"#],
@@ -309,7 +327,12 @@ mod tests {
         assert_eq!(upgrade(&conn, ladder).unwrap(), 3);
         assert_eq!(recorded(&conn).unwrap(), Some(3));
         assert_eq!(upgrade(&conn, ladder).unwrap(), 3, "no rung runs twice");
-        // This engine (version 1) refuses the database a newer one wrote.
+        // This engine refuses the database a newer one wrote.
+        conn.execute(
+            r#"UPDATE "_synchro_meta" SET "metadata_version" = ?"#,
+            [METADATA_VERSION + 1],
+        )
+        .unwrap();
         let e = ensure(&conn).unwrap_err();
         assert_eq!(e.code(), "local_schema_error");
     }

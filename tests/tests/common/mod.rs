@@ -12,3 +12,14 @@ pub fn start_server(env: &Env, port: u16, secret: &str) -> Server {
         secret,
     )
 }
+
+/// [`start_server`] with `extra` flags (such as `["--min-client-version", "2.0.0"]`).
+pub fn start_server_with(env: &Env, port: u16, secret: &str, extra: &[String]) -> Server {
+    synchro_testkit::pg::start_server_binary_with(
+        env!("CARGO_BIN_EXE_synchro-server-under-test"),
+        env,
+        port,
+        secret,
+        extra,
+    )
+}
