@@ -262,6 +262,46 @@ enum RegistryCommand {
         #[command(flatten)]
         change: ReconfigureArgs,
     },
+    /// Declare a local index (created in every client's SQLite database; Class 2 at the
+    /// next publish). --unique needs a unique index of the source on those columns.
+    Index {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
+        /// The index name (letters, digits, underscores).
+        #[arg(long)]
+        name: String,
+        /// A synced column, in index order; repeatable.
+        #[arg(long = "column", required = true)]
+        columns: Vec<String>,
+        /// A unique index.
+        #[arg(long)]
+        unique: bool,
+    },
+    /// The rollout advisor: per manifest, the active clients on it, the last push authored
+    /// under it, the unresolved queued intents seen and the clients held at
+    /// upgrade_required (counts only); with --retire, whether retiring those columns is
+    /// safe now and what blocks it.
+    Rollout {
+        /// PostgreSQL connection string (synchro_monitor or synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// The registered schema name (with --retire).
+        #[arg(long, requires = "relation")]
+        schema: Option<String>,
+        /// The registered relation name (with --retire).
+        #[arg(long, requires = "schema")]
+        relation: Option<String>,
+        /// A registered column a planned contract retires; repeatable.
+        #[arg(long, requires = "relation")]
+        retire: Vec<String>,
+    },
     /// Reconfigure a relation after DDL and publish the resulting manifest, in one
     /// transaction; capture activates it at a transaction boundary of the stream.
     Reconfigure {
@@ -376,6 +416,54 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 server_only,
             };
             match register(&db, &req).await {
+                Ok(v) => println!("{v}"),
+                Err(RegistrationError::Invalid(body, _)) => {
+                    println!("{body}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Command::Registry {
+            command:
+                RegistryCommand::Rollout {
+                    database_url,
+                    schema,
+                    relation,
+                    retire,
+                },
+        } => {
+            let db = connect_db(&database_url).await?;
+            let contract = match (&schema, &relation) {
+                (Some(s), Some(r)) if !retire.is_empty() => {
+                    Some((s.as_str(), r.as_str(), retire.as_slice()))
+                }
+                _ => None,
+            };
+            match crate::registry::rollout(&db, contract).await {
+                Ok(v) => println!("{v}"),
+                Err(RegistrationError::Invalid(body, _)) => {
+                    println!("{body}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Command::Registry {
+            command:
+                RegistryCommand::Index {
+                    database_url,
+                    schema,
+                    relation,
+                    name,
+                    columns,
+                    unique,
+                },
+        } => {
+            let db = connect_db(&database_url).await?;
+            match crate::registry::declare_index(&db, &schema, &relation, &name, &columns, unique)
+                .await
+            {
                 Ok(v) => println!("{v}"),
                 Err(RegistrationError::Invalid(body, _)) => {
                     println!("{body}");

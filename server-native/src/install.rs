@@ -79,6 +79,10 @@ pub const INSTALL: &[SqlFile] = &[
         sql: include_str!("../sql/install/33_reconfigure.sql"),
     },
     SqlFile {
+        name: "34_rollout.sql",
+        sql: include_str!("../sql/install/34_rollout.sql"),
+    },
+    SqlFile {
         name: "40_membership.sql",
         sql: include_str!("../sql/install/40_membership.sql"),
     },

@@ -122,7 +122,7 @@ fn table_json(t: &Value) -> Result<Value> {
         "table_id": t["table_id"], "relation_id": t["relation_id"], "name": t["name"],
         "composition": t["composition"], "primary_key_field_id": pk["field_id"],
         "lifecycle": {"created_at_field_id": null, "updated_at_field_id": null, "deleted_at_field_id": null},
-        "fields": fields, "indexes": [],
+        "fields": fields, "indexes": t["indexes"].as_array().cloned().unwrap_or_default(),
     }))
 }
 

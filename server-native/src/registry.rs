@@ -123,6 +123,9 @@ pub struct ReconfigurePlan {
     /// Under a Class 3 change the affected scopes are known only at activation, so a
     /// client holding any scope of the table counts as `rebuild_local` (at most).
     pub clients: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, u64>>,
+    /// For a retirement: whether the contract is safe now, and what blocks it (as
+    /// `synchro.synchro_contract_check` answers, judged before the change).
+    pub contract: Option<Value>,
 }
 
 impl ReconfigurePlan {
@@ -146,6 +149,7 @@ impl ReconfigurePlan {
             "registry": self.change,
             "affected_scopes": affected,
             "clients_by_manifest": self.clients,
+            "safe_to_contract": self.contract,
         })
     }
 }
@@ -174,6 +178,19 @@ pub async fn reconfigure(
         .transaction()
         .await
         .map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;
+    let contract = if r.retire.is_empty() {
+        None
+    } else {
+        let text: String = tx
+            .query_one(
+                "SELECT synchro.synchro_contract_check($1, $2, $3)::text",
+                &[&r.schema, &r.relation, &r.retire],
+            )
+            .await
+            .map_err(registration_error)?
+            .get(0);
+        Some(serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?)
+    };
     let text: String = tx
         .query_one(
             "SELECT synchro.synchro_reconfigure_relation($1, $2, $3, $4)::text",
@@ -197,6 +214,7 @@ pub async fn reconfigure(
         change,
         publish,
         clients,
+        contract,
     })
 }
 
@@ -255,4 +273,52 @@ async fn client_actions(
             .or_default() += 1;
     }
     Ok(out)
+}
+
+/// The rollout advisor (`synchro.synchro_rollout_report`), and with `retire` the contract
+/// check for retiring those columns of a relation: counts only, never identities.
+pub async fn rollout(
+    db: &Client,
+    contract: Option<(&str, &str, &[String])>,
+) -> Result<Value, RegistrationError> {
+    let text: String = db
+        .query_one("SELECT synchro.synchro_rollout_report()::text", &[])
+        .await
+        .map_err(registration_error)?
+        .get(0);
+    let mut report: Value =
+        serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
+    if let Some((schema, relation, columns)) = contract {
+        let text: String = db
+            .query_one(
+                "SELECT synchro.synchro_contract_check($1, $2, $3)::text",
+                &[&schema, &relation, &columns],
+            )
+            .await
+            .map_err(registration_error)?
+            .get(0);
+        report["safe_to_contract"] =
+            serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
+    }
+    Ok(report)
+}
+
+/// Declares a local index (`synchro.synchro_declare_index`); the next publish is Class 2.
+pub async fn declare_index(
+    db: &Client,
+    schema: &str,
+    relation: &str,
+    name: &str,
+    columns: &[String],
+    unique: bool,
+) -> Result<Value, RegistrationError> {
+    let text: String = db
+        .query_one(
+            "SELECT synchro.synchro_declare_index($1, $2, $3, $4, $5)::text",
+            &[&schema, &relation, &name, &columns, &unique],
+        )
+        .await
+        .map_err(registration_error)?
+        .get(0);
+    serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))
 }

@@ -295,7 +295,13 @@ async fn converge<T: Transport>(s: &Stack, c: &mut Client<T>, column: &str) {
             report.verified,
             BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()])
         );
-        if local(c, column) == s.source(column).await {
+        // Decimals: the source prints its scale, the client the canonical form.
+        let source = if column == "amount" {
+            s.source("trim_scale(amount)").await
+        } else {
+            s.source(column).await
+        };
+        if local(c, column) == source {
             return;
         }
         assert!(Instant::now() < deadline, "the client never converged");
@@ -597,4 +603,216 @@ async fn a_retired_field_is_class_4_old_intent_terminal_new_intent_applied() {
         .unwrap();
     converge(&s, &mut old, "summary").await;
     assert!(s.report().await["blocked"].is_null());
+}
+
+#[tokio::test]
+async fn a_rename_by_expand_migrate_contract_with_the_advisor() {
+    let s = Stack::start("rename").await;
+    let docs = |retire: &[&str]| ReconfigureRequest {
+        schema: "app".into(),
+        relation: "docs".into(),
+        retire: retire.iter().map(|c| (*c).to_owned()).collect(),
+        ..Default::default()
+    };
+    let (mut old, _, _) = s.client("old.db").await;
+    let (mut new, _, _) = s.client("new.db").await;
+    old.sync_once().await.unwrap();
+    new.sync_once().await.unwrap();
+    let old_write = queue_update(&mut old, 3, "title", "old app, offline");
+
+    // Expand: the new name as a new field (all NULL: Class 2).
+    s.env
+        .as_app_owner("ALTER TABLE app.docs ADD COLUMN headline text")
+        .await;
+    assert_eq!(
+        published(&s.reconfigure(docs(&[]), true).await),
+        (2, "class_2".to_owned())
+    );
+    s.served(2).await;
+    // Migrate: the server dual-writes the old field into the new one and backfills.
+    s.env
+        .as_app_owner(
+            "CREATE FUNCTION app.docs_dual_write() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN NEW.headline := NEW.title; RETURN NEW; END $$;
+             CREATE TRIGGER docs_dual_write BEFORE INSERT OR UPDATE OF title ON app.docs
+                 FOR EACH ROW EXECUTE FUNCTION app.docs_dual_write();
+             UPDATE app.docs SET headline = title;",
+        )
+        .await;
+    // The new app moves to v2 and writes the new field.
+    converge(&s, &mut new, "headline").await;
+    let new_write = queue_update(&mut new, 9, "headline", "new app");
+    new.sync_once().await.unwrap();
+    assert_eq!(mutation_state(&new, &new_write).0, "applied");
+
+    // Contract is not safe while the old app is active on v1.
+    let op = s.operator().await;
+    let report = contract_check(&op).await;
+    assert_eq!(report["served_version"], 2);
+    assert_eq!(report["manifests"][0]["active_clients"], 1, "{report}");
+    assert_eq!(report["manifests"][1]["active_clients"], 1, "{report}");
+    assert!(!report["manifests"][1]["last_push_authored_at"].is_null());
+    let contract = &report["safe_to_contract"];
+    assert_eq!(contract["safe"], false, "{report}");
+    assert_eq!(
+        contract["blocking"],
+        serde_json::json!([{"reason": "active_clients_on_older_manifest", "schema_version": 1, "count": 1}])
+    );
+    // The plan of the retirement says the same before anything changes.
+    let plan = s.reconfigure(docs(&["title"]), false).await.to_json();
+    assert_eq!(plan["safe_to_contract"]["safe"], false);
+
+    // The old app is gone (its generation idle past client_ttl_days, 30): safe.
+    s.env
+        .admin
+        .batch_execute(
+            "UPDATE synchro.clients SET generation_started_at = now() - interval '31 days',
+                    last_acknowledged_at = NULL WHERE schema_version = 1",
+        )
+        .await
+        .unwrap();
+    let report = contract_check(&op).await;
+    assert_eq!(report["safe_to_contract"]["safe"], true, "{report}");
+
+    // Contract: retire the old field. The new app resets and keeps going; while it has not,
+    // the advisor counts it as held at upgrade_required.
+    assert_eq!(
+        published(&s.reconfigure(docs(&["title"]), true).await),
+        (3, "class_4".to_owned())
+    );
+    s.served(3).await;
+    assert_eq!(
+        new.sync_once().await.unwrap_err().code(),
+        "upgrade_required"
+    );
+    let report = rollout_only(&op).await;
+    assert_eq!(
+        report["held_at_upgrade_required"]["unsupported"], 1,
+        "{report}"
+    );
+    new.request_schema_reset().unwrap();
+    assert_eq!(new.sync_once().await.unwrap().action, "rebuild_local");
+    converge(&s, &mut new, "headline").await;
+    let report = rollout_only(&op).await;
+    assert_eq!(
+        report["held_at_upgrade_required"]["unsupported"], 0,
+        "{report}"
+    );
+    drop((old, old_write));
+}
+
+async fn rollout_only(op: &tokio_postgres::Client) -> serde_json::Value {
+    synchro_server::registry::rollout(op, None).await.unwrap()
+}
+
+/// The rollout report with the contract check for retiring docs.title.
+async fn contract_check(op: &tokio_postgres::Client) -> serde_json::Value {
+    let columns = ["title".to_owned()];
+    synchro_server::registry::rollout(op, Some(("app", "docs", &columns[..])))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_required_column_a_widened_decimal_and_a_local_index() {
+    let s = Stack::start("more").await;
+    let docs = ReconfigureRequest {
+        schema: "app".into(),
+        relation: "docs".into(),
+        ..Default::default()
+    };
+    let (mut old, _, _) = s.client("old.db").await;
+    let (mut new, new_rebuilds, _) = s.client("new.db").await;
+    old.sync_once().await.unwrap();
+    new.sync_once().await.unwrap();
+    let old_write = queue_update(&mut old, 3, "title", "old app, offline");
+    let new_write = queue_update(&mut new, 4, "title", "new app, offline");
+
+    // A required column: every row has a value, so every scope holding rows rebuilds.
+    s.env
+        .as_app_owner("ALTER TABLE app.docs ADD COLUMN amount numeric(6,2) NOT NULL DEFAULT 1.5")
+        .await;
+    let plan = s.reconfigure(docs.clone(), true).await;
+    assert_eq!(published(&plan), (2, "class_3".to_owned()));
+    assert_eq!(plan.to_json()["registry"]["added"][0]["nullable"], false);
+    s.served(2).await;
+    new_rebuilds.borrow_mut().clear();
+    let report = new.sync_once().await.unwrap();
+    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(
+        report.affected,
+        BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()])
+    );
+    converge(&s, &mut new, "amount").await;
+
+    // Widening the decimal is Class 2: replace, nothing rebuilt.
+    s.env
+        .as_app_owner("ALTER TABLE app.docs ALTER COLUMN amount TYPE numeric(9,3)")
+        .await;
+    let plan = s.reconfigure(docs.clone(), false).await.to_json();
+    assert_eq!(
+        plan["registry"]["changed"][0]["change"], "decimal_widened",
+        "{plan}"
+    );
+    assert_eq!(
+        published(&s.reconfigure(docs.clone(), true).await),
+        (3, "class_2".to_owned())
+    );
+    s.served(3).await;
+    s.env
+        .admin
+        .batch_execute("UPDATE app.docs SET amount = 123456.789 WHERE id = 2")
+        .await
+        .unwrap();
+    new_rebuilds.borrow_mut().clear();
+    assert_eq!(new.sync_once().await.unwrap().action, "replace");
+    converge(&s, &mut new, "amount").await;
+    assert!(
+        new_rebuilds.borrow().is_empty(),
+        "{:?}",
+        new_rebuilds.borrow()
+    );
+
+    // A declared local index is Class 2; the client creates it.
+    let mut op = s.operator().await;
+    let columns = ["team".to_owned(), "title".to_owned()];
+    synchro_server::registry::declare_index(&op, "app", "docs", "docs_by_team", &columns, false)
+        .await
+        .unwrap();
+    let refused = synchro_server::registry::declare_index(
+        &op,
+        "app",
+        "docs",
+        "docs_unique_team",
+        &columns,
+        true,
+    )
+    .await;
+    assert!(refused.is_err(), "no unique index on the source");
+    let outcome = publish(&mut op).await.unwrap();
+    assert!(
+        matches!(&outcome, PublishOutcome::Published { version: 4, class, .. } if class == "class_2"),
+        "{outcome:?}"
+    );
+    new_rebuilds.borrow_mut().clear();
+    assert_eq!(new.sync_once().await.unwrap().action, "replace");
+    let indexed: i64 = new
+        .storage()
+        .connection()
+        .query_row(
+            "SELECT count(*) FROM pragma_index_list('docs') WHERE name = 'docs_by_team'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(indexed, 1);
+    assert!(new_rebuilds.borrow().is_empty());
+
+    // The old app, offline through all three changes, crosses them in one connect.
+    let report = old.sync_once().await.unwrap();
+    assert_eq!(report.action, "rebuild_local");
+    converge(&s, &mut old, "amount").await;
+    converge(&s, &mut old, "title").await;
+    assert_eq!(mutation_state(&old, &old_write), ("applied".into(), 1));
+    assert_eq!(mutation_state(&new, &new_write), ("applied".into(), 1));
 }

@@ -200,7 +200,15 @@ pub(super) fn redigest_rows(
         )?;
         let mut cursor = rows.query([])?;
         while let Some(r) = cursor.next()? {
-            let values = decode_row(table, r)?;
+            // A required field the migration added has no local value yet (spec 000: nullable
+            // storage, no invented default): the row cannot be digested under the target and
+            // keeps its old digest. Its scope is affected and rebuilds; were it not, its
+            // terminal check would fail and rebuild it.
+            let values = match decode_row(table, r) {
+                Ok(v) => v,
+                Err(StorageError::Corrupt { .. }) => continue,
+                Err(e) => return Err(e),
+            };
             let pk = values[pk_index].to_wire_text();
             // A row with unresolved intent shows local values, not the server's: its old
             // digest stays, so its scope fails the next terminal check and rebuilds after the

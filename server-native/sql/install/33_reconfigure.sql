@@ -212,6 +212,11 @@ BEGIN
         RAISE EXCEPTION 'server-only columns must exist, and a synced column must be retired before it becomes server-only'
             USING ERRCODE = '22023';
     END IF;
+    IF EXISTS (SELECT 1 FROM synchro.relation_indexes x JOIN synchro.fields f
+                 ON f.relation_id = x.relation_id AND f.field_id = ANY (x.field_ids)
+                WHERE x.relation_id = v_rel.relation_id AND f.column_name = ANY (p_retire::name[])) THEN
+        RAISE EXCEPTION 'a declared local index uses a field to retire' USING ERRCODE = '22023';
+    END IF;
     -- A registered column that is gone must be retired explicitly.
     SELECT f.* INTO v_old FROM synchro.fields f
      WHERE f.relation_id = v_rel.relation_id AND NOT f.column_name = ANY (p_retire::name[])
@@ -461,6 +466,67 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_transition_scopes(bigint[]) FROM PUBL
 GRANT EXECUTE ON FUNCTION synchro.synchro_transition_scopes(bigint[]) TO synchro_adapter, synchro_operator;
 
 
+-- Operator-declared local indexes (client-side SQLite indexes; spec 000 Class 2 "add a
+-- declared local index"). A unique one needs a unique index the source enforces on exactly
+-- those columns, so no row the server sends can violate it.
+CREATE TABLE synchro.relation_indexes (
+    index_id text PRIMARY KEY,
+    relation_id text NOT NULL REFERENCES synchro.relations,
+    name text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$'),
+    field_ids text[] NOT NULL CHECK (cardinality(field_ids) BETWEEN 1 AND 16),
+    is_unique boolean NOT NULL,
+    declared_at timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON synchro.relation_indexes FROM PUBLIC;
+
+-- Declares a local index on registered columns of a synced relation; the next publish makes
+-- it a Class 2 manifest. Returns {"index_id","name","field_ids","unique"}.
+CREATE FUNCTION synchro.synchro_declare_index(p_schema text, p_relation text, p_name text, p_columns text[],
+    p_unique boolean DEFAULT false) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_fields text[];
+    v_attnums smallint[];
+    v_id text := synchro.synchro_new_id('idx_');
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$' OR p_name ILIKE '\_synchro%'
+       OR EXISTS (SELECT 1 FROM synchro.relation_indexes WHERE name = p_name) THEN
+        RAISE EXCEPTION 'an index name is a new SQL identifier of letters, digits and underscores, not starting with _synchro'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_columns IS NULL OR cardinality(p_columns) NOT BETWEEN 1 AND 16
+       OR (SELECT count(DISTINCT c) FROM unnest(p_columns) c) <> cardinality(p_columns) THEN
+        RAISE EXCEPTION 'an index has 1 to 16 distinct columns' USING ERRCODE = '22023';
+    END IF;
+    SELECT array_agg(f.field_id ORDER BY c.ord), array_agg(f.attnum ORDER BY f.attnum)
+      INTO v_fields, v_attnums
+      FROM unnest(p_columns) WITH ORDINALITY c(name, ord)
+      JOIN synchro.fields f ON f.relation_id = v_rel.relation_id AND f.column_name = c.name;
+    IF coalesce(cardinality(v_fields), 0) <> cardinality(p_columns) THEN
+        RAISE EXCEPTION 'every index column must be a synced field of the relation' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce(p_unique, false) AND NOT EXISTS (
+        SELECT 1 FROM pg_index i
+         WHERE i.indrelid = v_rel.physical_relation_oid AND i.indisunique AND i.indimmediate
+           AND i.indpred IS NULL AND i.indexprs IS NULL
+           AND (SELECT array_agg(k ORDER BY k) FROM unnest(i.indkey::smallint[]) k) = v_attnums) THEN
+        RAISE EXCEPTION 'a unique local index needs a unique index of the source table on exactly those columns'
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO synchro.relation_indexes (index_id, relation_id, name, field_ids, is_unique)
+    VALUES (v_id, v_rel.relation_id, p_name, v_fields, coalesce(p_unique, false));
+    RETURN jsonb_build_object('index_id', v_id, 'name', p_name, 'field_ids', to_jsonb(v_fields),
+                              'unique', coalesce(p_unique, false));
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_declare_index(text, text, text, text[], boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_declare_index(text, text, text, text[], boolean) TO synchro_operator;
+
 -- The synced registry as the manifest builder reads it: a relation with a pending
 -- reconfiguration (33_reconfigure) as that generation will make it, with "generation" set.
 CREATE FUNCTION synchro.synchro_registry_snapshot() RETURNS jsonb
@@ -468,6 +534,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     SELECT coalesce(jsonb_agg(jsonb_build_object(
         'relation_id', r.relation_id, 'table_id', r.table_id, 'name', r.table_name, 'composition', r.composition,
         'schema', r.physical_schema, 'relation', r.physical_relation, 'generation', g.generation,
+        'indexes', coalesce((SELECT jsonb_agg(jsonb_build_object('index_id', x.index_id, 'name', x.name,
+                                 'field_ids', to_jsonb(x.field_ids), 'unique', x.is_unique) ORDER BY x.index_id)
+                               FROM synchro.relation_indexes x WHERE x.relation_id = r.relation_id), '[]'),
         'fields', CASE WHEN g.generation IS NULL THEN
                       (SELECT jsonb_agg(jsonb_build_object('field_id', f.field_id, 'name', f.column_name,
                            'type', f.portable_type, 'nullable', f.nullable, 'writable', f.writable, 'is_key', f.is_key,

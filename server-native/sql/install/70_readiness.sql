@@ -145,16 +145,3 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_report() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_capture_report() TO synchro_monitor, synchro_operator;
-
--- The installed schema and assigned scopes of every client generation that is not expired
--- (active within the client TTL), for the rollout plan; no user or client identity.
-CREATE FUNCTION synchro.synchro_active_client_schemas()
-RETURNS TABLE (schema_version bigint, schema_hash text, assigned_scopes text[])
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT c.schema_version, c.schema_hash, c.assigned_scopes FROM synchro.clients c
-     WHERE c.expired_at IS NULL AND c.schema_version IS NOT NULL
-       AND coalesce(c.last_acknowledged_at, c.generation_started_at)
-           > now() - make_interval(days => coalesce(synchro.synchro_positive_setting('client_ttl_days'), 30)::integer)
-$$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_active_client_schemas() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_active_client_schemas() TO synchro_operator, synchro_monitor;

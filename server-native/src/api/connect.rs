@@ -98,6 +98,16 @@ pub(crate) async fn connect(
             received_protocol_version,
             client_runtime,
         } => {
+            if client_runtime {
+                hold(
+                    state,
+                    user_id,
+                    &req.client_id,
+                    Some("client_runtime"),
+                    schema,
+                )
+                .await?;
+            }
             tracing::info!(status = 426, "connect: refused by schema dispatch");
             return Err(ApiError::upgrade_required(
                 received_protocol_version,
@@ -109,6 +119,9 @@ pub(crate) async fn connect(
             return Err(ApiError::invalid_schema_reference(reason, schema));
         }
     };
+
+    let kind = matches!(action, SchemaAction::Unsupported { .. }).then_some("unsupported");
+    hold(state, user_id, &req.client_id, kind, schema).await?;
 
     let previous: BTreeSet<String> = stored
         .as_ref()
@@ -285,4 +298,27 @@ async fn cursor_bindings(
         }
     }
     Ok((stale, positions))
+}
+
+/// Records (or releases) the rollout advisor's hold of a client at upgrade_required, with
+/// the schema version it presented.
+async fn hold(
+    state: &AppState,
+    user_id: &str,
+    client_id: &str,
+    kind: Option<&str>,
+    schema: &Json,
+) -> Result<(), ApiError> {
+    let version = match schema.get("version") {
+        Some(Json::Number(v)) => v.parse::<i64>().ok(),
+        _ => None,
+    };
+    state
+        .db
+        .execute(
+            "SELECT synchro.synchro_client_hold($1, $2, $3, $4)",
+            &[&user_id, &client_id, &kind, &version],
+        )
+        .await?;
+    Ok(())
 }

@@ -287,7 +287,27 @@ pub(crate) async fn push(
         tracing::info!(status = 200, replay = true, "push");
         return Ok(json_text_response(body));
     }
-    let gates = super::gates(state, user_id, &r.client_id, r.client_generation, &r.schema).await?;
+    let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
+    let authored: Vec<i64> = r
+        .mutations
+        .iter()
+        .map(|m| m.authored_schema.version as i64)
+        .collect();
+    let gates =
+        match super::gates(state, user_id, &r.client_id, r.client_generation, &r.schema).await {
+            Ok(g) => g,
+            Err(e) => {
+                // The intents stay queued at the client: the rollout advisor counts them.
+                let _ = state
+                    .db
+                    .execute(
+                        "SELECT synchro.synchro_push_seen($1, $2, $3, $4, false)",
+                        &[&user_id, &r.client_id, &ids, &authored],
+                    )
+                    .await;
+                return Err(e);
+            }
+        };
     let current = gates
         .lineage
         .current()
@@ -322,7 +342,6 @@ pub(crate) async fn push(
         batch_id: r.batch_id.clone(),
         outcomes,
     };
-    let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
     let texts: Vec<String> = body
         .outcomes
         .iter()
@@ -340,6 +359,11 @@ pub(crate) async fn push(
             &ids,
             &texts,
         ],
+    )
+    .await?;
+    tx.execute(
+        "SELECT synchro.synchro_push_seen($1, $2, $3, $4, true)",
+        &[&user_id, &r.client_id, &ids, &authored],
     )
     .await?;
     tx.commit().await?;

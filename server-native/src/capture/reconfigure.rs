@@ -2,8 +2,8 @@
 //! reaches its message: the relation's fields become the generation's, and its projection
 //! becomes the staged copy. A staged row whose content differs from the projected one —
 //! beyond the null members of added fields, which are rewritten in place at the same version
-//! — is a change at this boundary with its effects; a projected row the stage lacks is
-//! deleted. The scopes of rows that gained values in an added field are recorded for the
+//! — is a change at this boundary with its effects (at the version of its last source
+//! write); a projected row the stage lacks is deleted. The scopes of rows that gained values in an added field are recorded for the
 //! generation's manifest (connect rebuilds only those under a Class 3 transition).
 
 use std::collections::HashMap;
@@ -171,8 +171,12 @@ impl Activation {
             }
             n += 1;
             *seq += 1;
+            // The version of the row's last source write (one the stage covered, or the
+            // projected one); a row that only gained historical values (a populated default)
+            // keeps its version: nobody wrote it, and a queued intent based on it still applies.
             let version = raw_key_text(reg, &shape, &values)
                 .and_then(|k| versions.get(&k).cloned())
+                .or_else(|| previous.map(|(_, v)| v))
                 .unwrap_or_else(|| format!("{lsn}:r{n}"));
             finals.insert(
                 RowKey {
