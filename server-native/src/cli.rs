@@ -284,6 +284,19 @@ enum RegistryCommand {
         #[arg(long)]
         unique: bool,
     },
+    /// Retire a synced table (Class 4) and publish: clients across it get unsupported; a
+    /// later registration of the same table is a new table ID.
+    RetireTable {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
+    },
     /// The rollout advisor: per manifest, the active clients on it, the last push authored
     /// under it, the unresolved queued intents seen and the clients held at
     /// upgrade_required (counts only); with --retire, whether retiring those columns is
@@ -465,6 +478,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 .await
             {
                 Ok(v) => println!("{v}"),
+                Err(RegistrationError::Invalid(body, _)) => {
+                    println!("{body}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Command::Registry {
+            command:
+                RegistryCommand::RetireTable {
+                    database_url,
+                    schema,
+                    relation,
+                },
+        } => {
+            let mut db = connect_db(&database_url).await?;
+            match crate::registry::retire(&mut db, &schema, &relation).await {
+                Ok((change, outcome)) => println!("{change} {outcome:?}"),
                 Err(RegistrationError::Invalid(body, _)) => {
                     println!("{body}");
                     return Ok(ExitCode::FAILURE);

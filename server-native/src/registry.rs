@@ -322,3 +322,33 @@ pub async fn declare_index(
         .get(0);
     serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))
 }
+
+/// Records the pending retirement of a synced table (`synchro.synchro_retire_relation`) and
+/// publishes it (Class 4) in one transaction; capture removes the relation at that boundary.
+pub async fn retire(
+    db: &mut Client,
+    schema: &str,
+    relation: &str,
+) -> Result<(Value, crate::publish::PublishOutcome), RegistrationError> {
+    let tx = db
+        .transaction()
+        .await
+        .map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;
+    let text: String = tx
+        .query_one(
+            "SELECT synchro.synchro_retire_relation($1, $2)::text",
+            &[&schema, &relation],
+        )
+        .await
+        .map_err(registration_error)?
+        .get(0);
+    let change: Value =
+        serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
+    let outcome = crate::publish::publish_in(&tx)
+        .await
+        .map_err(|e| RegistrationError::Database(format!("{e:#}")))?;
+    tx.commit()
+        .await
+        .map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;
+    Ok((change, outcome))
+}

@@ -816,3 +816,83 @@ async fn a_required_column_a_widened_decimal_and_a_local_index() {
     assert_eq!(mutation_state(&old, &old_write), ("applied".into(), 1));
     assert_eq!(mutation_state(&new, &new_write), ("applied".into(), 1));
 }
+
+#[tokio::test]
+async fn a_retired_table_is_class_4_and_comes_back_as_a_new_table() {
+    let s = Stack::start("table").await;
+    let (mut old, _, _) = s.client("old.db").await;
+    let (mut new, _, _) = s.client("new.db").await;
+    old.sync_once().await.unwrap();
+    new.sync_once().await.unwrap();
+    let old_table = field(&old, "title").0;
+    let old_write = queue_update(&mut old, 3, "title", "written under the retired contract");
+
+    let mut op = s.operator().await;
+    let (change, outcome) = synchro_server::registry::retire(&mut op, "app", "docs")
+        .await
+        .unwrap();
+    assert_eq!(change["table_id"], old_table.as_str());
+    assert!(
+        matches!(&outcome, PublishOutcome::Published { version: 2, class, .. } if class == "class_4"),
+        "{outcome:?}"
+    );
+    s.served(2).await;
+    // Writes to the table no longer reach capture, and nothing blocks.
+    s.env
+        .admin
+        .batch_execute("UPDATE app.docs SET title = 'after retirement' WHERE id = 5")
+        .await
+        .unwrap();
+
+    // The new app resets: the table is gone locally.
+    assert_eq!(
+        new.sync_once().await.unwrap_err().code(),
+        "upgrade_required"
+    );
+    new.request_schema_reset().unwrap();
+    new.sync_once().await.unwrap();
+    assert!(new.manifest().unwrap().tables.is_empty());
+    // The old app keeps its rows and its intent until it upgrades; then the intent on the
+    // retired table is terminal schema_incompatible and nothing of it is written.
+    assert_eq!(
+        old.sync_once().await.unwrap_err().code(),
+        "upgrade_required"
+    );
+    assert_eq!(mutation_state(&old, &old_write).0, "pending");
+    old.request_schema_reset().unwrap();
+    old.sync_once().await.unwrap();
+    assert_eq!(mutation_state(&old, &old_write).0, "rejected_terminal");
+    let outcome = old.storage().outcome(&old_write).unwrap().unwrap();
+    assert!(outcome.contains("schema_incompatible"), "{outcome}");
+    let title: Option<String> = s
+        .env
+        .admin
+        .query_one("SELECT title FROM app.docs WHERE id = 3", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(title.as_deref(), Some("seed 3"));
+    assert!(s.report().await["blocked"].is_null());
+
+    // Registered again, the same physical table is a new table (Class 3: it has rows).
+    synchro_server::registry::register(
+        &op,
+        &synchro_server::registry::RegisterRequest::synced("app", "docs", "multi_scope"),
+    )
+    .await
+    .unwrap();
+    op.batch_execute(
+        "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)')",
+    )
+    .await
+    .unwrap();
+    let outcome = publish(&mut op).await.unwrap();
+    assert!(
+        matches!(&outcome, PublishOutcome::Published { version: 3, class, .. } if class == "class_3"),
+        "{outcome:?}"
+    );
+    s.served(3).await;
+    converge(&s, &mut new, "title").await;
+    assert_ne!(field(&new, "title").0, old_table, "a new table ID");
+    converge(&s, &mut old, "title").await;
+}

@@ -475,8 +475,10 @@ impl Storage {
                 let Some(shadow) = shadow(tx, table_id, pk)? else {
                     continue;
                 };
-                if status != OutcomeStatus::Applied {
-                    let table = table_of(manifest, table_id)?;
+                // (A table the current manifest retired has no local rows to restore.)
+                if let (true, Some(table)) =
+                    (status != OutcomeStatus::Applied, manifest.table(table_id))
+                {
                     let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
                         .map_err(|_| integrity("a queued key"))?;
                     restore_visible(tx, table, &key, shadow.as_deref())?;

@@ -25,8 +25,9 @@
 
 CREATE TABLE synchro.registry_generations (
     generation bigint PRIMARY KEY CHECK (generation >= 1),
-    relation_id text NOT NULL REFERENCES synchro.relations,
-    change text NOT NULL CHECK (change IN ('registration', 'reconfiguration')),
+    -- (No foreign key: a retired relation's generations stay as history.)
+    relation_id text NOT NULL,
+    change text NOT NULL CHECK (change IN ('registration', 'reconfiguration', 'retirement')),
     state text NOT NULL CHECK (state IN ('pending', 'staged', 'active', 'superseded')),
     server_only_columns name[] NOT NULL DEFAULT '{}',
     -- Added fields, and those among them whose source values were all NULL under the write
@@ -181,9 +182,15 @@ BEGIN
             USING ERRCODE = '42501';
     END IF;
     IF EXISTS (SELECT 1 FROM synchro.registry_generations g
-                WHERE g.relation_id = v_rel.relation_id AND g.state = 'staged') THEN
-        RAISE EXCEPTION 'a reconfiguration of this relation is being activated; retry once capture has applied it'
+                WHERE g.relation_id = v_rel.relation_id AND g.state = 'staged')
+       OR EXISTS (SELECT 1 FROM synchro.relation_capture c WHERE c.relation_id = v_rel.relation_id
+                     AND c.status <> 'active') THEN
+        RAISE EXCEPTION 'the relation is being bootstrapped or a reconfiguration of it activated; retry once capture has applied it'
             USING ERRCODE = '55006';
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.registry_generations g
+                WHERE g.relation_id = v_rel.relation_id AND g.state = 'pending' AND g.change = 'retirement') THEN
+        RAISE EXCEPTION 'the relation has a pending retirement' USING ERRCODE = '55006';
     END IF;
     -- The write gate: no writer of the relation commits until this transaction does, so the
     -- facts recorded below hold at its commit.
@@ -333,6 +340,42 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_pending_generations() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_pending_generations() TO synchro_operator;
 
+-- Records the pending retirement of a synced table (Class 4, its own explicit step): the next
+-- publish removes it from the manifest, and capture removes the relation — projection, edges,
+-- triggers, publication membership — at that boundary. A table others' membership depends
+-- on must lose that dependency first. Returns {"relation_id","table_id","generation"}.
+CREATE FUNCTION synchro.synchro_retire_relation(p_schema text, p_relation text) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_generation bigint;
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.membership_dependencies d
+                WHERE d.dependency_relation_id = v_rel.relation_id AND d.target_relation_id <> v_rel.relation_id) THEN
+        RAISE EXCEPTION 'another relation''s membership depends on this one' USING ERRCODE = '55000';
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.relation_capture c WHERE c.relation_id = v_rel.relation_id
+                  AND c.status <> 'active')
+       OR EXISTS (SELECT 1 FROM synchro.registry_generations g
+                   WHERE g.relation_id = v_rel.relation_id AND g.state IN ('pending', 'staged')) THEN
+        RAISE EXCEPTION 'the relation is being bootstrapped or reconfigured; retry once capture has applied it'
+            USING ERRCODE = '55006';
+    END IF;
+    v_generation := synchro.synchro_next_generation();
+    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, retired_fields)
+    SELECT v_generation, v_rel.relation_id, 'retirement', 'pending', coalesce(array_agg(f.field_id), '{}')
+      FROM synchro.fields f WHERE f.relation_id = v_rel.relation_id;
+    RETURN jsonb_build_object('relation_id', v_rel.relation_id, 'table_id', v_rel.table_id,
+                              'generation', v_generation);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_retire_relation(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_retire_relation(text, text) TO synchro_operator;
+
 -- Stages a pending generation (see the top of this file): checks under the write gate that
 -- the catalog still has its shape, copies the rows, marks the relation 'copied', binds the
 -- manifest (NULL when the client-visible schema is unchanged), emits the message and clears
@@ -350,6 +393,15 @@ BEGIN
         RAISE EXCEPTION 'no such pending reconfiguration' USING ERRCODE = '22023';
     END IF;
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = v_gen.relation_id;
+    IF v_gen.change = 'retirement' THEN
+        -- Nothing to copy: at the boundary every projected row goes.
+        UPDATE synchro.registry_generations SET state = 'staged', staged_at = now(), schema_version = p_schema_version
+         WHERE generation = p_generation;
+        UPDATE synchro.relation_capture SET status = 'copied', rows_copied = 0, updated_at = now()
+         WHERE relation_id = v_rel.relation_id;
+        PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro', 'reconfigure:' || p_generation);
+        RETURN 0;
+    END IF;
     EXECUTE format('LOCK TABLE ONLY %I.%I IN SHARE MODE', v_rel.physical_schema, v_rel.physical_relation);
     -- The catalog must still have exactly the pending shape (columns, types, nullability).
     IF EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d WHERE d.relation_id = v_rel.relation_id)
@@ -408,6 +460,42 @@ BEGIN
         RAISE EXCEPTION 'no such staged reconfiguration' USING ERRCODE = '22023';
     END IF;
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = v_gen.relation_id;
+    IF v_gen.change = 'retirement' THEN
+        -- The worker has deleted every projected row (with its effects) in this transaction:
+        -- the relation goes with everything that hangs off it; a later registration of the
+        -- same table is a new relation and table ID.
+        EXECUTE format('DROP TRIGGER synchro_reject_key_update ON %I.%I', v_rel.physical_schema, v_rel.physical_relation);
+        EXECUTE format('DROP TRIGGER synchro_source_fence ON %I.%I', v_rel.physical_schema, v_rel.physical_relation);
+        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = v_rel.physical_relation_oid
+                      AND tgname = 'synchro_source_generated_values') THEN
+            EXECUTE format('DROP TRIGGER synchro_source_generated_values ON %I.%I', v_rel.physical_schema,
+                           v_rel.physical_relation);
+        END IF;
+        EXECUTE format('ALTER PUBLICATION synchro_publication DROP TABLE ONLY %I.%I', v_rel.physical_schema,
+                       v_rel.physical_relation);
+        DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.membership_edges WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.membership_dependencies
+         WHERE target_relation_id = v_rel.relation_id OR dependency_relation_id = v_rel.relation_id;
+        DELETE FROM synchro.pending_fields WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.relation_indexes WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.projection_rows WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.source_versions WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.fields WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.relation_capture WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.relations WHERE relation_id = v_rel.relation_id;
+        -- The projection's key index of this relation (40_membership).
+        IF EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = 'projection_key_' || md5(v_rel.relation_id)
+                      AND c.relnamespace = 'synchro'::regnamespace) THEN
+            EXECUTE format('DROP INDEX synchro.%I', 'projection_key_' || md5(v_rel.relation_id));
+        END IF;
+        UPDATE synchro.registry_generations SET state = 'superseded'
+         WHERE relation_id = v_gen.relation_id AND state = 'active';
+        UPDATE synchro.registry_generations SET state = 'active', activated_at = now(), activated_lsn = p_lsn
+         WHERE generation = p_generation;
+        RETURN;
+    END IF;
     -- Retained fields change in place, retired ones go (their view column reads NULL from
     -- now on), added ones are inserted (their insert triggers recheck the values and extend
     -- the view).
@@ -550,7 +638,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
         ORDER BY r.table_id), '[]'::jsonb)
       FROM synchro.relations r
       LEFT JOIN synchro.registry_generations g ON g.relation_id = r.relation_id AND g.state = 'pending'
-     WHERE r.kind = 'synced'
+     WHERE r.kind = 'synced' AND g.change IS DISTINCT FROM 'retirement'
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() TO synchro_operator;

@@ -95,7 +95,12 @@ impl Worker {
             }
         }
         for a in &activations {
-            if let Some(reg) = registry.get_mut(&a.relation) {
+            if a.retirement {
+                registry.remove(&a.relation);
+                for r in registry.values_mut() {
+                    r.impacts.retain(|i| i.target != a.relation);
+                }
+            } else if let Some(reg) = registry.get_mut(&a.relation) {
                 reg.status = Status::Active;
             }
         }
@@ -122,7 +127,6 @@ impl Worker {
             let diff = a
                 .diff(db, registry, commit_lsn, &mut finals, &mut seq)
                 .await?;
-            a.activate(db, commit_lsn, &diff).await?;
             diffs.push(diff);
         }
         let old_images = old_images(db, &self.statements, registry, &finals).await?;
@@ -135,6 +139,7 @@ impl Worker {
             .await?;
         for (a, diff) in activations.iter().zip(&diffs) {
             a.record_scopes(db, diff).await?;
+            a.activate(db, commit_lsn, diff).await?;
         }
         commit(db, &self.statements, effects, tx.end_lsn).await
     }

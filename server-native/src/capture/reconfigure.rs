@@ -28,6 +28,8 @@ pub(super) struct Activation {
     fields: Vec<(String, Field)>,
     server_only: Vec<String>,
     added: Vec<String>,
+    /// A table retirement: every projected row goes, then the relation.
+    pub(super) retirement: bool,
 }
 
 /// What activating a stage writes besides the finals.
@@ -50,7 +52,8 @@ pub(super) async fn load(
     for &generation in generations {
         let Some(row) = db
             .query_opt(
-                "SELECT relation_id, schema_version, server_only_columns::text[], added_fields
+                "SELECT relation_id, schema_version, server_only_columns::text[], added_fields,
+                        change = 'retirement'
                    FROM synchro.registry_generations WHERE generation = $1 AND state = 'staged'",
                 &[&generation],
             )
@@ -72,6 +75,7 @@ pub(super) async fn load(
             fields: generation_fields(db, generation).await?,
             server_only: row.get(2),
             added: row.get(3),
+            retirement: row.get(4),
         });
     }
     Ok(out)
@@ -213,8 +217,8 @@ impl Activation {
         Ok(out)
     }
 
-    /// Switches the registry to the generation, writes the rewrites and, after membership
-    /// has been evaluated, records the scopes that gained historical values.
+    /// Switches the registry to the generation (or removes a retired relation) and writes
+    /// the rewrites; runs after the finals and their membership were written.
     pub(super) async fn activate(&self, db: &Client, commit: u64, diff: &StageDiff) -> Result<()> {
         db.execute(
             "SELECT synchro.synchro_activate_generation($1, $2)",
