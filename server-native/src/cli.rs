@@ -297,6 +297,20 @@ enum RegistryCommand {
         #[arg(long)]
         relation: String,
     },
+    /// Reset one relation's stream: capture re-copies it at a new boundary (lifting a block
+    /// found at one of its changes, e.g. after a TRUNCATE or a fixed value) and every scope
+    /// holding its rows rebuilds.
+    Reset {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
+    },
     /// The rollout advisor: per manifest, the active clients on it, the last push authored
     /// under it, the unresolved queued intents seen and the clients held at
     /// upgrade_required (counts only); with --retire, whether retiring those columns is
@@ -492,17 +506,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     schema,
                     relation,
                 },
-        } => {
-            let mut db = connect_db(&database_url).await?;
-            match crate::registry::retire(&mut db, &schema, &relation).await {
-                Ok((change, outcome)) => println!("{change} {outcome:?}"),
-                Err(RegistrationError::Invalid(body, _)) => {
-                    println!("{body}");
-                    return Ok(ExitCode::FAILURE);
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        } => return relation_command(&database_url, &schema, &relation, false).await,
+        Command::Registry {
+            command:
+                RegistryCommand::Reset {
+                    database_url,
+                    schema,
+                    relation,
+                },
+        } => return relation_command(&database_url, &schema, &relation, true).await,
         Command::Registry {
             command: RegistryCommand::Plan { change },
         } => return reconfigure_command(&change, false).await,
@@ -601,6 +613,33 @@ async fn reconfigure_command(change: &ReconfigureArgs, apply: bool) -> Result<Ex
     match crate::registry::reconfigure(&mut db, &change.request(), apply).await {
         Ok(plan) => {
             println!("{}", plan.to_json());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(RegistrationError::Invalid(body, _)) => {
+            println!("{body}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `registry reset` (`reset`) and `registry retire-table`: the change and the publish, in one
+/// transaction; prints both.
+async fn relation_command(
+    database_url: &str,
+    schema: &str,
+    relation: &str,
+    reset: bool,
+) -> Result<ExitCode> {
+    let mut db = connect_db(database_url).await?;
+    let done = if reset {
+        crate::registry::reset(&mut db, schema, relation).await
+    } else {
+        crate::registry::retire(&mut db, schema, relation).await
+    };
+    match done {
+        Ok((change, outcome)) => {
+            println!("{change} {outcome:?}");
             Ok(ExitCode::SUCCESS)
         }
         Err(RegistrationError::Invalid(body, _)) => {

@@ -330,13 +330,35 @@ pub async fn retire(
     schema: &str,
     relation: &str,
 ) -> Result<(Value, crate::publish::PublishOutcome), RegistrationError> {
+    change_and_publish(db, "synchro_retire_relation", schema, relation).await
+}
+
+/// A stream reset of one relation (`synchro.synchro_reset_relation`) staged by a publish in
+/// one transaction: capture re-copies it at that boundary, lifts a block found at one of its
+/// changes, and every scope holding its rows rebuilds.
+pub async fn reset(
+    db: &mut Client,
+    schema: &str,
+    relation: &str,
+) -> Result<(Value, crate::publish::PublishOutcome), RegistrationError> {
+    change_and_publish(db, "synchro_reset_relation", schema, relation).await
+}
+
+/// Calls one of the `(schema, relation) -> jsonb` registry entry points and publishes, in
+/// one transaction.
+async fn change_and_publish(
+    db: &mut Client,
+    function: &str,
+    schema: &str,
+    relation: &str,
+) -> Result<(Value, crate::publish::PublishOutcome), RegistrationError> {
     let tx = db
         .transaction()
         .await
         .map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;
     let text: String = tx
         .query_one(
-            "SELECT synchro.synchro_retire_relation($1, $2)::text",
+            &format!("SELECT synchro.{function}($1, $2)::text"),
             &[&schema, &relation],
         )
         .await

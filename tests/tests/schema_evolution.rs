@@ -68,7 +68,24 @@ impl Transport for Recorder {
                 .unwrap()
                 .get::<_, bool>(0)
             {
-                assert!(Instant::now() < deadline, "capture never caught up");
+                if Instant::now() > deadline {
+                    let rows = self
+                        .db
+                        .query(
+                            "SELECT s.pk, s.version::text, p.server_version, (SELECT blocked_reason FROM synchro.capture_state)
+                               FROM synchro.source_versions s JOIN synchro.projection_rows p
+                                 ON p.relation_id = s.relation_id AND p.pk IN (s.pk, to_jsonb(s.pk)::text)
+                              WHERE p.server_version <> s.version::text",
+                            &[],
+                        )
+                        .await
+                        .unwrap();
+                    let rows: Vec<(String, String, String, Option<String>)> = rows
+                        .iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                        .collect();
+                    panic!("capture never caught up: {rows:?}");
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -895,4 +912,70 @@ async fn a_retired_table_is_class_4_and_comes_back_as_a_new_table() {
     converge(&s, &mut new, "title").await;
     assert_ne!(field(&new, "title").0, old_table, "a new table ID");
     converge(&s, &mut old, "title").await;
+}
+
+#[tokio::test]
+async fn a_truncate_blocks_until_a_stream_reset_rebuilds_the_scopes() {
+    let s = Stack::start("reset").await;
+    let (mut old, rebuilds, _) = s.client("old.db").await;
+    old.sync_once().await.unwrap();
+    let kept = queue_update(&mut old, 3, "title", "queued before the truncate");
+    let relation_id: String = s
+        .env
+        .admin
+        .query_one(
+            "SELECT relation_id FROM synchro.relations WHERE physical_relation = 'docs'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    s.env
+        .as_app_owner(
+            "TRUNCATE app.docs;
+             INSERT INTO app.docs VALUES (1, 'alice', 'red', 'fresh'), (2, 'bob', 'red', 'fresh too')",
+        )
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let blocked = loop {
+        let report = s.report().await;
+        if !report["blocked"].is_null() {
+            break report["blocked"].clone();
+        }
+        assert!(Instant::now() < deadline, "capture never blocked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(blocked["reason"], "truncate_unsupported");
+    assert_eq!(blocked["relation_id"], relation_id.as_str());
+    assert_eq!(
+        old.sync_once().await.unwrap_err().code(),
+        "temporary_unavailable"
+    );
+
+    // The operator resets the relation's stream: a fresh copy at a new boundary, and the
+    // scopes that held its rows rebuild.
+    let mut op = s.operator().await;
+    let (_, outcome) = synchro_server::registry::reset(&mut op, "app", "docs")
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, PublishOutcome::Unchanged { version: 1 }),
+        "{outcome:?}"
+    );
+    assert!(s.report().await["blocked"].is_null());
+    rebuilds.borrow_mut().clear();
+    converge(&s, &mut old, "title").await;
+    let rebuilt: BTreeSet<String> = rebuilds.borrow().iter().cloned().collect();
+    assert_eq!(
+        rebuilt,
+        BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()])
+    );
+    // The queued intent was not lost: its row is gone, so it is a conflict.
+    assert_eq!(mutation_state(&old, &kept).0, "conflict");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.ready().await != 200 {
+        assert!(Instant::now() < deadline, "readiness never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -21,13 +21,16 @@
 --      (synchro_activate_generation: fields, fence, view), records the scopes whose rows
 --      gained historical values, and the manifest becomes served. Changes of the relation
 --      before the message are covered by the stage and skipped, as for a bootstrap.
--- A capture block the relation's drift caused is cleared by step 2.
+-- A capture block found at a change of the relation is cleared by step 2 (the copy covers it).
+-- synchro_reset_relation is the same with the registered fields unchanged: a stream reset
+-- of one relation, whose activation also invalidates every scope holding its rows, so they
+-- rebuild (spec 000: an equivalent reconfiguration still rebuilds the affected scopes).
 
 CREATE TABLE synchro.registry_generations (
     generation bigint PRIMARY KEY CHECK (generation >= 1),
     -- (No foreign key: a retired relation's generations stay as history.)
     relation_id text NOT NULL,
-    change text NOT NULL CHECK (change IN ('registration', 'reconfiguration', 'retirement')),
+    change text NOT NULL CHECK (change IN ('registration', 'reconfiguration', 'reset', 'retirement')),
     state text NOT NULL CHECK (state IN ('pending', 'staged', 'active', 'superseded')),
     server_only_columns name[] NOT NULL DEFAULT '{}',
     -- Added fields, and those among them whose source values were all NULL under the write
@@ -376,6 +379,47 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_retire_relation(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_retire_relation(text, text) TO synchro_operator;
 
+-- A stream reset of one synced relation (see the top of this file): a pending generation
+-- with the registered fields, so the next publish stages a fresh copy and lifts a block found
+-- at one of its changes (an unrepresentable value since fixed, a TRUNCATE, writes with the
+-- triggers bypassed). Refused while the catalog no longer has the registered shape (then
+-- reconfigure). Returns {"relation_id","table_id","generation"}.
+CREATE FUNCTION synchro.synchro_reset_relation(p_schema text, p_relation text) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_generation bigint;
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d WHERE d.relation_id = v_rel.relation_id) THEN
+        RAISE EXCEPTION 'the relation''s physical identity changed (dropped, renamed, another key or replica identity); it cannot be reset in place'
+            USING ERRCODE = '55000';
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.relation_capture c WHERE c.relation_id = v_rel.relation_id
+                  AND c.status <> 'active')
+       OR EXISTS (SELECT 1 FROM synchro.registry_generations g
+                   WHERE g.relation_id = v_rel.relation_id AND g.state IN ('pending', 'staged')) THEN
+        RAISE EXCEPTION 'the relation is being bootstrapped or reconfigured; retry once capture has applied it'
+            USING ERRCODE = '55006';
+    END IF;
+    v_generation := synchro.synchro_next_generation();
+    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns)
+    VALUES (v_generation, v_rel.relation_id, 'reset', 'pending', v_rel.server_only_columns);
+    INSERT INTO synchro.pending_fields (generation, relation_id, field_id, column_name, attnum, portable_type,
+        nullable, writable, is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
+    SELECT v_generation, f.relation_id, f.field_id, f.column_name, f.attnum, f.portable_type, f.nullable, f.writable,
+           f.is_key, f.decimal_precision, f.decimal_scale, f.type_oid, f.type_modifier
+      FROM synchro.fields f WHERE f.relation_id = v_rel.relation_id;
+    RETURN jsonb_build_object('relation_id', v_rel.relation_id, 'table_id', v_rel.table_id,
+                              'generation', v_generation);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_reset_relation(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_reset_relation(text, text) TO synchro_operator;
+
 -- Stages a pending generation (see the top of this file): checks under the write gate that
 -- the catalog still has its shape, copies the rows, marks the relation 'copied', binds the
 -- manifest (NULL when the client-visible schema is unchanged), emits the message and clears
@@ -437,11 +481,13 @@ BEGIN
     -- New columns' values are checked by the fence from now on.
     PERFORM synchro.synchro_create_fence(v_rel.relation_id);
     PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro', 'reconfigure:' || p_generation);
+    -- The copy covers every change of the relation before this boundary, so a block found
+    -- at one of them is lifted (were its cause still there — a value, a failing rule — the
+    -- activation blocks again).
     UPDATE synchro.capture_state
        SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
            blocked_lsn = NULL, blocked_ordinal = NULL
-     WHERE blocked_reason = 'registered_relation_drift' AND blocked_relation_id = v_rel.relation_id
-       AND blocked_detail IN ('column_added', 'column_missing', 'column_type_changed');
+     WHERE blocked_relation_id = v_rel.relation_id;
     RETURN v_rows;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint) FROM PUBLIC;

@@ -144,6 +144,16 @@ impl std::fmt::Display for InTransaction {
     }
 }
 
+/// The registered relation (relation ID) a change being decoded belongs to.
+#[derive(Debug, Clone)]
+pub(crate) struct InRelation(pub(crate) String);
+
+impl std::fmt::Display for InRelation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "in a change of relation {}", self.0)
+    }
+}
+
 /// Where and why capture blocks, as `capture_state` records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BlockSite {
@@ -157,11 +167,12 @@ pub(crate) struct BlockSite {
 /// The first blocking condition in an error's chain, with where it was found.
 pub(crate) fn block_site(e: &anyhow::Error) -> Option<BlockSite> {
     let lsn = e.downcast_ref::<InTransaction>().map(|t| t.0);
+    let relation = e.downcast_ref::<InRelation>().map(|r| r.0.clone());
     e.chain().find_map(|c| {
         if let Some(b) = c.downcast_ref::<Blocked>() {
             Some(BlockSite {
                 reason: b.0,
-                relation_id: None,
+                relation_id: relation.clone(),
                 detail: None,
                 lsn,
                 ordinal: None,
@@ -218,6 +229,15 @@ mod tests {
         })
         .context("decoding")
         .context(InTransaction(0x1_0000_0010));
+        let blocked = anyhow::Error::from(Blocked(BlockReason::TruncateUnsupported))
+            .context(InRelation("rel_2".into()))
+            .context("applying")
+            .context(InTransaction(7));
+        let site = block_site(&blocked).expect("a block");
+        assert_eq!(
+            (site.reason, site.relation_id.as_deref(), site.lsn),
+            (BlockReason::TruncateUnsupported, Some("rel_2"), Some(7))
+        );
         let site = block_site(&e).expect("a block");
         assert_eq!(site.reason, BlockReason::RegisteredRelationDrift);
         assert_eq!(site.relation_id.as_deref(), Some("rel_1"));

@@ -10,6 +10,7 @@ use futures_util::FutureExt;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
+use super::block::InRelation;
 use super::membership::{column_image, membership_round, EvalRow};
 use super::reconfigure::{self, Activation};
 use super::registry::{Pending, Relations, Status};
@@ -126,7 +127,8 @@ impl Worker {
         for a in activations {
             let diff = a
                 .diff(db, registry, commit_lsn, &mut finals, &mut seq)
-                .await?;
+                .await
+                .map_err(|e| e.context(InRelation(a.relation_id.clone())))?;
             diffs.push(diff);
         }
         let old_images = old_images(db, &self.statements, registry, &finals).await?;

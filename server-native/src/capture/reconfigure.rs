@@ -22,7 +22,7 @@ use super::transaction::{FinalRow, RowKey};
 pub(super) struct Activation {
     pub(super) generation: i64,
     pub(super) relation: u32,
-    relation_id: String,
+    pub(super) relation_id: String,
     schema_version: Option<i64>,
     /// The generation's fields with their columns, in column order.
     fields: Vec<(String, Field)>,
@@ -30,11 +30,15 @@ pub(super) struct Activation {
     added: Vec<String>,
     /// A table retirement: every projected row goes, then the relation.
     pub(super) retirement: bool,
+    /// A stream reset: every scope that held or holds the relation's rows rebuilds.
+    reset: bool,
 }
 
 /// What activating a stage writes besides the finals.
 #[derive(Default)]
 pub(super) struct StageDiff {
+    /// A reset's scopes holding the relation's rows before the boundary.
+    pub(super) scopes_before: Vec<String>,
     /// Rows whose JSON only gains null members: (pk, row JSON), version unchanged.
     pub(super) rewrites: Vec<(String, String)>,
     /// Keys of rows that hold a value in an added field.
@@ -53,7 +57,7 @@ pub(super) async fn load(
         let Some(row) = db
             .query_opt(
                 "SELECT relation_id, schema_version, server_only_columns::text[], added_fields,
-                        change = 'retirement'
+                        change = 'retirement', change = 'reset'
                    FROM synchro.registry_generations WHERE generation = $1 AND state = 'staged'",
                 &[&generation],
             )
@@ -76,6 +80,7 @@ pub(super) async fn load(
             server_only: row.get(2),
             added: row.get(3),
             retirement: row.get(4),
+            reset: row.get(5),
         });
     }
     Ok(out)
@@ -141,6 +146,17 @@ impl Activation {
             .collect();
         let lsn = tokio_postgres::types::PgLsn::from(commit);
         let mut out = StageDiff::default();
+        if self.reset {
+            out.scopes_before = db
+                .query(
+                    "SELECT DISTINCT scope_id FROM synchro.membership_edges WHERE relation_id = $1",
+                    &[&self.relation_id],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+        }
         let mut n = 0usize;
         for r in db
             .query(
@@ -245,8 +261,25 @@ impl Activation {
         Ok(())
     }
 
-    /// Records the affected scopes (after membership was evaluated at this boundary).
+    /// Records the affected scopes (after membership was evaluated at this boundary); a
+    /// reset invalidates every scope that held or holds the relation's rows.
     pub(super) async fn record_scopes(&self, db: &Client, diff: &StageDiff) -> Result<()> {
+        if self.reset {
+            let mut scopes: std::collections::BTreeSet<String> =
+                diff.scopes_before.iter().cloned().collect();
+            for r in db
+                .query(
+                    "SELECT DISTINCT scope_id FROM synchro.membership_edges WHERE relation_id = $1",
+                    &[&self.relation_id],
+                )
+                .await?
+            {
+                scopes.insert(r.get(0));
+            }
+            let scopes: Vec<String> = scopes.into_iter().collect();
+            db.execute(super::staging::BUMP_GENERATIONS, &[&scopes])
+                .await?;
+        }
         let Some(version) = self.schema_version else {
             return Ok(());
         };

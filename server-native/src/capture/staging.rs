@@ -16,7 +16,7 @@ use super::Worker;
 
 /// Raises the membership generation of these scopes: their cursors and rebuild sessions
 /// are stale, every other scope stays resumable.
-const BUMP_GENERATIONS: &str =
+pub(super) const BUMP_GENERATIONS: &str =
     "INSERT INTO synchro.scope_retention AS r (scope_id, membership_generation)
      SELECT s, 2 FROM unnest($1::text[]) AS s
      ON CONFLICT (scope_id) DO UPDATE SET membership_generation = r.membership_generation + 1";

@@ -10,7 +10,7 @@ use synchro_protocol::json::Json;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
-use super::block::{BlockReason, Blocked, Drifted};
+use super::block::{BlockReason, Blocked, Drifted, InRelation};
 use super::pgoutput::{Message, Value};
 use super::registry::{Registered, Relations, Status};
 use super::row::{key_text, raw_key_text, row_json, Column, RelationShape};
@@ -155,9 +155,16 @@ pub(super) async fn decode_changes(
     let mut decoder = Decoder::default();
     for m in &tx.messages {
         if let Some(change) = decoder.message(m, registry)? {
-            decoder
+            let relation = registry
+                .get(&change.relation)
+                .map(|r| InRelation(r.relation_id.clone()));
+            let done = decoder
                 .change(db, statements, change, registry, shapes)
-                .await?;
+                .await;
+            match (done, relation) {
+                (Err(e), Some(r)) => return Err(e.context(r)),
+                (done, _) => done?,
+            }
         }
     }
     Ok(decoder.changes)
@@ -216,8 +223,15 @@ impl Decoder {
                 new: None,
             }),
             Message::Truncate { relations, .. } => {
-                if relations.iter().any(|r| registry.contains_key(r)) {
-                    bail!(Blocked(BlockReason::TruncateUnsupported));
+                // (A relation whose copy is pending, or not reached yet, has it covered.)
+                if let Some(reg) = relations
+                    .iter()
+                    .find_map(|r| registry.get(r).filter(|reg| reg.status == Status::Active))
+                {
+                    return Err(
+                        anyhow::Error::from(Blocked(BlockReason::TruncateUnsupported))
+                            .context(InRelation(reg.relation_id.clone())),
+                    );
                 }
                 None
             }
