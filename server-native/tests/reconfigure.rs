@@ -1,0 +1,201 @@
+//! Controlled reconfiguration against real PostgreSQL, as a hostile or careless operator
+//! would use it: every refusal is typed and leaves no generation or manifest behind, and an
+//! activation interrupted between its commit and the slot advance (kill -9) is applied
+//! exactly once.
+
+mod common;
+
+use common::Env;
+use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
+use synchro_server::registry::{reconfigure, ReconfigureRequest, RegistrationError};
+
+async fn drain(worker: &mut Worker) {
+    loop {
+        match worker.step(Failpoint::None).await.unwrap() {
+            StepOutcome::Applied(0) => return,
+            StepOutcome::Applied(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+async fn docs(env: &Env) {
+    common::docs_with_owner_and_team(
+        env,
+        "INSERT INTO app.docs SELECT g, (ARRAY['alice', 'bob'])[1 + g % 2], 'red', 'seed ' || g
+           FROM generate_series(1, 20) g",
+    )
+    .await;
+}
+
+/// (registry generations, manifests): what a refused reconfiguration must not change.
+async fn counts(env: &Env) -> (i64, i64) {
+    let r = env
+        .admin
+        .query_one(
+            "SELECT (SELECT count(*) FROM synchro.registry_generations), (SELECT count(*) FROM synchro.manifests)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+fn request(relation: &str) -> ReconfigureRequest {
+    ReconfigureRequest {
+        schema: "app".into(),
+        relation: relation.into(),
+        ..Default::default()
+    }
+}
+
+/// The reason of an `invalid_registration`, or the SQLSTATE in a database failure.
+fn refusal(e: RegistrationError) -> String {
+    match &e {
+        RegistrationError::Invalid(..) => e.reason().unwrap().to_owned(),
+        RegistrationError::Database(text) => text
+            .rsplit("SQLSTATE ")
+            .next()
+            .unwrap()
+            .trim_end_matches(')')
+            .to_owned(),
+    }
+}
+
+async fn refuse(op: &mut tokio_postgres::Client, r: ReconfigureRequest) -> String {
+    refusal(reconfigure(op, &r, true).await.unwrap_err())
+}
+
+#[tokio::test]
+async fn reconfiguration_refusals_are_typed_and_leave_nothing_behind() {
+    let env = Env::installed().await;
+    docs(&env).await;
+    let mut op = env.login("synchro_dev_operator").await;
+    // While the relation's bootstrap copy is pending, nothing can be reconfigured.
+    assert_eq!(refuse(&mut op, request("docs")).await, "55006");
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    let before = counts(&env).await;
+
+    assert_eq!(
+        refuse(&mut op, request("nope")).await,
+        "ambiguous_physical_relation"
+    );
+    let mut key = request("docs");
+    key.retire = vec!["id".into()];
+    assert_eq!(refuse(&mut op, key).await, "22023");
+    let mut unknown = request("docs");
+    unknown.retire = vec!["no_such_column".into()];
+    assert_eq!(refuse(&mut op, unknown).await, "22023");
+    let mut missing = request("docs");
+    missing.server_only = Some(vec!["no_such_column".into()]);
+    assert_eq!(refuse(&mut op, missing).await, "22023");
+    let mut synced = request("docs");
+    synced.server_only = Some(vec!["title".into()]);
+    assert_eq!(refuse(&mut op, synced).await, "22023", "retire it first");
+
+    // A column without a portable type: refused, unless it is declared server-only.
+    env.as_app_owner("ALTER TABLE app.docs ADD COLUMN spot point")
+        .await;
+    assert_eq!(
+        refuse(&mut op, request("docs")).await,
+        "unsupported_column_type"
+    );
+    let mut server_only = request("docs");
+    server_only.server_only = Some(vec!["spot".into()]);
+    let plan = reconfigure(&mut op, &server_only, false).await.unwrap();
+    assert_eq!(plan.to_json()["class"], "class_1", "{}", plan.to_json());
+
+    // Another portable type in place, and a column dropped without retiring it.
+    env.as_app_owner("ALTER TABLE app.docs ALTER COLUMN title TYPE integer USING length(title)")
+        .await;
+    let e = reconfigure(&mut op, &server_only, true).await.unwrap_err();
+    let RegistrationError::Invalid(body, _) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(body["error"]["reason"], "unsupported_column_type");
+    assert!(body["error"]["field_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("fld_"));
+    env.as_app_owner("ALTER TABLE app.docs DROP COLUMN title")
+        .await;
+    let e = reconfigure(&mut op, &server_only, true).await.unwrap_err();
+    assert_eq!(e.reason(), Some("missing_field"));
+    // A physical identity change cannot be reconfigured in place.
+    env.as_app_owner("ALTER TABLE app.docs REPLICA IDENTITY FULL")
+        .await;
+    let e = reconfigure(&mut op, &server_only, true).await.unwrap_err();
+    assert_eq!(refusal(e), "55000");
+
+    assert_eq!(counts(&env).await, before, "nothing recorded");
+    let pending: i64 = env
+        .admin
+        .query_one("SELECT count(*) FROM synchro.pending_fields", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 0);
+}
+
+#[tokio::test]
+async fn an_activation_interrupted_before_the_slot_advance_is_applied_once() {
+    let env = Env::installed().await;
+    docs(&env).await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&url).await.unwrap();
+    drain(&mut worker).await;
+
+    env.as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
+        .await;
+    let mut op = env.login("synchro_dev_operator").await;
+    reconfigure(&mut op, &request("docs"), true).await.unwrap();
+    env.admin
+        .batch_execute("UPDATE app.docs SET note = 'after' WHERE id = 2")
+        .await
+        .unwrap();
+    // The worker commits the activation and dies before it advances the slot.
+    assert_eq!(
+        worker
+            .step(Failpoint::AfterCommitBeforeAdvance)
+            .await
+            .unwrap(),
+        StepOutcome::Applied(1)
+    );
+    drop(worker);
+    let mut worker = Worker::connect(&url).await.unwrap();
+    drain(&mut worker).await;
+
+    let r = env
+        .admin
+        .query_one(
+            "SELECT (SELECT count(*) FROM synchro.registry_generations WHERE change = 'reconfiguration' AND state = 'active'),
+                    (SELECT count(*) FROM synchro.projection_rows p JOIN synchro.relations r USING (relation_id)
+                      WHERE r.physical_relation = 'docs'),
+                    (SELECT count(*) FROM synchro.projection_rows WHERE row_json::jsonb ? (
+                         SELECT f.field_id FROM synchro.fields f WHERE f.column_name = 'note')),
+                    (SELECT count(*) FROM synchro.scope_effects WHERE pk = '\"2\"'),
+                    (SELECT count(*) FROM synchro.membership_edges WHERE pk = '\"2\"')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (active, rows, with_note, effects, edges): (i64, i64, i64, i64, i64) =
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+    assert_eq!((active, rows, with_note), (1, 20, 20));
+    // Row 2: its bootstrap insert and the one update after the boundary, once per scope.
+    assert_eq!(effects, 2 * edges, "no effect applied twice");
+    let note: Option<String> = env
+        .admin
+        .query_one(
+            "SELECT row_json::jsonb ->> (SELECT field_id FROM synchro.fields WHERE column_name = 'note')
+               FROM synchro.projection_rows WHERE pk = '\"2\"'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(note.as_deref(), Some("after"));
+}
