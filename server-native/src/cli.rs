@@ -254,6 +254,8 @@ enum RegistryCommand {
         /// A column that is not synced (server-only, or without a portable type); repeatable.
         #[arg(long = "server-only")]
         server_only: Vec<String>,
+        #[command(flatten)]
+        lifecycle: LifecycleArgs,
     },
     /// Show what reconfiguring a relation after DDL would do, changing nothing: the class,
     /// the fields added, changed and retired, the affected scopes, and the connect action
@@ -358,6 +360,38 @@ struct ReconfigureArgs {
     /// A registered column whose field is retired (Class 4); repeatable.
     #[arg(long)]
     retire: Vec<String>,
+    /// Declare the lifecycle columns anew (the ones given; a change is Class 4).
+    #[arg(long)]
+    set_lifecycle: bool,
+    #[command(flatten)]
+    lifecycle: LifecycleArgs,
+}
+
+/// Server-owned lifecycle columns (each a timestamptz column; not writable by clients).
+#[derive(clap::Args)]
+struct LifecycleArgs {
+    /// The creation time column.
+    #[arg(long)]
+    created_at: Option<String>,
+    /// The last update time column.
+    #[arg(long)]
+    updated_at: Option<String>,
+    /// The deletion (tombstone) time column.
+    #[arg(long)]
+    deleted_at: Option<String>,
+}
+
+impl LifecycleArgs {
+    fn map(&self) -> std::collections::BTreeMap<String, String> {
+        [
+            ("created_at", &self.created_at),
+            ("updated_at", &self.updated_at),
+            ("deleted_at", &self.deleted_at),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.to_owned(), v)))
+        .collect()
+    }
 }
 
 impl ReconfigureArgs {
@@ -373,6 +407,8 @@ impl ReconfigureArgs {
                 Some(self.server_only.clone())
             },
             retire: self.retire.clone(),
+            lifecycle: (self.set_lifecycle || !self.lifecycle.map().is_empty())
+                .then(|| self.lifecycle.map()),
         }
     }
 }
@@ -428,6 +464,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     fanout_bound,
                     impact_bound,
                     server_only,
+                    lifecycle,
                 },
         } => {
             let db = connect_db(&database_url).await?;
@@ -441,6 +478,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 impact_bound,
                 table_name,
                 server_only,
+                lifecycle: lifecycle.map(),
             };
             match register(&db, &req).await {
                 Ok(v) => println!("{v}"),

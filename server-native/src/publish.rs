@@ -121,7 +121,11 @@ fn table_json(t: &Value) -> Result<Value> {
     Ok(json!({
         "table_id": t["table_id"], "relation_id": t["relation_id"], "name": t["name"],
         "composition": t["composition"], "primary_key_field_id": pk["field_id"],
-        "lifecycle": {"created_at_field_id": null, "updated_at_field_id": null, "deleted_at_field_id": null},
+        "lifecycle": {
+            "created_at_field_id": t["lifecycle"]["created_at_field_id"],
+            "updated_at_field_id": t["lifecycle"]["updated_at_field_id"],
+            "deleted_at_field_id": t["lifecycle"]["deleted_at_field_id"],
+        },
         "fields": fields, "indexes": t["indexes"].as_array().cloned().unwrap_or_default(),
     }))
 }

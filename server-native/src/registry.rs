@@ -25,6 +25,8 @@ pub struct RegisterRequest {
     pub table_name: Option<String>,
     /// Columns that are not synced: server-only, or without a portable type (never the key).
     pub server_only: Vec<String>,
+    /// Server-owned lifecycle columns: `created_at`, `updated_at`, `deleted_at` → column.
+    pub lifecycle: std::collections::BTreeMap<String, String>,
 }
 
 impl RegisterRequest {
@@ -40,6 +42,7 @@ impl RegisterRequest {
             impact_bound: 1000,
             table_name: None,
             server_only: Vec::new(),
+            lifecycle: Default::default(),
         }
     }
 }
@@ -77,7 +80,7 @@ impl RegistrationError {
 pub async fn register(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
     let row = db
         .query_one(
-            "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8, $9)::text",
+            "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb)::text",
             &[
                 &r.schema,
                 &r.relation,
@@ -88,6 +91,7 @@ pub async fn register(db: &Client, r: &RegisterRequest) -> Result<Value, Registr
                 &r.impact_bound,
                 &r.table_name,
                 &r.server_only,
+                &serde_json::to_string(&r.lifecycle).expect("a map of strings"),
             ],
         )
         .await
@@ -108,6 +112,8 @@ pub struct ReconfigureRequest {
     pub server_only: Option<Vec<String>>,
     /// Registered columns whose fields are retired (Class 4).
     pub retire: Vec<String>,
+    /// A new lifecycle declaration (`None` keeps the current one; a change is Class 4).
+    pub lifecycle: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// What a reconfiguration does (or, as a plan, would do).
@@ -193,8 +199,16 @@ pub async fn reconfigure(
     };
     let text: String = tx
         .query_one(
-            "SELECT synchro.synchro_reconfigure_relation($1, $2, $3, $4)::text",
-            &[&r.schema, &r.relation, &r.server_only, &r.retire],
+            "SELECT synchro.synchro_reconfigure_relation($1, $2, $3, $4, $5::text::jsonb)::text",
+            &[
+                &r.schema,
+                &r.relation,
+                &r.server_only,
+                &r.retire,
+                &r.lifecycle
+                    .as_ref()
+                    .map(|l| serde_json::to_string(l).expect("a map of strings")),
+            ],
         )
         .await
         .map_err(registration_error)?

@@ -199,3 +199,100 @@ async fn an_activation_interrupted_before_the_slot_advance_is_applied_once() {
         .get(0);
     assert_eq!(note.as_deref(), Some("after"));
 }
+
+#[tokio::test]
+async fn lifecycle_fields_are_declared_server_owned_and_kept_across_reconfigurations() {
+    use synchro_server::registry::{register, RegisterRequest};
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.notes (id bigint PRIMARY KEY, body text, label text,
+                                 created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz)",
+    )
+    .await;
+    let mut op = env.login("synchro_dev_operator").await;
+    let lifecycle = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let notes = |l| RegisterRequest {
+        lifecycle: l,
+        ..RegisterRequest::synced("app", "notes", "single_scope")
+    };
+    // Not a timestamptz column, an unknown member, the key: refused, nothing recorded.
+    for bad in [
+        lifecycle(&[("created_at", "label")]),
+        lifecycle(&[("born_at", "created_at")]),
+        lifecycle(&[("created_at", "id")]),
+        lifecycle(&[("created_at", "created_at"), ("updated_at", "created_at")]),
+    ] {
+        let e = register(&op, &notes(bad)).await.unwrap_err();
+        assert!(format!("{e}").contains("22023"), "{e}");
+    }
+    register(
+        &op,
+        &notes(lifecycle(&[
+            ("created_at", "created_at"),
+            ("updated_at", "updated_at"),
+        ])),
+    )
+    .await
+    .unwrap();
+    synchro_server::publish::publish(&mut op).await.unwrap();
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    let manifest = synchro_server::publish::load_lineage(&op)
+        .await
+        .unwrap()
+        .current()
+        .unwrap()
+        .clone();
+    let table = &manifest.tables[0];
+    let id_of = |name: &str| {
+        table
+            .fields
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        table.lifecycle.created_at.as_deref(),
+        Some(id_of("created_at").field_id.as_str())
+    );
+    assert_eq!(
+        table.lifecycle.updated_at.as_deref(),
+        Some(id_of("updated_at").field_id.as_str())
+    );
+    assert!(!id_of("created_at").writable && !id_of("updated_at").writable);
+    assert!(id_of("body").writable);
+
+    // An added column keeps the declaration (Class 2); declaring one more is Class 4.
+    env.as_app_owner("ALTER TABLE app.notes ADD COLUMN deleted_at timestamptz")
+        .await;
+    let keep = ReconfigureRequest {
+        schema: "app".into(),
+        relation: "notes".into(),
+        ..Default::default()
+    };
+    let plan = reconfigure(&mut op, &keep, false).await.unwrap().to_json();
+    assert_eq!(plan["class"], "class_2", "{plan}");
+    assert_eq!(plan["registry"]["lifecycle_changed"], false);
+    let declare = ReconfigureRequest {
+        lifecycle: Some(lifecycle(&[
+            ("created_at", "created_at"),
+            ("updated_at", "updated_at"),
+            ("deleted_at", "deleted_at"),
+        ])),
+        ..keep.clone()
+    };
+    let plan = reconfigure(&mut op, &declare, false)
+        .await
+        .unwrap()
+        .to_json();
+    assert_eq!(plan["class"], "class_4", "{plan}");
+    assert_eq!(plan["registry"]["lifecycle_changed"], true);
+}

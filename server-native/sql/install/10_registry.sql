@@ -27,6 +27,9 @@ CREATE TABLE synchro.relations (
     impact_bound integer NOT NULL,
     -- Columns the operator declared server-only: never synced, never drift.
     server_only_columns name[] NOT NULL DEFAULT '{}',
+    -- Server-owned lifecycle columns ({"created_at","updated_at","deleted_at"}: column names;
+    -- each a non-writable datetime field).
+    lifecycle jsonb NOT NULL DEFAULT '{}',
     registered_at timestamptz NOT NULL DEFAULT now(),
     CHECK ((kind = 'synced') = (table_id IS NOT NULL AND table_name IS NOT NULL AND composition IS NOT NULL))
 );
@@ -117,6 +120,27 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_relation_json(text) FROM PUBLIC;
 
+-- Refuses a lifecycle declaration ({"created_at","updated_at","deleted_at"} → column) that
+-- names an unknown member, a missing, server-only, key or non-timestamptz column, or one
+-- column twice (SQLSTATE 22023). The columns become non-writable fields.
+CREATE FUNCTION synchro.synchro_check_lifecycle(p_relation oid, p_lifecycle jsonb, p_server_only name[],
+    p_key name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    IF jsonb_typeof(p_lifecycle) <> 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_each(p_lifecycle) l
+                   WHERE l.key NOT IN ('created_at', 'updated_at', 'deleted_at') OR jsonb_typeof(l.value) <> 'string'
+                      OR (l.value #>> '{}')::name = p_key OR (l.value #>> '{}')::name = ANY (p_server_only)
+                      OR NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                      WHERE a.attrelid = p_relation AND a.attnum > 0 AND NOT a.attisdropped
+                                        AND a.attname = (l.value #>> '{}') AND a.atttypid = 'timestamptz'::regtype))
+       OR (SELECT count(DISTINCT l.value) <> count(*) FROM jsonb_each(p_lifecycle) l) THEN
+        RAISE EXCEPTION 'lifecycle fields are created_at, updated_at and deleted_at, each a distinct synced timestamptz column other than the key'
+            USING ERRCODE = '22023';
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_check_lifecycle(oid, jsonb, name[], name) FROM PUBLIC;
+
 -- The trigger registration puts on every source relation: a primary-key update is refused
 -- before any other effect.
 CREATE FUNCTION synchro.synchro_reject_key_update() RETURNS trigger
@@ -130,14 +154,16 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_reject_key_update() FROM PUBLIC;
 -- Registers one schema-qualified relation (spec 000 "Registered Relation Identity", spec 003
 -- "Primary key and replica identity contract"). Idempotent for an already registered
 -- relation: its IDs are returned, never reassigned. p_server_only names columns that are not
--- synced (a server-only column, or one without a portable type); never the key. Records the
+-- synced (a server-only column, or one without a portable type); never the key. p_lifecycle
+-- declares server-owned lifecycle columns (synchro_lifecycle_error lists the rules). Records the
 -- relation's first registry generation (33_reconfigure). Returns
 -- {"relation_id","table_id"?,"fields":[{"field_id","column","type"}]}.
 CREATE FUNCTION synchro.synchro_register_relation(
     p_schema text, p_relation text,
     p_kind text DEFAULT 'synced', p_composition text DEFAULT 'single_scope',
     p_push_enabled boolean DEFAULT true, p_fanout_bound integer DEFAULT 1000,
-    p_impact_bound integer DEFAULT 1000, p_table_name text DEFAULT NULL, p_server_only text[] DEFAULT '{}')
+    p_impact_bound integer DEFAULT 1000, p_table_name text DEFAULT NULL, p_server_only text[] DEFAULT '{}',
+    p_lifecycle jsonb DEFAULT '{}')
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -222,6 +248,10 @@ BEGIN
         RAISE EXCEPTION 'server-only columns must be existing columns other than the primary key'
             USING ERRCODE = '22023';
     END IF;
+    IF p_kind = 'synced' THEN
+        PERFORM synchro.synchro_check_lifecycle(v_rel.oid, coalesce(p_lifecycle, '{}'), p_server_only::name[],
+                                                v_key.attname);
+    END IF;
 
     v_relation_id := synchro.synchro_new_id('rel_');
     IF p_kind = 'synced' THEN
@@ -229,11 +259,12 @@ BEGIN
     END IF;
     INSERT INTO synchro.relations (relation_id, kind, physical_schema, physical_relation, physical_relation_oid,
         replica_identity, capture_key_column, primary_key_type, table_id, table_name, composition, push_enabled,
-        fanout_bound, impact_bound, server_only_columns)
+        fanout_bound, impact_bound, server_only_columns, lifecycle)
     VALUES (v_relation_id, p_kind, p_schema, p_relation, v_rel.oid, v_rel.relreplident, v_key.attname,
         v_key.atttypid, v_table_id, CASE WHEN p_kind = 'synced' THEN coalesce(p_table_name, p_relation) END,
         CASE WHEN p_kind = 'synced' THEN p_composition END, p_push_enabled, p_fanout_bound, p_impact_bound,
-        CASE WHEN p_kind = 'synced' THEN p_server_only::name[] ELSE '{}' END);
+        CASE WHEN p_kind = 'synced' THEN p_server_only::name[] ELSE '{}' END,
+        CASE WHEN p_kind = 'synced' THEN coalesce(p_lifecycle, '{}') ELSE '{}' END);
 
     IF p_kind = 'synced' THEN
         FOR v_col IN SELECT a.* FROM pg_attribute a
@@ -254,7 +285,9 @@ BEGIN
                 is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
             VALUES (v_relation_id, v_field_id, v_col.attname, v_col.attnum, v_type,
                 NOT v_col.attnotnull,
-                v_col.attnum <> v_key.attnum AND v_col.attgenerated = '' AND v_col.attidentity <> 'a',
+                v_col.attnum <> v_key.attnum AND v_col.attgenerated = '' AND v_col.attidentity <> 'a'
+                    AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(coalesce(p_lifecycle, '{}')) l
+                                     WHERE l.value = v_col.attname),
                 v_col.attnum = v_key.attnum, v_precision, v_scale, v_col.atttypid, v_col.atttypmod);
         END LOOP;
     END IF;
@@ -268,6 +301,6 @@ BEGIN
     RETURN synchro.synchro_relation_json(v_relation_id);
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text,
-    text[]) FROM PUBLIC;
+    text[], jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text,
-    text[]) TO synchro_operator;
+    text[], jsonb) TO synchro_operator;

@@ -33,6 +33,8 @@ CREATE TABLE synchro.registry_generations (
     change text NOT NULL CHECK (change IN ('registration', 'reconfiguration', 'reset', 'retirement')),
     state text NOT NULL CHECK (state IN ('pending', 'staged', 'active', 'superseded')),
     server_only_columns name[] NOT NULL DEFAULT '{}',
+    -- The relation's lifecycle declaration under this generation (as synchro.relations).
+    lifecycle jsonb NOT NULL DEFAULT '{}',
     -- Added fields, and those among them whose source values were all NULL under the write
     -- gates when the generation was recorded (never recomputed).
     added_fields text[] NOT NULL DEFAULT '{}',
@@ -144,13 +146,15 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_catalog_drift() TO synchro_worker, syn
 -- Records a pending reconfiguration of one synced relation from its current catalog shape
 -- (see the top of this file). p_server_only: the columns that are not synced (NULL keeps the
 -- current list, less columns that no longer exist); p_retire: registered columns whose
--- fields are retired (Class 4; a registered column that is gone must be named here). A
--- pending (not yet staged) reconfiguration of the relation is replaced. Returns the plan:
+-- fields are retired (Class 4; a registered column that is gone must be named here);
+-- p_lifecycle: {"created_at","updated_at","deleted_at"} → column (NULL keeps the current
+-- declaration; a changed one is Class 4). A pending (not yet staged) reconfiguration of the
+-- relation is replaced. Returns the plan:
 -- {"relation_id","generation","added":[{"field_id","column","type","nullable",
 -- "has_values"}],"changed":[{"field_id","change"}],"retired":[field_id],"unchanged":n,
 -- "scopes_holding_rows":n}.
 CREATE FUNCTION synchro.synchro_reconfigure_relation(p_schema text, p_relation text,
-    p_server_only text[] DEFAULT NULL, p_retire text[] DEFAULT '{}') RETURNS jsonb
+    p_server_only text[] DEFAULT NULL, p_retire text[] DEFAULT '{}', p_lifecycle jsonb DEFAULT NULL) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_rel synchro.relations%ROWTYPE;
@@ -167,6 +171,7 @@ DECLARE
     v_changed jsonb := '[]';
     v_retired text[] := '{}';
     v_added_ids text[] := '{}';
+    v_lifecycle jsonb;
     v_without text[] := '{}';
     v_unchanged integer := 0;
 BEGIN
@@ -237,9 +242,15 @@ BEGIN
         PERFORM synchro.synchro_registration_error('missing_field', v_rel.relation_id, v_old.field_id);
     END IF;
 
+    v_lifecycle := coalesce(p_lifecycle, v_rel.lifecycle);
+    PERFORM synchro.synchro_check_lifecycle(v_rel.physical_relation_oid, v_lifecycle, v_server_only,
+                                            v_rel.capture_key_column);
+    IF EXISTS (SELECT 1 FROM jsonb_each_text(v_lifecycle) l WHERE l.value::name = ANY (p_retire::name[])) THEN
+        RAISE EXCEPTION 'a lifecycle column cannot be retired' USING ERRCODE = '22023';
+    END IF;
     v_generation := synchro.synchro_next_generation();
-    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns)
-    VALUES (v_generation, v_rel.relation_id, 'reconfiguration', 'pending', v_server_only);
+    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns, lifecycle)
+    VALUES (v_generation, v_rel.relation_id, 'reconfiguration', 'pending', v_server_only, v_lifecycle);
 
     FOR v_col IN SELECT a.* FROM pg_attribute a
                   WHERE a.attrelid = v_rel.physical_relation_oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -261,7 +272,8 @@ BEGIN
             PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id);
         END IF;
         v_nullable := NOT v_col.attnotnull;
-        v_writable := v_col.attgenerated = '' AND v_col.attidentity <> 'a';
+        v_writable := v_col.attgenerated = '' AND v_col.attidentity <> 'a'
+                      AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(v_lifecycle) l WHERE l.value = v_col.attname);
         IF v_old.field_id IS NOT NULL AND v_old.portable_type <> v_type.portable_type THEN
             -- An in-place type change is Class 4 through a new field: add a column, migrate,
             -- retire the old one (the operator guide's expand, migrate, contract).
@@ -325,11 +337,12 @@ BEGIN
     RETURN jsonb_build_object('relation_id', v_rel.relation_id, 'table_id', v_rel.table_id,
         'generation', v_generation, 'added', v_added, 'changed', v_changed,
         'retired', to_jsonb(v_retired), 'unchanged', v_unchanged,
+        'lifecycle_changed', v_lifecycle IS DISTINCT FROM v_rel.lifecycle,
         'scopes_holding_rows', (SELECT count(DISTINCT e.scope_id) FROM synchro.membership_edges e
                                  WHERE e.relation_id = v_rel.relation_id));
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_reconfigure_relation(text, text, text[], text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_reconfigure_relation(text, text, text[], text[]) TO synchro_operator;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_reconfigure_relation(text, text, text[], text[], jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_reconfigure_relation(text, text, text[], text[], jsonb) TO synchro_operator;
 
 -- The pending generations the publisher classifies: {"generation","relation_id",
 -- "added_without_history":[...]} each.
@@ -407,8 +420,8 @@ BEGIN
             USING ERRCODE = '55006';
     END IF;
     v_generation := synchro.synchro_next_generation();
-    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns)
-    VALUES (v_generation, v_rel.relation_id, 'reset', 'pending', v_rel.server_only_columns);
+    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns, lifecycle)
+    VALUES (v_generation, v_rel.relation_id, 'reset', 'pending', v_rel.server_only_columns, v_rel.lifecycle);
     INSERT INTO synchro.pending_fields (generation, relation_id, field_id, column_name, attnum, portable_type,
         nullable, writable, is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
     SELECT v_generation, f.relation_id, f.field_id, f.column_name, f.attnum, f.portable_type, f.nullable, f.writable,
@@ -562,7 +575,7 @@ BEGIN
      ORDER BY p.attnum;
     PERFORM synchro.synchro_create_projection_view(v_gen.relation_id);
     PERFORM synchro.synchro_create_fence(v_gen.relation_id);
-    UPDATE synchro.relations SET server_only_columns = v_gen.server_only_columns
+    UPDATE synchro.relations SET server_only_columns = v_gen.server_only_columns, lifecycle = v_gen.lifecycle
      WHERE relation_id = v_gen.relation_id;
     UPDATE synchro.registry_generations SET state = 'superseded'
      WHERE relation_id = v_gen.relation_id AND state = 'active';
@@ -668,6 +681,13 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     SELECT coalesce(jsonb_agg(jsonb_build_object(
         'relation_id', r.relation_id, 'table_id', r.table_id, 'name', r.table_name, 'composition', r.composition,
         'schema', r.physical_schema, 'relation', r.physical_relation, 'generation', g.generation,
+        'lifecycle', (SELECT coalesce(jsonb_object_agg(l.key || '_field_id', coalesce(
+                             (SELECT f.field_id FROM synchro.pending_fields f
+                               WHERE f.generation = g.generation AND f.column_name = l.value),
+                             (SELECT f.field_id FROM synchro.fields f
+                               WHERE g.generation IS NULL AND f.relation_id = r.relation_id AND f.column_name = l.value)
+                         )), '{}')
+                        FROM jsonb_each_text(coalesce(g.lifecycle, r.lifecycle)) l),
         'indexes', coalesce((SELECT jsonb_agg(jsonb_build_object('index_id', x.index_id, 'name', x.name,
                                  'field_ids', to_jsonb(x.field_ids), 'unique', x.is_unique) ORDER BY x.index_id)
                                FROM synchro.relation_indexes x WHERE x.relation_id = r.relation_id), '[]'),
