@@ -296,3 +296,83 @@ async fn lifecycle_fields_are_declared_server_owned_and_kept_across_reconfigurat
     assert_eq!(plan["class"], "class_4", "{plan}");
     assert_eq!(plan["registry"]["lifecycle_changed"], true);
 }
+
+#[tokio::test]
+async fn a_dropped_and_recreated_table_recovers_by_retirement_and_a_new_registration() {
+    use synchro_server::registry::{register, retire, RegisterRequest};
+    let env = Env::installed().await;
+    docs(&env).await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&url).await.unwrap();
+    drain(&mut worker).await;
+    let old_id: String = env
+        .admin
+        .query_one("SELECT table_id FROM synchro.relations", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    env.as_app_owner(
+        "DROP TABLE app.docs CASCADE;
+         CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
+         INSERT INTO app.docs VALUES (1, 'alice', 'red', 'again'), (2, 'bob', 'blue', 'again')",
+    )
+    .await;
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("registered_relation_drift".into())
+    );
+    let detail: String = env
+        .admin
+        .query_one("SELECT blocked_detail FROM synchro.capture_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(detail, "relation_dropped");
+    let mut op = env.login("synchro_dev_operator").await;
+    // It cannot be reconfigured or reset in place.
+    let e = reconfigure(&mut op, &request("docs"), true)
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(e), "55000");
+
+    let (_, outcome) = retire(&mut op, "app", "docs").await.unwrap();
+    assert!(format!("{outcome:?}").contains("class_4"), "{outcome:?}");
+    drain(&mut worker).await;
+    let left: i64 = env
+        .admin
+        .query_one(
+            "SELECT (SELECT count(*) FROM synchro.relations) + (SELECT count(*) FROM synchro.projection_rows)
+                    + (SELECT count(*) FROM synchro.membership_edges)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        left, 0,
+        "the retired relation is gone with its rows and edges"
+    );
+
+    register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
+        .await
+        .unwrap();
+    op.batch_execute(
+        "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)')",
+    )
+    .await
+    .unwrap();
+    synchro_server::publish::publish(&mut op).await.unwrap();
+    drain(&mut worker).await;
+    let r = env
+        .admin
+        .query_one(
+            "SELECT table_id, (SELECT count(*) FROM synchro.projection_rows) FROM synchro.relations",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (new_id, rows): (String, i64) = (r.get(0), r.get(1));
+    assert_ne!(new_id, old_id, "a new table ID");
+    assert_eq!(rows, 2);
+}

@@ -33,8 +33,8 @@ const SECRET: &str = "schema-evolution-secret-0123456789";
 /// the closing note), which would hide what these tests count.
 struct Recorder {
     inner: HttpTransport,
-    rebuilds: Rc<RefCell<Vec<String>>>,
-    log: Rc<RefCell<Vec<(String, String, u16)>>>,
+    rebuilds: Rebuilds,
+    log: Log,
     db: Rc<tokio_postgres::Client>,
 }
 
@@ -102,6 +102,9 @@ struct Stack {
 
 type Docs = Vec<(i64, String, String, Option<String>)>;
 
+/// The scopes of the rebuilds a client started.
+type Rebuilds = Rc<RefCell<Vec<String>>>;
+
 /// Requests a client sent: path, body, status.
 type Log = Rc<RefCell<Vec<(String, String, u16)>>>;
 
@@ -133,10 +136,10 @@ impl Stack {
     }
 
     /// Alice's client over its own database file, with its rebuilds and request log.
-    async fn client(&self, file: &str) -> (Client<Recorder>, Rc<RefCell<Vec<String>>>, Log) {
+    async fn client(&self, file: &str) -> (Client<Recorder>, Rebuilds, Log) {
         let storage = Storage::open(self.dir.join(file)).unwrap();
         let token = mint(SECRET.as_bytes(), "alice", 3600);
-        let rebuilds: Rc<RefCell<Vec<String>>> = Rc::default();
+        let rebuilds: Rebuilds = Rc::default();
         let log: Log = Rc::default();
         let db = synchro_server::connect_db(&self.env.cluster.url("postgres", "app"))
             .await
@@ -178,6 +181,16 @@ impl Stack {
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
             .collect()
+    }
+
+    /// The old and the new app's clients (alice's, over their own files), both synced on
+    /// the current manifest, with their rebuild records.
+    async fn two_synced_clients(&self) -> (Client<Recorder>, Rebuilds, Client<Recorder>, Rebuilds) {
+        let (mut old, old_rebuilds, _) = self.client("old.db").await;
+        let (mut new, new_rebuilds, _) = self.client("new.db").await;
+        old.sync_once().await.unwrap();
+        new.sync_once().await.unwrap();
+        (old, old_rebuilds, new, new_rebuilds)
     }
 
     async fn operator(&self) -> tokio_postgres::Client {
@@ -227,6 +240,28 @@ impl Stack {
             .unwrap()
             .status()
             .as_u16()
+    }
+
+    /// Waits until capture is blocked; returns the report's `blocked`.
+    async fn blocked(&self) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let report = self.report().await;
+            if !report["blocked"].is_null() {
+                return report["blocked"].clone();
+            }
+            assert!(Instant::now() < deadline, "capture never blocked");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `/ready` answers 200.
+    async fn ready_again(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.ready().await != 200 {
+            assert!(Instant::now() < deadline, "readiness never recovered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn report(&self) -> serde_json::Value {
@@ -336,10 +371,7 @@ fn published(plan: &ReconfigurePlan) -> (u64, String) {
 #[tokio::test]
 async fn an_added_all_null_column_is_class_2_replace_for_old_and_new_clients() {
     let s = Stack::start("class2").await;
-    let (mut old, old_rebuilds, _) = s.client("old.db").await;
-    let (mut new, new_rebuilds, _) = s.client("new.db").await;
-    old.sync_once().await.unwrap();
-    new.sync_once().await.unwrap();
+    let (mut old, old_rebuilds, mut new, new_rebuilds) = s.two_synced_clients().await;
     // Both hold queued offline writes authored under v1.
     let old_write = queue_update(&mut old, 3, "title", "old app, offline");
     let new_write = queue_update(&mut new, 9, "title", "new app, offline");
@@ -414,10 +446,7 @@ async fn an_added_all_null_column_is_class_2_replace_for_old_and_new_clients() {
 #[tokio::test]
 async fn an_added_column_with_values_is_class_3_and_rebuilds_only_the_affected_scopes() {
     let s = Stack::start("class3").await;
-    let (mut old, _, _) = s.client("old.db").await;
-    let (mut new, new_rebuilds, _) = s.client("new.db").await;
-    old.sync_once().await.unwrap();
-    new.sync_once().await.unwrap();
+    let (mut old, _, mut new, new_rebuilds) = s.two_synced_clients().await;
     let old_write = queue_update(&mut old, 3, "title", "old app, offline");
     let new_write = queue_update(&mut new, 27, "title", "new app, offline");
 
@@ -473,15 +502,7 @@ async fn alter_table_without_reconfiguration_blocks_until_the_operator_reconfigu
         .batch_execute("UPDATE app.docs SET note = 'unseen', title = 'moved on' WHERE id = 5")
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let blocked = loop {
-        let report = s.report().await;
-        if !report["blocked"].is_null() {
-            break report["blocked"].clone();
-        }
-        assert!(Instant::now() < deadline, "capture never blocked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let blocked = s.blocked().await;
     assert_eq!(blocked["reason"], "registered_relation_drift");
     assert_eq!(blocked["detail"], "column_added");
     assert_eq!(blocked["ordinal"], 1);
@@ -528,11 +549,7 @@ async fn alter_table_without_reconfiguration_blocks_until_the_operator_reconfigu
     converge(&s, &mut old, "note").await;
     converge(&s, &mut old, "title").await;
     assert_eq!(mutation_state(&old, &old_write).0, "applied");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.ready().await != 200 {
-        assert!(Instant::now() < deadline, "readiness never recovered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    s.ready_again().await;
 }
 
 #[tokio::test]
@@ -553,10 +570,7 @@ async fn a_retired_field_is_class_4_old_intent_terminal_new_intent_applied() {
         (2, "class_2".to_owned())
     );
     s.served(2).await;
-    let (mut old, _, _) = s.client("old.db").await;
-    let (mut new, _, _) = s.client("new.db").await;
-    old.sync_once().await.unwrap();
-    new.sync_once().await.unwrap();
+    let (mut old, _, mut new, _) = s.two_synced_clients().await;
     // The old app writes the field about to be retired, the new app the new one.
     let old_write = queue_update(&mut old, 3, "title", "old app, offline");
     let new_write = queue_update(&mut new, 9, "summary", "new app, offline");
@@ -631,10 +645,7 @@ async fn a_rename_by_expand_migrate_contract_with_the_advisor() {
         retire: retire.iter().map(|c| (*c).to_owned()).collect(),
         ..Default::default()
     };
-    let (mut old, _, _) = s.client("old.db").await;
-    let (mut new, _, _) = s.client("new.db").await;
-    old.sync_once().await.unwrap();
-    new.sync_once().await.unwrap();
+    let (mut old, _, mut new, _) = s.two_synced_clients().await;
     let old_write = queue_update(&mut old, 3, "title", "old app, offline");
 
     // Expand: the new name as a new field (all NULL: Class 2).
@@ -738,10 +749,7 @@ async fn a_required_column_a_widened_decimal_and_a_local_index() {
         relation: "docs".into(),
         ..Default::default()
     };
-    let (mut old, _, _) = s.client("old.db").await;
-    let (mut new, new_rebuilds, _) = s.client("new.db").await;
-    old.sync_once().await.unwrap();
-    new.sync_once().await.unwrap();
+    let (mut old, _, mut new, new_rebuilds) = s.two_synced_clients().await;
     let old_write = queue_update(&mut old, 3, "title", "old app, offline");
     let new_write = queue_update(&mut new, 4, "title", "new app, offline");
 
@@ -837,10 +845,7 @@ async fn a_required_column_a_widened_decimal_and_a_local_index() {
 #[tokio::test]
 async fn a_retired_table_is_class_4_and_comes_back_as_a_new_table() {
     let s = Stack::start("table").await;
-    let (mut old, _, _) = s.client("old.db").await;
-    let (mut new, _, _) = s.client("new.db").await;
-    old.sync_once().await.unwrap();
-    new.sync_once().await.unwrap();
+    let (mut old, _, mut new, _) = s.two_synced_clients().await;
     let old_table = field(&old, "title").0;
     let old_write = queue_update(&mut old, 3, "title", "written under the retired contract");
 
@@ -937,15 +942,7 @@ async fn a_truncate_blocks_until_a_stream_reset_rebuilds_the_scopes() {
              INSERT INTO app.docs VALUES (1, 'alice', 'red', 'fresh'), (2, 'bob', 'red', 'fresh too')",
         )
         .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let blocked = loop {
-        let report = s.report().await;
-        if !report["blocked"].is_null() {
-            break report["blocked"].clone();
-        }
-        assert!(Instant::now() < deadline, "capture never blocked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let blocked = s.blocked().await;
     assert_eq!(blocked["reason"], "truncate_unsupported");
     assert_eq!(blocked["relation_id"], relation_id.as_str());
     assert_eq!(
@@ -973,9 +970,5 @@ async fn a_truncate_blocks_until_a_stream_reset_rebuilds_the_scopes() {
     );
     // The queued intent was not lost: its row is gone, so it is a conflict.
     assert_eq!(mutation_state(&old, &kept).0, "conflict");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.ready().await != 200 {
-        assert!(Instant::now() < deadline, "readiness never recovered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    s.ready_again().await;
 }

@@ -122,7 +122,8 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_record_generation(text, text) FROM PUBLIC;
 
 -- The physical identity drift of every registered relation that the catalog shows: dropped
--- (or recreated), renamed or moved, another replica identity, another primary key.
+-- (or recreated), renamed or moved, another replica identity, another primary key (a
+-- relation being retired no longer counts).
 CREATE FUNCTION synchro.synchro_catalog_drift() RETURNS TABLE (relation_id text, detail text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT r.relation_id,
@@ -133,15 +134,50 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
       FROM synchro.relations r
       LEFT JOIN pg_class c ON c.oid = r.physical_relation_oid
       LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE c.oid IS NULL OR c.relname <> r.physical_relation OR n.nspname <> r.physical_schema
+     WHERE NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                        WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
+                          AND g.state IN ('pending', 'staged'))
+       AND (c.oid IS NULL OR c.relname <> r.physical_relation OR n.nspname <> r.physical_schema
         OR c.relreplident <> r.replica_identity
         OR NOT EXISTS (SELECT 1 FROM pg_constraint k JOIN pg_attribute a
                                   ON a.attrelid = k.conrelid AND a.attnum = k.conkey[1]
                         WHERE k.conrelid = c.oid AND k.contype = 'p' AND cardinality(k.conkey) = 1
-                          AND a.attname = r.capture_key_column AND a.atttypid = r.primary_key_type)
+                          AND a.attname = r.capture_key_column AND a.atttypid = r.primary_key_type))
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_catalog_drift() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_catalog_drift() TO synchro_worker, synchro_monitor, synchro_operator;
+
+-- The registered synced relation a reconfiguration, reset or retirement names, refused
+-- (spec error body, or SQLSTATE 55000/55006) when it is unknown, when its physical identity
+-- drifted (unless p_drift_ok: a retirement recovers from that), while its bootstrap copy or a
+-- staged change is in flight, and while another change of it is pending (unless
+-- p_pending_ok: a reconfiguration replaces a pending one).
+CREATE FUNCTION synchro.synchro_relation_for_change(p_schema text, p_relation text, p_drift_ok boolean,
+    p_pending_ok boolean) RETURNS synchro.relations
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    IF NOT p_drift_ok AND EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d
+                                   WHERE d.relation_id = v_rel.relation_id) THEN
+        RAISE EXCEPTION 'the relation''s physical identity changed (dropped, renamed, another key or replica identity); retire it and register the new table'
+            USING ERRCODE = '55000';
+    END IF;
+    IF EXISTS (SELECT 1 FROM synchro.relation_capture c WHERE c.relation_id = v_rel.relation_id
+                  AND c.status <> 'active')
+       OR EXISTS (SELECT 1 FROM synchro.registry_generations g WHERE g.relation_id = v_rel.relation_id
+                     AND (g.state = 'staged' OR (g.state = 'pending' AND NOT (p_pending_ok AND g.change = 'reconfiguration')))) THEN
+        RAISE EXCEPTION 'the relation is being bootstrapped, or another change of it is in flight; retry once capture has applied it (or publish the pending one)'
+            USING ERRCODE = '55006';
+    END IF;
+    RETURN v_rel;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_relation_for_change(text, text, boolean, boolean) FROM PUBLIC;
 
 -- Records a pending reconfiguration of one synced relation from its current catalog shape
 -- (see the top of this file). p_server_only: the columns that are not synced (NULL keeps the
@@ -175,30 +211,10 @@ DECLARE
     v_without text[] := '{}';
     v_unchanged integer := 0;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
-    IF EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d WHERE d.relation_id = v_rel.relation_id) THEN
-        -- A new physical identity is a new registration (see the operator guide).
-        RAISE EXCEPTION 'the relation''s physical identity changed (dropped, renamed, another key or replica identity); it cannot be reconfigured in place'
-            USING ERRCODE = '55000';
-    END IF;
+    v_rel := synchro.synchro_relation_for_change(p_schema, p_relation, false, true);
     IF NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = v_rel.physical_relation_oid), 'USAGE') THEN
         RAISE EXCEPTION 'reconfiguration needs synchro_owner to be granted the relation owner''s role'
             USING ERRCODE = '42501';
-    END IF;
-    IF EXISTS (SELECT 1 FROM synchro.registry_generations g
-                WHERE g.relation_id = v_rel.relation_id AND g.state = 'staged')
-       OR EXISTS (SELECT 1 FROM synchro.relation_capture c WHERE c.relation_id = v_rel.relation_id
-                     AND c.status <> 'active') THEN
-        RAISE EXCEPTION 'the relation is being bootstrapped or a reconfiguration of it activated; retry once capture has applied it'
-            USING ERRCODE = '55006';
-    END IF;
-    IF EXISTS (SELECT 1 FROM synchro.registry_generations g
-                WHERE g.relation_id = v_rel.relation_id AND g.state = 'pending' AND g.change = 'retirement') THEN
-        RAISE EXCEPTION 'the relation has a pending retirement' USING ERRCODE = '55006';
     END IF;
     -- The write gate: no writer of the relation commits until this transaction does, so the
     -- facts recorded below hold at its commit.
@@ -366,21 +382,11 @@ DECLARE
     v_rel synchro.relations%ROWTYPE;
     v_generation bigint;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
+    -- (A dropped or recreated table is retired too: that is how an operator recovers from it.)
+    v_rel := synchro.synchro_relation_for_change(p_schema, p_relation, true, false);
     IF EXISTS (SELECT 1 FROM synchro.membership_dependencies d
                 WHERE d.dependency_relation_id = v_rel.relation_id AND d.target_relation_id <> v_rel.relation_id) THEN
         RAISE EXCEPTION 'another relation''s membership depends on this one' USING ERRCODE = '55000';
-    END IF;
-    IF EXISTS (SELECT 1 FROM synchro.relation_capture c WHERE c.relation_id = v_rel.relation_id
-                  AND c.status <> 'active')
-       OR EXISTS (SELECT 1 FROM synchro.registry_generations g
-                   WHERE g.relation_id = v_rel.relation_id AND g.state IN ('pending', 'staged')) THEN
-        RAISE EXCEPTION 'the relation is being bootstrapped or reconfigured; retry once capture has applied it'
-            USING ERRCODE = '55006';
     END IF;
     v_generation := synchro.synchro_next_generation();
     INSERT INTO synchro.registry_generations (generation, relation_id, change, state, retired_fields)
@@ -403,22 +409,7 @@ DECLARE
     v_rel synchro.relations%ROWTYPE;
     v_generation bigint;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
-    IF EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d WHERE d.relation_id = v_rel.relation_id) THEN
-        RAISE EXCEPTION 'the relation''s physical identity changed (dropped, renamed, another key or replica identity); it cannot be reset in place'
-            USING ERRCODE = '55000';
-    END IF;
-    IF EXISTS (SELECT 1 FROM synchro.relation_capture c WHERE c.relation_id = v_rel.relation_id
-                  AND c.status <> 'active')
-       OR EXISTS (SELECT 1 FROM synchro.registry_generations g
-                   WHERE g.relation_id = v_rel.relation_id AND g.state IN ('pending', 'staged')) THEN
-        RAISE EXCEPTION 'the relation is being bootstrapped or reconfigured; retry once capture has applied it'
-            USING ERRCODE = '55006';
-    END IF;
+    v_rel := synchro.synchro_relation_for_change(p_schema, p_relation, false, false);
     v_generation := synchro.synchro_next_generation();
     INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns, lifecycle)
     VALUES (v_generation, v_rel.relation_id, 'reset', 'pending', v_rel.server_only_columns, v_rel.lifecycle);
@@ -457,6 +448,10 @@ BEGIN
         UPDATE synchro.relation_capture SET status = 'copied', rows_copied = 0, updated_at = now()
          WHERE relation_id = v_rel.relation_id;
         PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro', 'reconfigure:' || p_generation);
+        UPDATE synchro.capture_state
+           SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
+               blocked_lsn = NULL, blocked_ordinal = NULL
+         WHERE blocked_relation_id = v_rel.relation_id;
         RETURN 0;
     END IF;
     EXECUTE format('LOCK TABLE ONLY %I.%I IN SHARE MODE', v_rel.physical_schema, v_rel.physical_relation);
@@ -513,6 +508,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp
 DECLARE
     v_gen synchro.registry_generations%ROWTYPE;
     v_rel synchro.relations%ROWTYPE;
+    v_trigger name;
 BEGIN
     SELECT * INTO v_gen FROM synchro.registry_generations WHERE generation = p_generation FOR UPDATE;
     IF NOT FOUND OR v_gen.state <> 'staged' THEN
@@ -523,15 +519,19 @@ BEGIN
         -- The worker has deleted every projected row (with its effects) in this transaction:
         -- the relation goes with everything that hangs off it; a later registration of the
         -- same table is a new relation and table ID.
-        EXECUTE format('DROP TRIGGER synchro_reject_key_update ON %I.%I', v_rel.physical_schema, v_rel.physical_relation);
-        EXECUTE format('DROP TRIGGER synchro_source_fence ON %I.%I', v_rel.physical_schema, v_rel.physical_relation);
-        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = v_rel.physical_relation_oid
-                      AND tgname = 'synchro_source_generated_values') THEN
-            EXECUTE format('DROP TRIGGER synchro_source_generated_values ON %I.%I', v_rel.physical_schema,
-                           v_rel.physical_relation);
+        -- Its triggers and publication membership, on the table the OID still names (a
+        -- dropped table took them along; a renamed one is found by OID).
+        FOR v_trigger IN SELECT t.tgname FROM pg_trigger t
+                          WHERE t.tgrelid = v_rel.physical_relation_oid
+                            AND t.tgname IN ('synchro_reject_key_update', 'synchro_source_fence',
+                                             'synchro_source_generated_values') LOOP
+            EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, v_rel.physical_relation_oid::regclass);
+        END LOOP;
+        IF EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                    WHERE p.pubname = 'synchro_publication' AND pr.prrelid = v_rel.physical_relation_oid) THEN
+            EXECUTE format('ALTER PUBLICATION synchro_publication DROP TABLE ONLY %s',
+                           v_rel.physical_relation_oid::regclass);
         END IF;
-        EXECUTE format('ALTER PUBLICATION synchro_publication DROP TABLE ONLY %I.%I', v_rel.physical_schema,
-                       v_rel.physical_relation);
         DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_edges WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id;

@@ -145,15 +145,21 @@ impl Worker {
     }
 
     /// Records a blocking condition durably, with where it was found (the WAL position now
-    /// when no source transaction was being applied).
+    /// when no source transaction was being applied) — unless the relation it was found in
+    /// has been staged since this step loaded the registry: that copy covers the change, and
+    /// the next step skips it.
     async fn block(&self, site: BlockSite) -> Result<StepOutcome> {
         let reason = site.reason.as_str();
         let detail = site.detail.map(DriftDetail::as_str);
-        self.materialize
+        let recorded = self
+            .materialize
             .execute(
                 "UPDATE synchro.capture_state
                     SET blocked_reason = $1, blocked_at = now(), blocked_relation_id = $2, blocked_detail = $3,
-                        blocked_lsn = coalesce($4, pg_current_wal_lsn()), blocked_ordinal = $5",
+                        blocked_lsn = coalesce($4, pg_current_wal_lsn()), blocked_ordinal = $5
+                  WHERE $2::text IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM synchro.registry_generations g
+                         WHERE g.relation_id = $2 AND g.state = 'staged')",
                 &[
                     &reason,
                     &site.relation_id,
@@ -163,6 +169,9 @@ impl Worker {
                 ],
             )
             .await?;
+        if recorded == 0 {
+            return Ok(StepOutcome::Applied(0));
+        }
         tracing::error!(reason, detail, "capture blocked");
         Ok(StepOutcome::Blocked(reason.to_owned()))
     }
@@ -303,10 +312,19 @@ impl Worker {
                 continue; // applied before a crash; the slot was not advanced yet
             }
             let position = InTransaction(u64::from(tx.commit_lsn));
-            let changes =
-                decode_changes(&self.materialize, &self.statements, tx, registry, &shapes)
-                    .await
-                    .context(position)?;
+            let decoded =
+                decode_changes(&self.materialize, &self.statements, tx, registry, &shapes).await;
+            let changes = match decoded {
+                // The registry was loaded before this transaction committed: a
+                // reconfiguration recorded with (or since) its DDL may expect the shape.
+                Err(e) if column_drift(&e) => {
+                    *registry = self.registry().await?;
+                    decode_changes(&self.materialize, &self.statements, tx, registry, &shapes)
+                        .await
+                        .context(position)?
+                }
+                other => other.context(position)?,
+            };
             self.apply(tx, changes, registry).await.context(position)?;
             done.count += 1;
             done.last_end = Some(tx.end_lsn);
@@ -331,4 +349,15 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// Whether an error is column drift of a registered relation (an added, missing or retyped
+/// column), which a reconfiguration recorded after the registry was loaded may explain.
+fn column_drift(e: &anyhow::Error) -> bool {
+    matches!(
+        block_site(e).and_then(|s| s.detail),
+        Some(
+            DriftDetail::ColumnAdded | DriftDetail::ColumnMissing | DriftDetail::ColumnTypeChanged
+        )
+    )
 }
