@@ -1,6 +1,7 @@
 //! Manifest publication: build the child manifest from the registry, classify it against
 //! the current manifest with facts read from the source rows, and insert one immutable
-//! record. Runs in one REPEATABLE READ transaction as synchro_operator.
+//! record, staging the reconfigurations it carries. Runs in one READ COMMITTED transaction as
+//! synchro_operator (see [`publish`]).
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -146,19 +147,25 @@ fn manifest_text(
 }
 
 /// Publishes the registry as a new manifest when it differs from the current one.
+///
+/// The transaction is READ COMMITTED: staging a reconfiguration copies the table under a SHARE
+/// lock taken inside it, and only a statement snapshot taken after that lock sees every write
+/// committed before it (a REPEATABLE READ snapshot from the first query would not). The
+/// manifest insert serializes publishers (lock and parent check).
 pub async fn publish(db: &mut Client) -> Result<PublishOutcome> {
-    let tx = db
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await?;
-    let outcome = publish_in(&tx).await?;
+    let tx = db.transaction().await?;
+    let outcome = publish_in(&tx, true).await?;
     tx.commit().await?;
     Ok(outcome)
 }
 
-/// [`publish`] inside the caller's transaction (which must commit for it to take effect).
-pub async fn publish_in(tx: &tokio_postgres::Transaction<'_>) -> Result<PublishOutcome> {
+/// [`publish`] inside the caller's READ COMMITTED transaction (which must commit for it to
+/// take effect); with `stage` false pending reconfigurations are classified but not staged
+/// (a dry run: no copy, no lock held for it).
+pub async fn publish_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    stage_pending: bool,
+) -> Result<PublishOutcome> {
     let lineage = load_lineage(tx).await?;
     let snapshot: Value = serde_json::from_str(
         &tx.query_one("SELECT synchro.synchro_registry_snapshot()::text", &[])
@@ -175,6 +182,9 @@ pub async fn publish_in(tx: &tokio_postgres::Transaction<'_>) -> Result<PublishO
         None => {
             let child = Manifest::parse(&manifest_text(1, None, "initial", 1, &tables))?;
             insert(tx, &child).await?;
+            if stage_pending {
+                stage(tx, &pending, Some(1), false).await?;
+            }
             PublishOutcome::Published {
                 version: 1,
                 hash: child.schema_hash_hex(),
@@ -195,7 +205,9 @@ pub async fn publish_in(tx: &tokio_postgres::Transaction<'_>) -> Result<PublishO
             let c = classify(parent, &draft, &facts)?;
             let Some(class) = c.class.transition_class() else {
                 // Class 1: a reconfiguration that clients do not see still stages.
-                stage(tx, &pending, None).await?;
+                if stage_pending {
+                    stage(tx, &pending, None, false).await?;
+                }
                 return Ok(PublishOutcome::Unchanged {
                     version: parent.schema_version,
                 });
@@ -216,7 +228,23 @@ pub async fn publish_in(tx: &tokio_postgres::Transaction<'_>) -> Result<PublishO
             let mut check = lineage.clone();
             check.append(child.clone(), &facts)?;
             insert(tx, &child).await?;
-            stage(tx, &pending, Some(version)).await?;
+            if stage_pending {
+                // The reconfigurations' affected scopes stand for the whole transition only
+                // when every table the manifest changes is one of theirs.
+                let theirs: std::collections::BTreeSet<&str> = pending
+                    .iter()
+                    .filter_map(|g| {
+                        registry
+                            .iter()
+                            .find(|t| t["relation_id"] == json!(g.relation_id))
+                            .and_then(|t| t["table_id"].as_str())
+                    })
+                    .collect();
+                let record = changed_tables(parent, &child)
+                    .iter()
+                    .all(|t| theirs.contains(t.as_str()));
+                stage(tx, &pending, Some(version), record).await?;
+            }
             PublishOutcome::Published {
                 version,
                 hash: child.schema_hash_hex(),
@@ -296,17 +324,37 @@ async fn pending_generations(tx: &impl GenericClient) -> Result<Vec<PendingGener
         .collect()
 }
 
-/// Stages every pending reconfiguration with the manifest it activates with.
+/// The IDs of the tables a child manifest adds, changes or removes against its parent.
+fn changed_tables(parent: &Manifest, child: &Manifest) -> Vec<String> {
+    let mut out: Vec<String> = child
+        .tables
+        .iter()
+        .filter(|t| parent.table(&t.table_id) != Some(*t))
+        .map(|t| t.table_id.clone())
+        .collect();
+    out.extend(
+        parent
+            .tables
+            .iter()
+            .filter(|t| child.table(&t.table_id).is_none())
+            .map(|t| t.table_id.clone()),
+    );
+    out
+}
+
+/// Stages every pending reconfiguration with the manifest it activates with; `record`: its
+/// affected scopes stand for that manifest's Class 3 transition.
 async fn stage(
     tx: &impl GenericClient,
     pending: &[PendingGeneration],
     version: Option<u64>,
+    record: bool,
 ) -> Result<()> {
     let version = version.map(|v| v as i64);
     for g in pending {
         tx.execute(
-            "SELECT synchro.synchro_stage_generation($1, $2)",
-            &[&g.generation, &version],
+            "SELECT synchro.synchro_stage_generation($1, $2, $3)",
+            &[&g.generation, &version, &record],
         )
         .await
         .map_err(|e| {

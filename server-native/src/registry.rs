@@ -216,7 +216,10 @@ pub async fn reconfigure(
     let change: Value =
         serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
     let database = |e: anyhow::Error| RegistrationError::Database(format!("{e:#}"));
-    let publish = crate::publish::publish_in(&tx).await.map_err(database)?;
+    // A dry run classifies without staging: no copy is taken under the table's lock.
+    let publish = crate::publish::publish_in(&tx, apply)
+        .await
+        .map_err(database)?;
     let clients = client_actions(&tx).await.map_err(database)?;
     let done = if apply {
         tx.commit().await
@@ -380,7 +383,7 @@ async fn change_and_publish(
         .get(0);
     let change: Value =
         serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
-    let outcome = crate::publish::publish_in(&tx)
+    let outcome = crate::publish::publish_in(&tx, true)
         .await
         .map_err(|e| RegistrationError::Database(format!("{e:#}")))?;
     tx.commit()

@@ -376,3 +376,41 @@ async fn a_dropped_and_recreated_table_recovers_by_retirement_and_a_new_registra
     assert_ne!(new_id, old_id, "a new table ID");
     assert_eq!(rows, 2);
 }
+
+#[tokio::test]
+async fn a_publish_while_a_reconfiguration_is_staged_builds_on_its_shape() {
+    let env = Env::installed().await;
+    docs(&env).await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&url).await.unwrap();
+    drain(&mut worker).await;
+    env.as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
+        .await;
+    let mut op = env.login("synchro_dev_operator").await;
+    let plan = reconfigure(&mut op, &request("docs"), true).await.unwrap();
+    assert_eq!(plan.to_json()["class"], "class_2");
+    // Capture has not reached the stage yet; another change is published meanwhile.
+    synchro_server::registry::declare_index(
+        &op,
+        "app",
+        "docs",
+        "docs_by_team",
+        &["team".into()],
+        false,
+    )
+    .await
+    .unwrap();
+    let outcome = synchro_server::publish::publish(&mut op).await.unwrap();
+    assert!(
+        format!("{outcome:?}").contains("class_2"),
+        "the staged field is kept, not removed: {outcome:?}"
+    );
+    drain(&mut worker).await;
+    let lineage = synchro_server::publish::load_serving_lineage(&op)
+        .await
+        .unwrap();
+    let current = lineage.current().unwrap();
+    assert_eq!(current.schema_version, 3);
+    assert!(current.tables[0].fields.iter().any(|f| f.name == "note"));
+    assert_eq!(current.tables[0].indexes.len(), 1);
+}

@@ -315,6 +315,9 @@ DECLARE
     v_predicate text;
     v_found boolean;
 BEGIN
+    IF current_setting('synchro.activating', true) = 'on' THEN
+        RETURN NULL; -- a staged generation's fields, checked when it was recorded (33_reconfigure)
+    END IF;
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = NEW.relation_id;
     SELECT synchro.synchro_value_check_kind(NEW.portable_type, a.atttypid), c.relkind INTO v_kind, v_relkind
       FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid

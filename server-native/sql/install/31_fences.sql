@@ -25,8 +25,6 @@ CREATE TABLE synchro.source_versions (
     PRIMARY KEY (relation_id, pk)
 );
 REVOKE ALL ON synchro.source_versions FROM PUBLIC;
--- (The worker reads versions when a reconfiguration replaces a projection, 33_reconfigure.)
-GRANT SELECT ON synchro.source_versions TO synchro_worker;
 
 -- The fence. Arguments: relation_id, kind, key column, document mode, then one (column,
 -- field_id, check) triple per column that needs a value check (12_values).

@@ -40,8 +40,11 @@ CREATE TABLE synchro.registry_generations (
     added_fields text[] NOT NULL DEFAULT '{}',
     added_without_history text[] NOT NULL DEFAULT '{}',
     retired_fields text[] NOT NULL DEFAULT '{}',
-    -- The manifest it activates with (none when the client-visible schema is unchanged).
+    -- The manifest it activates with (none when the client-visible schema is unchanged), and
+    -- whether its affected scopes stand for that manifest's whole transition (false when the
+    -- same manifest carries another change, which then rebuilds every assigned scope).
     schema_version bigint REFERENCES synchro.manifests,
+    scopes_recorded boolean NOT NULL DEFAULT false,
     created_at timestamptz NOT NULL DEFAULT now(),
     staged_at timestamptz,
     activated_at timestamptz,
@@ -82,6 +85,7 @@ CREATE TABLE synchro.projection_stage (
     generation bigint NOT NULL REFERENCES synchro.registry_generations ON DELETE CASCADE,
     n bigint NOT NULL,
     row_values text[] NOT NULL,
+    source_version text,
     PRIMARY KEY (generation, n)
 );
 REVOKE ALL ON synchro.projection_stage FROM PUBLIC;
@@ -428,13 +432,18 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_reset_relation(text, text) TO synchro_
 -- the catalog still has its shape, copies the rows, marks the relation 'copied', binds the
 -- manifest (NULL when the client-visible schema is unchanged), emits the message and clears
 -- a capture block the relation's column drift caused.
-CREATE FUNCTION synchro.synchro_stage_generation(p_generation bigint, p_schema_version bigint) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+CREATE FUNCTION synchro.synchro_stage_generation(p_generation bigint, p_schema_version bigint,
+    p_record_scopes boolean) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, synchro, pg_temp
+SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
+SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
 DECLARE
     v_gen synchro.registry_generations%ROWTYPE;
     v_rel synchro.relations%ROWTYPE;
     v_cols text;
     v_rows bigint;
+    v_trigger name;
 BEGIN
     SELECT * INTO v_gen FROM synchro.registry_generations WHERE generation = p_generation FOR UPDATE;
     IF NOT FOUND OR v_gen.state <> 'pending' THEN
@@ -442,7 +451,20 @@ BEGIN
     END IF;
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = v_gen.relation_id;
     IF v_gen.change = 'retirement' THEN
-        -- Nothing to copy: at the boundary every projected row goes.
+        -- Nothing to copy: at the boundary every projected row goes. Its triggers and
+        -- publication membership go now, on the table its OID still names (a dropped table
+        -- took them along): its later changes are not captured anyway.
+        FOR v_trigger IN SELECT t.tgname FROM pg_trigger t
+                          WHERE t.tgrelid = v_rel.physical_relation_oid
+                            AND t.tgname IN ('synchro_reject_key_update', 'synchro_source_fence',
+                                             'synchro_source_generated_values') LOOP
+            EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, v_rel.physical_relation_oid::regclass);
+        END LOOP;
+        IF EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                    WHERE p.pubname = 'synchro_publication' AND pr.prrelid = v_rel.physical_relation_oid) THEN
+            EXECUTE format('ALTER PUBLICATION synchro_publication DROP TABLE ONLY %s',
+                           v_rel.physical_relation_oid::regclass);
+        END IF;
         UPDATE synchro.registry_generations SET state = 'staged', staged_at = now(), schema_version = p_schema_version
          WHERE generation = p_generation;
         UPDATE synchro.relation_capture SET status = 'copied', rows_copied = 0, updated_at = now()
@@ -478,11 +500,18 @@ BEGIN
     SELECT string_agg(format('CASE WHEN %1$I IS NULL THEN NULL ELSE format(''%%s'', %1$I) END', p.column_name),
                       ', ' ORDER BY p.attnum)
       INTO v_cols FROM synchro.pending_fields p WHERE p.generation = p_generation;
-    EXECUTE format('INSERT INTO synchro.projection_stage (generation, n, row_values) '
-                   'SELECT %s, row_number() OVER (), ARRAY[%s]::text[] FROM ONLY %I.%I',
-                   p_generation, v_cols, v_rel.physical_schema, v_rel.physical_relation);
+    -- Each row with the version of its last fenced write as of this copy (NULL: none since
+    -- registration), read under the same lock.
+    EXECUTE format('INSERT INTO synchro.projection_stage (generation, n, row_values, source_version) '
+                   'SELECT %s, row_number() OVER (), ARRAY[%s]::text[], '
+                   '(SELECT v.version::text FROM synchro.source_versions v '
+                   '  WHERE v.relation_id = %L AND v.pk = to_jsonb(t) ->> %L) FROM ONLY %I.%I t',
+                   p_generation, v_cols, v_rel.relation_id, v_rel.capture_key_column,
+                   v_rel.physical_schema, v_rel.physical_relation);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
-    UPDATE synchro.registry_generations SET state = 'staged', staged_at = now(), schema_version = p_schema_version
+    UPDATE synchro.registry_generations
+       SET state = 'staged', staged_at = now(), schema_version = p_schema_version,
+           scopes_recorded = coalesce(p_record_scopes, false)
      WHERE generation = p_generation;
     UPDATE synchro.relation_capture SET status = 'copied', rows_copied = v_rows, updated_at = now()
      WHERE relation_id = v_rel.relation_id;
@@ -498,8 +527,8 @@ BEGIN
      WHERE blocked_relation_id = v_rel.relation_id;
     RETURN v_rows;
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint) TO synchro_operator;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint, boolean) TO synchro_operator;
 
 -- Activates a staged generation when the stream reaches its message (the worker, inside the
 -- materialization transaction of that source transaction, after it read the stage).
@@ -508,7 +537,6 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp
 DECLARE
     v_gen synchro.registry_generations%ROWTYPE;
     v_rel synchro.relations%ROWTYPE;
-    v_trigger name;
 BEGIN
     SELECT * INTO v_gen FROM synchro.registry_generations WHERE generation = p_generation FOR UPDATE;
     IF NOT FOUND OR v_gen.state <> 'staged' THEN
@@ -519,19 +547,6 @@ BEGIN
         -- The worker has deleted every projected row (with its effects) in this transaction:
         -- the relation goes with everything that hangs off it; a later registration of the
         -- same table is a new relation and table ID.
-        -- Its triggers and publication membership, on the table the OID still names (a
-        -- dropped table took them along; a renamed one is found by OID).
-        FOR v_trigger IN SELECT t.tgname FROM pg_trigger t
-                          WHERE t.tgrelid = v_rel.physical_relation_oid
-                            AND t.tgname IN ('synchro_reject_key_update', 'synchro_source_fence',
-                                             'synchro_source_generated_values') LOOP
-            EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, v_rel.physical_relation_oid::regclass);
-        END LOOP;
-        IF EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
-                    WHERE p.pubname = 'synchro_publication' AND pr.prrelid = v_rel.physical_relation_oid) THEN
-            EXECUTE format('ALTER PUBLICATION synchro_publication DROP TABLE ONLY %s',
-                           v_rel.physical_relation_oid::regclass);
-        END IF;
         DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_edges WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id;
@@ -556,8 +571,10 @@ BEGIN
         RETURN;
     END IF;
     -- Retained fields change in place, retired ones go (their view column reads NULL from
-    -- now on), added ones are inserted (their insert triggers recheck the values and extend
-    -- the view).
+    -- now on), added ones are inserted (their insert trigger extends the view; the values and
+    -- the fence were checked and made when the generation was recorded and staged, so no scan
+    -- or trigger DDL on the application's table runs here, inside capture's transaction).
+    PERFORM set_config('synchro.activating', 'on', true);
     DELETE FROM synchro.fields WHERE relation_id = v_gen.relation_id AND field_id = ANY (v_gen.retired_fields);
     UPDATE synchro.fields f
        SET column_name = p.column_name, attnum = p.attnum, nullable = p.nullable, writable = p.writable,
@@ -573,8 +590,8 @@ BEGIN
      WHERE p.generation = p_generation
        AND NOT EXISTS (SELECT 1 FROM synchro.fields f WHERE f.relation_id = p.relation_id AND f.field_id = p.field_id)
      ORDER BY p.attnum;
+    PERFORM set_config('synchro.activating', '', true);
     PERFORM synchro.synchro_create_projection_view(v_gen.relation_id);
-    PERFORM synchro.synchro_create_fence(v_gen.relation_id);
     UPDATE synchro.relations SET server_only_columns = v_gen.server_only_columns, lifecycle = v_gen.lifecycle
      WHERE relation_id = v_gen.relation_id;
     UPDATE synchro.registry_generations SET state = 'superseded'
@@ -606,8 +623,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     SELECT g.schema_version, s.scope_id
       FROM synchro.registry_generations g
       LEFT JOIN synchro.manifest_affected_scopes s ON s.schema_version = g.schema_version
-     WHERE g.state IN ('active', 'superseded') AND g.change = 'reconfiguration'
+     WHERE g.state IN ('active', 'superseded') AND g.change = 'reconfiguration' AND g.scopes_recorded
        AND g.schema_version = ANY (p_versions)
+       -- (every generation the manifest activates must have recorded its set)
+       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations o
+                        WHERE o.schema_version = g.schema_version AND NOT o.scopes_recorded)
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_transition_scopes(bigint[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_transition_scopes(bigint[]) TO synchro_adapter, synchro_operator;
@@ -674,8 +694,9 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_declare_index(text, text, text, text[], boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_declare_index(text, text, text, text[], boolean) TO synchro_operator;
 
--- The synced registry as the manifest builder reads it: a relation with a pending
--- reconfiguration (33_reconfigure) as that generation will make it, with "generation" set.
+-- The synced registry as the manifest builder reads it: a relation with a reconfiguration in
+-- flight (pending, or staged and not yet activated) as that generation will make it, with
+-- "generation" set; a relation being retired is left out.
 CREATE FUNCTION synchro.synchro_registry_snapshot() RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -703,7 +724,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                          FROM synchro.pending_fields f WHERE f.generation = g.generation) END)
         ORDER BY r.table_id), '[]'::jsonb)
       FROM synchro.relations r
-      LEFT JOIN synchro.registry_generations g ON g.relation_id = r.relation_id AND g.state = 'pending'
+      LEFT JOIN synchro.registry_generations g ON g.relation_id = r.relation_id AND g.state IN ('pending', 'staged')
      WHERE r.kind = 'synced' AND g.change IS DISTINCT FROM 'retirement'
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_registry_snapshot() FROM PUBLIC;

@@ -7,8 +7,9 @@
 -- clients on it (21_clients: not expired, within client_ttl_days), the last push authored under
 -- it, the queued intents it has seen refused as a whole (a push answered 409, 422 or 503 before
 -- any mutation ran) and not yet resolved by a later push, and the clients its connect holds at
--- upgrade_required (Class 4 unsupported, or a client runtime below the floor). Intents a client
--- has not sent are unknown to the server.
+-- upgrade_required (Class 4 unsupported, or a client runtime below the floor); holds and intents
+-- count only for active clients (an expired or uninstalled client blocks nothing). Intents a
+-- client has not sent are unknown to the server.
 
 CREATE TABLE synchro.client_holds (
     user_id text NOT NULL,
@@ -88,12 +89,13 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_served_version() FROM PUBLIC;
 
--- Active client generations (not expired, acknowledged or started within client_ttl_days).
+-- Active client generations (not expired, acknowledged or started within client_ttl_days); a
+-- client held at upgrade_required has no installed schema (NULL).
 CREATE FUNCTION synchro.synchro_active_clients()
 RETURNS TABLE (user_id text, client_id text, schema_version bigint, schema_hash text, assigned_scopes text[])
 LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT c.user_id, c.client_id, c.schema_version, c.schema_hash, c.assigned_scopes FROM synchro.clients c
-     WHERE c.expired_at IS NULL AND c.schema_version IS NOT NULL
+     WHERE c.expired_at IS NULL
        AND coalesce(c.last_acknowledged_at, c.generation_started_at)
            > now() - make_interval(days => coalesce((SELECT CASE WHEN value ~ '^[1-9][0-9]{0,5}$' THEN value::integer END
                                                         FROM synchro.settings WHERE key = 'client_ttl_days'), 30))
@@ -106,6 +108,7 @@ CREATE FUNCTION synchro.synchro_active_client_schemas()
 RETURNS TABLE (schema_version bigint, schema_hash text, assigned_scopes text[])
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT a.schema_version, a.schema_hash, a.assigned_scopes FROM synchro.synchro_active_clients() a
+     WHERE a.schema_version IS NOT NULL
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_active_client_schemas() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_active_client_schemas() TO synchro_operator, synchro_monitor;
@@ -114,23 +117,26 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_active_client_schemas() TO synchro_ope
 -- "unresolved_intents","held_at_upgrade_required"}, and the totals of held clients by kind.
 CREATE FUNCTION synchro.synchro_rollout_report() RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH active AS (SELECT * FROM synchro.synchro_active_clients())
     SELECT jsonb_build_object(
         'served_version', synchro.synchro_served_version(),
         'manifests', coalesce((SELECT jsonb_agg(jsonb_build_object(
             'version', m.schema_version, 'class', m.transition_class,
             'served', m.schema_version <= synchro.synchro_served_version(),
-            'active_clients', (SELECT count(*) FROM synchro.synchro_active_clients() a
-                                WHERE a.schema_version = m.schema_version),
+            'active_clients', (SELECT count(*) FROM active a WHERE a.schema_version = m.schema_version),
             'last_push_authored_at', (SELECT p.last_push_at FROM synchro.authored_pushes p
                                        WHERE p.authored_version = m.schema_version),
-            'unresolved_intents', (SELECT count(*) FROM synchro.unresolved_intents u
+            'unresolved_intents', (SELECT count(*) FROM synchro.unresolved_intents u JOIN active a USING (user_id, client_id)
                                     WHERE u.authored_version = m.schema_version),
-            'held_at_upgrade_required', (SELECT count(*) FROM synchro.client_holds h
+            'held_at_upgrade_required', (SELECT count(*) FROM synchro.client_holds h JOIN active a USING (user_id, client_id)
                                           WHERE h.schema_version = m.schema_version))
             ORDER BY m.schema_version) FROM synchro.manifests m), '[]'),
         'held_at_upgrade_required', jsonb_build_object(
-            'unsupported', (SELECT count(*) FROM synchro.client_holds WHERE kind = 'unsupported'),
-            'client_runtime', (SELECT count(*) FROM synchro.client_holds WHERE kind = 'client_runtime')))
+            'unsupported', (SELECT count(*) FROM synchro.client_holds h JOIN active a USING (user_id, client_id)
+                             WHERE h.kind = 'unsupported'),
+            'client_runtime', (SELECT count(*) FROM synchro.client_holds h JOIN active a USING (user_id, client_id)
+                                WHERE h.kind = 'client_runtime')))
+      FROM (SELECT 1) one
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rollout_report() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_rollout_report() TO synchro_monitor, synchro_operator;
@@ -166,10 +172,12 @@ BEGIN
         UNION ALL
         SELECT jsonb_build_object('reason', 'unresolved_intents_authored_under_older_manifest',
                                   'schema_version', u.authored_version, 'count', count(*))
-          FROM synchro.unresolved_intents u WHERE u.authored_version < v_served GROUP BY u.authored_version
+          FROM synchro.unresolved_intents u JOIN synchro.synchro_active_clients() a USING (user_id, client_id)
+         WHERE u.authored_version < v_served GROUP BY u.authored_version
         UNION ALL
         SELECT jsonb_build_object('reason', 'clients_held_at_upgrade_required', 'count', count(*))
-          FROM synchro.client_holds HAVING count(*) > 0
+          FROM synchro.client_holds h JOIN synchro.synchro_active_clients() a USING (user_id, client_id)
+        HAVING count(*) > 0
         UNION ALL
         SELECT jsonb_build_object('reason', 'reconfiguration_in_flight', 'count', count(*))
           FROM synchro.registry_generations WHERE state IN ('pending', 'staged') HAVING count(*) > 0) x;

@@ -154,6 +154,16 @@ impl std::fmt::Display for InRelation {
     }
 }
 
+/// Raised while decoding a source transaction (not while applying it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decoding;
+
+impl std::fmt::Display for Decoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("decoding a source transaction")
+    }
+}
+
 /// Where and why capture blocks, as `capture_state` records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BlockSite {
@@ -162,12 +172,15 @@ pub(crate) struct BlockSite {
     pub(crate) detail: Option<DriftDetail>,
     pub(crate) lsn: Option<u64>,
     pub(crate) ordinal: Option<i32>,
+    /// Found while decoding a source transaction's changes.
+    pub(crate) decoding: bool,
 }
 
 /// The first blocking condition in an error's chain, with where it was found.
 pub(crate) fn block_site(e: &anyhow::Error) -> Option<BlockSite> {
     let lsn = e.downcast_ref::<InTransaction>().map(|t| t.0);
     let relation = e.downcast_ref::<InRelation>().map(|r| r.0.clone());
+    let decoding = e.downcast_ref::<Decoding>().is_some();
     e.chain().find_map(|c| {
         if let Some(b) = c.downcast_ref::<Blocked>() {
             Some(BlockSite {
@@ -176,6 +189,7 @@ pub(crate) fn block_site(e: &anyhow::Error) -> Option<BlockSite> {
                 detail: None,
                 lsn,
                 ordinal: None,
+                decoding,
             })
         } else {
             c.downcast_ref::<Drifted>().map(|d| BlockSite {
@@ -184,6 +198,7 @@ pub(crate) fn block_site(e: &anyhow::Error) -> Option<BlockSite> {
                 detail: Some(d.detail),
                 lsn,
                 ordinal: d.ordinal,
+                decoding,
             })
         }
     })

@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 
 use super::pgoutput::Value;
 use super::registry::{generation_fields, Field, Relations};
-use super::row::{key_text, raw_key_text, row_json, Column, RelationShape};
+use super::row::{key_text, row_json, Column, RelationShape};
 use super::transaction::{FinalRow, RowKey};
 
 /// A staged generation the current source transaction activates.
@@ -130,15 +130,6 @@ impl Activation {
             .into_iter()
             .map(|r| (r.get(0), (r.get(1), r.get(2))))
             .collect();
-        let versions: HashMap<String, String> = db
-            .query(
-                "SELECT pk, version::text FROM synchro.source_versions WHERE relation_id = $1",
-                &[&self.relation_id],
-            )
-            .await?
-            .into_iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
         let field_ids: Vec<&str> = self
             .fields
             .iter()
@@ -160,7 +151,7 @@ impl Activation {
         let mut n = 0usize;
         for r in db
             .query(
-                "SELECT row_values FROM synchro.projection_stage WHERE generation = $1 ORDER BY n",
+                "SELECT row_values, source_version FROM synchro.projection_stage WHERE generation = $1 ORDER BY n",
                 &[&self.generation],
             )
             .await?
@@ -191,13 +182,16 @@ impl Activation {
             }
             n += 1;
             *seq += 1;
-            // The version of the row's last source write (one the stage covered, or the
-            // projected one); a row that only gained historical values (a populated default)
-            // keeps its version: nobody wrote it, and a queued intent based on it still applies.
-            let version = raw_key_text(reg, &shape, &values)
-                .and_then(|k| versions.get(&k).cloned())
-                .or_else(|| previous.map(|(_, v)| v))
-                .unwrap_or_else(|| format!("{lsn}:r{n}"));
+            // The version of the row's last fenced write as the copy saw it; without one, a
+            // row that only gained values in added fields (a populated default) keeps its
+            // version — nobody wrote it, and a queued intent based on it still applies — and
+            // any other change (written with the triggers bypassed, rounded by a type change)
+            // gets a new one, so one version never names two contents.
+            let version = match (r.get::<_, Option<String>>(1), previous) {
+                (Some(v), _) => v,
+                (None, Some((old, v))) if self.only_added_differ(&old, &parsed)? => v,
+                _ => format!("{lsn}:r{n}"),
+            };
             finals.insert(
                 RowKey {
                     relation: self.relation,
@@ -214,10 +208,7 @@ impl Activation {
         for pk in projected.into_keys() {
             n += 1;
             *seq += 1;
-            let version = versions
-                .get(&pk)
-                .cloned()
-                .unwrap_or_else(|| format!("{lsn}:r{n}"));
+            let version = format!("{lsn}:r{n}");
             finals.insert(
                 RowKey {
                     relation: self.relation,
@@ -292,6 +283,23 @@ impl Activation {
         )
         .await?;
         Ok(())
+    }
+}
+
+impl Activation {
+    /// Whether a projected row and its staged image differ only in added fields.
+    fn only_added_differ(&self, old: &str, new: &Json) -> Result<bool> {
+        let Json::Object(mut members) = Json::parse(old).context("a projected row")? else {
+            return Ok(false);
+        };
+        members.retain(|(id, _)| self.fields.iter().any(|(_, f)| &f.field_id == id));
+        for id in &self.added {
+            members.retain(|(m, _)| m != id);
+            if let Some(v) = new.get(id) {
+                members.push((id.clone(), v.clone()));
+            }
+        }
+        Ok(jcs::to_output_string(&Json::Object(members)) == jcs::to_output_string(new))
     }
 }
 

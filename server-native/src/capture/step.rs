@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
 use super::block::{
-    block_site, BlockReason, BlockSite, Blocked, DriftDetail, Drifted, InTransaction,
+    block_site, BlockReason, BlockSite, Blocked, Decoding, DriftDetail, Drifted, InTransaction,
 };
 use super::pgoutput::decode;
 use super::registry::{Relations, Status};
@@ -145,9 +145,10 @@ impl Worker {
     }
 
     /// Records a blocking condition durably, with where it was found (the WAL position now
-    /// when no source transaction was being applied) — unless the relation it was found in
-    /// has been staged since this step loaded the registry: that copy covers the change, and
-    /// the next step skips it.
+    /// when no source transaction was being applied) — unless it was found decoding a change
+    /// of a relation that has been staged since this step loaded the registry: that copy
+    /// covers the change, and the next step skips it. (A failure of the activation itself,
+    /// or anything found outside decoding, is always recorded.)
     async fn block(&self, site: BlockSite) -> Result<StepOutcome> {
         let reason = site.reason.as_str();
         let detail = site.detail.map(DriftDetail::as_str);
@@ -157,7 +158,7 @@ impl Worker {
                 "UPDATE synchro.capture_state
                     SET blocked_reason = $1, blocked_at = now(), blocked_relation_id = $2, blocked_detail = $3,
                         blocked_lsn = coalesce($4, pg_current_wal_lsn()), blocked_ordinal = $5
-                  WHERE $2::text IS NULL OR NOT EXISTS (
+                  WHERE NOT $6 OR $2::text IS NULL OR NOT EXISTS (
                         SELECT 1 FROM synchro.registry_generations g
                          WHERE g.relation_id = $2 AND g.state = 'staged')",
                 &[
@@ -166,6 +167,7 @@ impl Worker {
                     &detail,
                     &site.lsn.map(PgLsn::from),
                     &site.ordinal,
+                    &site.decoding,
                 ],
             )
             .await?;
@@ -321,9 +323,10 @@ impl Worker {
                     *registry = self.registry().await?;
                     decode_changes(&self.materialize, &self.statements, tx, registry, &shapes)
                         .await
+                        .context(Decoding)
                         .context(position)?
                 }
-                other => other.context(position)?,
+                other => other.context(Decoding).context(position)?,
             };
             self.apply(tx, changes, registry).await.context(position)?;
             done.count += 1;
