@@ -22,11 +22,10 @@ use synchro_client::http::HttpTransport;
 use synchro_client::queue::{LocalWrite, Operation};
 use synchro_client::storage::Storage;
 use synchro_protocol::json::Json;
-use synchro_protocol::manifest::Manifest;
 use synchro_protocol::state::ClientState;
 use synchro_protocol::value::{Scalar, TypedValue};
 use synchro_server::auth::mint;
-use synchro_server::publish::{load_lineage, publish};
+use synchro_server::publish::publish;
 use synchro_server::registry::{register, RegisterRequest};
 
 const SECRET: &str = "client-engine-secret-0123456789ab";
@@ -399,38 +398,41 @@ async fn two_scopes_restart_reopen_and_tampering() {
 
 /// Publishes a Class 4 successor of the current manifest that removes `field` from `docs`,
 /// through the server's own manifest insertion function.
+/// Retires a field of docs through the operator's reconfiguration (Class 4) and waits until
+/// capture has activated it.
 async fn publish_class_4_without(s: &Stack, field: &str) {
-    let op = s.env.login("synchro_dev_operator").await;
-    let current = load_lineage(&op).await.unwrap().current().unwrap().clone();
-    let mut body: serde_json::Value = serde_json::from_str(&current.canonical_body()).unwrap();
-    let version = current.schema_version + 1;
-    body["schema_version"] = version.into();
-    body["parent_schema"] =
-        serde_json::json!({"version": current.schema_version, "hash": current.schema_hash_hex()});
-    body["transition_class"] = "class_4".into();
-    body["compatibility_floor"] = version.into();
-    for t in body["tables"].as_array_mut().unwrap() {
-        if t["name"] == "docs" {
-            t["fields"]
-                .as_array_mut()
-                .unwrap()
-                .retain(|f| f["name"] != field);
-        }
-    }
-    let child = Manifest::parse(&body.to_string()).unwrap();
-    op.execute(
-        "SELECT synchro.synchro_insert_manifest($1, $2, $3, $4, $5, 'class_4', $6)",
-        &[
-            &(version as i64),
-            &child.schema_hash_hex(),
-            &child.canonical_body(),
-            &(current.schema_version as i64),
-            &current.schema_hash_hex(),
-            &(version as i64),
-        ],
+    let mut op = s.env.login("synchro_dev_operator").await;
+    let plan = synchro_server::registry::reconfigure(
+        &mut op,
+        &synchro_server::registry::ReconfigureRequest {
+            schema: "app".into(),
+            relation: "docs".into(),
+            retire: vec![field.to_owned()],
+            ..Default::default()
+        },
+        true,
     )
     .await
     .unwrap();
+    let synchro_server::publish::PublishOutcome::Published { version, class, .. } = plan.publish
+    else {
+        panic!("nothing published")
+    };
+    assert_eq!(class, "class_4");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while synchro_server::publish::load_serving_lineage(&op)
+        .await
+        .unwrap()
+        .current()
+        .map(|m| m.schema_version)
+        != Some(version)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the retirement was never activated"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
@@ -538,15 +540,8 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     assert_eq!(drafts(&c), [(7, "keep me".to_owned(), 1)]);
     assert_eq!(c.storage().mutations().unwrap(), queue, "the queue is kept");
 
-    // The application upgrades and asks for the explicit reset. (No server operation
-    // retires a field yet; the test retires it in the registry and the projection directly,
-    // as one would, so the server serves v3 consistently.)
+    // The application upgrades and asks for the explicit reset.
     let title_id = title_field(&c).1;
-    s.sql(&format!(
-        "DELETE FROM synchro.fields WHERE field_id = '{title_id}';
-         UPDATE synchro.projection_rows SET row_json = (row_json::jsonb - '{title_id}')::text"
-    ))
-    .await;
     c.request_schema_reset().unwrap();
     let report = c.sync_once().await.unwrap();
     assert_eq!(report.action, "rebuild_local");
