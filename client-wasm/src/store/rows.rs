@@ -210,20 +210,57 @@ pub(super) fn redigest_rows(
                 Err(e) => return Err(e),
             };
             let pk = values[pk_index].to_wire_text();
-            // A row with unresolved intent shows local values, not the server's: its old
-            // digest stays, so its scope fails the next terminal check and rebuilds after the
-            // push (push first). A row the server never sent has no digest to carry.
-            if has_intent(&pending, table, &pk) {
-                continue;
-            }
+            // A row the server never sent has no digest to carry.
             let Some(v): Option<String> = version
                 .query_row(params![table.table_id, pk], |r| r.get(0))
                 .optional()?
             else {
                 continue;
             };
-            let d = row_digest_of_values(&hash, table, &values, &v)
-                .map_err(|_| StorageError::Verification("a stored row cannot be digested"))?;
+            let d = if has_intent(&pending, table, &pk) {
+                // A row with unresolved intent shows local values, not the server's: its digest
+                // is the server's last row (its shadow) under the target schema — fields the
+                // migration added are null, retired ones gone. Without a shadow its old digest
+                // stays, and its scope rebuilds after the push if the check fails.
+                let Some(Some(server)) = shadow(tx, &table.table_id, &pk)? else {
+                    continue;
+                };
+                let Ok(Json::Object(members)) = Json::parse(&server) else {
+                    return Err(StorageError::Verification(
+                        "a stored shadow row is malformed",
+                    ));
+                };
+                let row = Json::Object(
+                    table
+                        .fields
+                        .iter()
+                        .map(|f| {
+                            let value = members
+                                .iter()
+                                .find(|(id, _)| *id == f.field_id)
+                                .map_or(Json::Null, |(_, v)| v.clone());
+                            (f.field_id.clone(), value)
+                        })
+                        .collect(),
+                );
+                let Ok(key) = Json::parse(&pk) else {
+                    return Err(StorageError::Verification("a stored key is malformed"));
+                };
+                match synchro_protocol::digest::row_digest(
+                    manifest,
+                    &table.table_id,
+                    &key,
+                    &row,
+                    &v,
+                ) {
+                    Ok(d) => d,
+                    // (A required field the migration added has no value in the shadow.)
+                    Err(_) => continue,
+                }
+            } else {
+                row_digest_of_values(&hash, table, &values, &v)
+                    .map_err(|_| StorageError::Verification("a stored row cannot be digested"))?
+            };
             update.execute(params![d.digest.to_vec(), table.table_id, pk])?;
             count += 1;
         }
