@@ -7,20 +7,38 @@
 -- which of its assigned scopes have effects after the position it last reported.
 
 -- The boundary (synchro_pull_watermark: it never moves backwards), the client's assigned
--- scopes with effects after p_after, and whether p_client_generation is its current,
--- unexpired generation.
+-- scopes with effects in (p_after, boundary], whether p_client_generation is its current,
+-- unexpired generation, and its assigned scopes.
 CREATE FUNCTION synchro.synchro_changed_scopes(p_user_id text, p_client_id text,
     p_client_generation bigint, p_after bigint)
-RETURNS TABLE (watermark bigint, scopes text[], current_generation boolean)
+RETURNS TABLE (watermark bigint, scopes text[], current_generation boolean, assigned text[])
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     WITH c AS (
         SELECT s.assigned_scopes, s.client_generation = p_client_generation AND NOT s.expired AS current_generation
           FROM synchro.synchro_client_state(p_user_id, p_client_id) s
-    )
-    SELECT (SELECT effect_position FROM synchro.synchro_pull_watermark()),
+    ), w AS (SELECT effect_position AS watermark FROM synchro.synchro_pull_watermark())
+    SELECT w.watermark,
            coalesce((SELECT array_agg(DISTINCT e.scope_id ORDER BY e.scope_id) FROM synchro.scope_effects e, c
-                      WHERE e.position > p_after AND e.scope_id = ANY (c.assigned_scopes)), '{}'),
-           coalesce((SELECT current_generation FROM c), false)
+                      WHERE e.position > p_after AND e.position <= w.watermark
+                        AND e.scope_id = ANY (c.assigned_scopes)), '{}'),
+           coalesce((SELECT current_generation FROM c), false),
+           coalesce((SELECT assigned_scopes FROM c), '{}')
+      FROM w
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_changed_scopes(text, text, bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_changed_scopes(text, text, bigint, bigint) TO synchro_adapter;
+
+-- Once per notification for every stream of a server: the boundary and the scopes with
+-- effects in (p_after, boundary]; each stream intersects them with its client's assigned
+-- scopes in memory instead of querying the database itself.
+CREATE FUNCTION synchro.synchro_changed_scopes_since(p_after bigint)
+RETURNS TABLE (watermark bigint, scopes text[])
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH w AS (SELECT effect_position AS watermark FROM synchro.synchro_pull_watermark())
+    SELECT w.watermark,
+           coalesce((SELECT array_agg(DISTINCT e.scope_id) FROM synchro.scope_effects e
+                      WHERE e.position > p_after AND e.position <= w.watermark), '{}')
+      FROM w
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_changed_scopes_since(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_changed_scopes_since(bigint) TO synchro_adapter;

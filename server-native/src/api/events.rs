@@ -5,10 +5,13 @@
 //!
 //! The capture worker sends an empty `NOTIFY synchro_effects` in every materialization
 //! transaction that wrote effects; [`Notifier::listen`] keeps one `LISTEN` session and bumps
-//! a counter that wakes every stream. Each stream then asks the database which of its
-//! client's scopes have effects after the position it last reported
-//! (`synchro_changed_scopes`). A slow fallback tick covers notifications lost while the
-//! listener reconnects.
+//! a counter. One dispatcher per server then asks the database, once, which scopes have
+//! effects since its last answer (`synchro_changed_scopes_since`) and hands that set to every
+//! stream, which intersects it with its client's assigned scopes in memory: a notification
+//! costs one query per server plus one per client it concerns, not one per connected client.
+//! That client's own query (`synchro_changed_scopes`, also on the slow fallback tick and for a
+//! stream that missed an answer) names its scopes, re-reads its assigned scopes and checks its
+//! generation. The fallback tick covers notifications lost while the listener reconnects.
 //!
 //! Stream events (each `data` is a JSON object):
 //! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
@@ -49,6 +52,7 @@ const LIFETIME: Duration = Duration::from_secs(300);
 pub struct Notifier {
     tx: Arc<watch::Sender<u64>>,
     streams: Arc<Mutex<OpenStreams>>,
+    updates: Arc<tokio::sync::OnceCell<watch::Receiver<Arc<Update>>>>,
 }
 
 impl Default for Notifier {
@@ -57,8 +61,17 @@ impl Default for Notifier {
         Notifier {
             tx: Arc::new(watch::channel(0).0),
             streams: Arc::default(),
+            updates: Arc::default(),
         }
     }
+}
+
+/// One dispatcher answer: the scopes with effects in `(from, to]`.
+#[derive(Debug, Default)]
+struct Update {
+    from: i64,
+    to: i64,
+    scopes: std::collections::HashSet<String>,
 }
 
 /// Open streams, in all and per (user, client ID).
@@ -111,6 +124,26 @@ impl Notifier {
 
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.tx.subscribe()
+    }
+
+    /// The dispatcher's answers, starting it with the first stream.
+    async fn updates(&self, state: &Arc<AppState>) -> watch::Receiver<Arc<Update>> {
+        self.updates
+            .get_or_init(|| async {
+                let (tx, rx) = watch::channel(Arc::new(Update {
+                    from: i64::MAX,
+                    to: i64::MAX,
+                    scopes: Default::default(),
+                }));
+                tokio::spawn(dispatch(state.clone(), self.subscribe(), tx));
+                rx
+            })
+            .await
+            .clone()
+    }
+
+    fn open_streams(&self) -> usize {
+        self.streams.lock().expect("open streams").total
     }
 
     /// A slot for one more stream of (user, client), or `None` over either cap.
@@ -166,6 +199,41 @@ async fn listen_once(url: &str, tx: &watch::Sender<u64>) -> anyhow::Result<()> {
     anyhow::bail!("listener connection closed")
 }
 
+/// The dispatcher: on every notification while streams are open, one query for the scopes
+/// with effects since its last answer.
+async fn dispatch(
+    state: Arc<AppState>,
+    mut wake: watch::Receiver<u64>,
+    tx: watch::Sender<Arc<Update>>,
+) {
+    let mut after: Option<i64> = None;
+    loop {
+        tokio::select! {
+            r = wake.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(FALLBACK_TICK) => {}
+        }
+        if state.events.open_streams() == 0 {
+            after = None; // nothing to serve; start afresh with the next stream
+            continue;
+        }
+        let Ok(row) = state
+            .db
+            .query_one(
+                "SELECT watermark, scopes FROM synchro.synchro_changed_scopes_since($1)",
+                &[&after.unwrap_or(i64::MAX)],
+            )
+            .await
+        else {
+            continue; // the database is unavailable: streams fall back to their own ticks
+        };
+        let to: i64 = row.get(0);
+        let from = after.unwrap_or(to);
+        after = Some(to);
+        let scopes = row.get::<_, Vec<String>>(1).into_iter().collect();
+        tx.send_replace(Arc::new(Update { from, to, scopes }));
+    }
+}
+
 fn event(e: &StreamEvent) -> Bytes {
     Bytes::from(e.to_sse())
 }
@@ -204,32 +272,65 @@ pub(crate) async fn events(
         return Err(ApiError::generation_expired(stored));
     }
     let (tx, rx) = mpsc::channel::<Bytes>(8);
-    let mut wake = state.events.subscribe();
+    let mut updates = state.events.updates(&state).await;
+    updates.mark_unchanged();
     tokio::spawn(async move {
         let _slot = slot;
         let deadline = tokio::time::Instant::now() + LIFETIME;
         let mut after = first.watermark;
+        let mut assigned: std::collections::HashSet<String> = first.assigned.into_iter().collect();
         let mut last_sent = tokio::time::Instant::now();
         if tx.send(event(&StreamEvent::Ready)).await.is_err() {
             return;
         }
         loop {
-            tokio::select! {
-                r = wake.changed() => if r.is_err() { break },
-                _ = tokio::time::sleep(FALLBACK_TICK) => {}
+            // The dispatcher's answer when it continues where this stream is; otherwise (a
+            // missed answer, the fallback tick) this client's own query.
+            let shared = tokio::select! {
+                r = updates.changed() => {
+                    if r.is_err() { break }
+                    let u = updates.borrow_and_update().clone();
+                    (u.from <= after && u.to != i64::MAX).then_some(u)
+                }
+                _ = tokio::time::sleep(FALLBACK_TICK) => None,
                 _ = tokio::time::sleep_until(deadline) => {
                     let _ = tx.send(end("lifetime")).await;
                     break;
                 }
                 _ = tx.closed() => break, // the client went away
-            }
-            let Ok(c) = changed(&state, &user_id, &client_id, generation, after).await else {
-                continue; // the database is unavailable: try again on the next wake
             };
-            if !c.current {
-                let _ = tx.send(end("client_generation_expired")).await;
-                break;
-            }
+            // A shared answer naming none of the client's scopes costs nothing; one naming
+            // some is confirmed by the client's own query (which also checks its generation),
+            // so the database work follows the clients a commit concerns.
+            let c = match shared {
+                Some(u) if u.to <= after => continue, // nothing new for this stream
+                Some(u) if !u.scopes.iter().any(|s| assigned.contains(s)) => {
+                    after = u.to;
+                    if last_sent.elapsed() >= KEEPALIVE {
+                        if tx
+                            .send(Bytes::from_static(b": keepalive\n\n"))
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                        last_sent = tokio::time::Instant::now();
+                    }
+                    continue;
+                }
+                _ => {
+                    let Ok(c) = changed(&state, &user_id, &client_id, generation, after).await
+                    else {
+                        continue; // the database is unavailable: try again on the next wake
+                    };
+                    if !c.current {
+                        let _ = tx.send(end("client_generation_expired")).await;
+                        break;
+                    }
+                    assigned = c.assigned.iter().cloned().collect();
+                    c
+                }
+            };
             after = c.watermark;
             let sent = if !c.scopes.is_empty() {
                 tx.send(event(&StreamEvent::Changed { scopes: c.scopes }))
@@ -269,6 +370,8 @@ struct Changed {
     watermark: i64,
     scopes: Vec<String>,
     current: bool,
+    /// The client's assigned scopes.
+    assigned: Vec<String>,
 }
 
 async fn changed(
@@ -281,7 +384,7 @@ async fn changed(
     let r = state
         .db
         .query_one(
-            "SELECT watermark, scopes, current_generation FROM synchro.synchro_changed_scopes($1, $2, $3, $4)",
+            "SELECT watermark, scopes, current_generation, assigned FROM synchro.synchro_changed_scopes($1, $2, $3, $4)",
             &[&user_id, &client_id, &generation, &after],
         )
         .await
@@ -290,5 +393,6 @@ async fn changed(
         watermark: r.get(0),
         scopes: r.get(1),
         current: r.get(2),
+        assigned: r.get(3),
     })
 }
