@@ -1,5 +1,7 @@
 //! Row digests kept in memory, so a terminal pull page (whose checksum covers the whole
-//! scope) digests only the rows it has not seen before instead of every row of the scope.
+//! scope) digests only the rows it has not seen before instead of every row of the scope;
+//! and whole scope digests, reused while the scope's inputs are unchanged (spec 001: "cache
+//! a complete scope digest while its inputs are unchanged").
 //!
 //! An entry is keyed by a 128-bit SHA-256 prefix of (schema hash, table ID, key, server
 //! version): a row's content is fixed for a server version under one schema, and a schema
@@ -51,4 +53,40 @@ pub fn put_many(entries: impl IntoIterator<Item = (Key, [u8; 32])>) {
         }
         c.insert(k, d);
     }
+}
+
+/// Most scope digests kept before that cache is cleared.
+pub const MAX_SCOPES: usize = 1 << 18;
+
+/// A scope's cached digest: under one schema, with the scope's stream fingerprint (see
+/// [`scope_get`]) it was computed at.
+type ScopeEntry = (i64, [u8; 32]);
+
+/// Scope digests by (schema hash, scope).
+type Scopes = HashMap<([u8; 32], String), ScopeEntry>;
+
+fn scopes() -> &'static Mutex<Scopes> {
+    static SCOPES: OnceLock<Mutex<Scopes>> = OnceLock::new();
+    SCOPES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The cached digest of `scope` under `schema_hash` when it was computed at `fingerprint`:
+/// the greater of the scope's last effect position and its resume floor. Every change of a
+/// scope's rows or membership writes an effect at a new, higher position, and compaction
+/// only deletes effects at or below the floor it raises, so an unchanged fingerprint means
+/// unchanged inputs (a schema change changes the hash).
+pub fn scope_get(schema_hash: &[u8; 32], scope: &str, fingerprint: i64) -> Option<[u8; 32]> {
+    let c = scopes().lock().unwrap_or_else(|e| e.into_inner());
+    c.get(&(*schema_hash, scope.to_owned()))
+        .filter(|(f, _)| *f == fingerprint)
+        .map(|(_, d)| *d)
+}
+
+/// Remembers a scope digest computed at `fingerprint`.
+pub fn scope_put(schema_hash: &[u8; 32], scope: &str, fingerprint: i64, digest: [u8; 32]) {
+    let mut c = scopes().lock().unwrap_or_else(|e| e.into_inner());
+    if c.len() >= MAX_SCOPES {
+        c.clear();
+    }
+    c.insert((*schema_hash, scope.to_owned()), (fingerprint, digest));
 }

@@ -96,6 +96,18 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_pull_watermark() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_pull_watermark() TO synchro_adapter;
 
+-- A scope's stream fingerprint: the greater of its last effect position and its resume
+-- floor (0 for a scope that never had an effect). Every change of its rows or membership
+-- writes an effect at a higher position, and compaction only deletes effects at or below the
+-- floor it raises: the terminal digest is reused while this is unchanged (pull.rs).
+CREATE FUNCTION synchro.synchro_scope_fingerprint(p_scope text) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT greatest(coalesce((SELECT max(e.position) FROM synchro.scope_effects e WHERE e.scope_id = p_scope), 0),
+                    coalesce((SELECT r.resume_floor FROM synchro.scope_retention r WHERE r.scope_id = p_scope), 0))
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_scope_fingerprint(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_scope_fingerprint(text) TO synchro_adapter;
+
 -- A scope's current rows, for its digest.
 CREATE FUNCTION synchro.synchro_scope_rows(p_scope text)
 RETURNS TABLE (table_id text, pk text, row_json text, server_version text)
