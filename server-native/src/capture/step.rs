@@ -128,11 +128,6 @@ impl Worker {
             let transactions = stream
                 .receive(horizon, HORIZON_WAIT, BATCH_MESSAGES)
                 .await?;
-            eprintln!(
-                "DBG receive {:?} n={} horizon={horizon}",
-                t0.elapsed(),
-                transactions.len()
-            );
             if transactions.is_empty() {
                 stream.confirm_idle(&self.control, &self.slot).await?;
                 break;
