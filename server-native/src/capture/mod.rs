@@ -144,6 +144,24 @@ impl Worker {
         })
     }
 
+    /// Waits up to `max` before the next step: until the replication stream delivers
+    /// something, or the whole time when no stream is open.
+    pub async fn idle(&mut self, max: Duration) -> Result<()> {
+        match self.stream.as_mut() {
+            Some(stream) => {
+                let waited = stream.wait(max).await;
+                if waited.is_err() {
+                    self.stream = None;
+                }
+                waited
+            }
+            None => {
+                tokio::time::sleep(max).await;
+                Ok(())
+            }
+        }
+    }
+
     /// Compacts retention when [`COMPACTION_INTERVAL`] has passed since the last time.
     async fn compact_if_due(&mut self) {
         if self.last_compaction.elapsed() < COMPACTION_INTERVAL {
@@ -190,7 +208,8 @@ async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs the worker forever: reconnects after errors, idles while blocked or not leader.
+/// Runs the worker forever: reconnects after errors, idles while blocked or not leader; a
+/// caught-up leader steps again when its stream delivers, or after `interval`.
 /// Logs carry no row data (a failed step logs only that it failed).
 /// The leader also compacts retention every [`COMPACTION_INTERVAL`].
 pub async fn run_forever(url: String, interval: Duration) {
@@ -200,7 +219,10 @@ pub async fn run_forever(url: String, interval: Duration) {
                 match worker.step(Failpoint::None).await {
                     Ok(StepOutcome::Applied(0)) => {
                         worker.compact_if_due().await;
-                        tokio::time::sleep(interval).await
+                        if worker.idle(interval).await.is_err() {
+                            tracing::warn!("capture stream failed; reconnecting");
+                            break;
+                        }
                     }
                     Ok(StepOutcome::Applied(_)) => {}
                     Ok(StepOutcome::NotLeader | StepOutcome::Blocked(_)) => {

@@ -145,6 +145,18 @@ impl Stream {
         }
     }
 
+    /// Waits up to `max` for the stream to deliver anything (an idle worker steps again as
+    /// soon as a transaction starts arriving, instead of sleeping out a poll interval).
+    pub(super) async fn wait(&mut self, max: Duration) -> Result<()> {
+        if !self.ready.is_empty() || self.partial.is_some() {
+            return Ok(());
+        }
+        match tokio::time::timeout(max, self.client.recv()).await {
+            Ok(event) => self.push(event),
+            Err(_) => Ok(()),
+        }
+    }
+
     /// Up to `limit` messages of complete transactions (at least one transaction).
     fn take(&mut self, limit: usize) -> Vec<Transaction> {
         let mut out = Vec::new();
