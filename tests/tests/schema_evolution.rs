@@ -158,7 +158,8 @@ impl Stack {
 
     /// Waits until the server serves the given manifest version (capture activated it).
     async fn served(&self, version: u64) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // (Generous: under CI load eight stacks share two cores.)
+        let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let lineage = synchro_server::publish::load_serving_lineage(&self.env.admin)
                 .await
@@ -166,7 +167,23 @@ impl Stack {
             if lineage.current().map(|m| m.schema_version) == Some(version) {
                 return;
             }
-            assert!(Instant::now() < deadline, "version {version} never served");
+            if Instant::now() >= deadline {
+                let state: String = self
+                    .env
+                    .admin
+                    .query_one(
+                        "SELECT (SELECT coalesce(jsonb_agg(to_jsonb(g) - 'relation_id'), '[]')
+                                   FROM synchro.registry_generations g)::text
+                                || ' ' || (SELECT to_jsonb(c)::text FROM synchro.capture_state c)
+                                || ' ' || (SELECT coalesce(jsonb_agg(to_jsonb(r) - 'relation_id'), '[]')
+                                             FROM synchro.relation_capture r)::text",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                panic!("version {version} never served: {state}");
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
