@@ -438,6 +438,34 @@ async fn versions_come_from_the_writers_fence_and_a_missing_fence_blocks() {
     assert_eq!(health(&env, "capture_fences").await, "failed");
 }
 
+/// The definitions of the CHECK constraints over one column of `synchro.capture_state`, read
+/// from the catalog.
+async fn check_constraints(env: &Env, column: &str) -> Vec<String> {
+    env.admin
+        .query(
+            "SELECT pg_catalog.pg_get_constraintdef(c.oid)
+               FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_attribute a
+                 ON a.attrelid = c.conrelid AND a.attname = $1
+              WHERE c.conrelid = 'synchro.capture_state'::regclass AND c.contype = 'c'
+                AND a.attnum = ANY (c.conkey)",
+            &[&column],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Every quoted literal of a constraint definition (every other piece between quotes).
+fn quoted_literals(def: &str) -> std::collections::BTreeSet<String> {
+    def.split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `DriftDetail` is exactly the list the installed CHECK constraint on
 /// `synchro.capture_state.blocked_detail` allows (read from the catalog).
 #[tokio::test]
@@ -446,25 +474,10 @@ async fn drift_details_are_exactly_what_the_check_constraint_allows() {
     use synchro_server::capture::DriftDetail;
 
     let env = Env::installed().await;
-    let def: String = env
-        .admin
-        .query_one(
-            "SELECT pg_catalog.pg_get_constraintdef(c.oid)
-               FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_attribute a
-                 ON a.attrelid = c.conrelid AND a.attname = 'blocked_detail'
-              WHERE c.conrelid = 'synchro.capture_state'::regclass AND c.contype = 'c'
-                AND a.attnum = ANY (c.conkey)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let allowed: BTreeSet<String> = def
-        .split('\'')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_owned)
-        .collect();
+    let defs = check_constraints(&env, "blocked_detail").await;
+    assert_eq!(defs.len(), 1, "one CHECK over blocked_detail: {defs:?}");
+    let def = &defs[0];
+    let allowed = quoted_literals(def);
     let codes: BTreeSet<String> = DriftDetail::ALL
         .iter()
         .map(|d| d.as_str().to_owned())
@@ -490,29 +503,10 @@ async fn block_reasons_are_exactly_what_the_check_constraint_allows() {
     use synchro_server::capture::BlockReason;
 
     let env = Env::installed().await;
-    let defs: Vec<String> = env
-        .admin
-        .query(
-            "SELECT pg_catalog.pg_get_constraintdef(c.oid)
-               FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_attribute a
-                 ON a.attrelid = c.conrelid AND a.attname = 'blocked_reason'
-              WHERE c.conrelid = 'synchro.capture_state'::regclass AND c.contype = 'c'
-                AND a.attnum = ANY (c.conkey)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let defs = check_constraints(&env, "blocked_reason").await;
     assert_eq!(defs.len(), 1, "one CHECK over blocked_reason: {defs:?}");
     // `CHECK ((blocked_reason = ANY (ARRAY['a'::text, …])))`: every quoted literal.
-    let allowed: BTreeSet<String> = defs[0]
-        .split('\'')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_owned)
-        .collect();
+    let allowed = quoted_literals(&defs[0]);
     let codes: BTreeSet<String> = BlockReason::ALL
         .iter()
         .map(|r| r.as_str().to_owned())
