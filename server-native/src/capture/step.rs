@@ -1,28 +1,29 @@
 //! One step of the worker: the leader lock, the durable blocked state, pending bootstraps,
-//! changed membership contracts and staged rules, then peeks of the slot applied in commit
-//! order within a time budget, each followed by the slot advance; an idle leader records
-//! its heartbeat. A blocking condition raised anywhere is recorded here and ends the step.
+//! changed membership contracts and staged rules, then the transactions the replication
+//! stream received applied in commit order within a time budget, each batch followed by its
+//! confirmation; an idle leader confirms what it received and records its heartbeat. A
+//! blocking condition raised anywhere is recorded here and ends the step.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
-use super::block::{
-    block_site, BlockReason, BlockSite, Blocked, Decoding, DriftDetail, Drifted, InTransaction,
-};
-use super::pgoutput::decode;
+use super::block::{block_site, BlockSite, Decoding, DriftDetail, Drifted, InTransaction};
 use super::registry::{Relations, Status};
-use super::transaction::{
-    complete_transactions, decode_changes, record_shapes, Shapes, Transaction,
-};
+use super::stream::Stream;
+use super::transaction::{decode_changes, record_shapes, Shapes, Transaction};
 use super::{Failpoint, StepOutcome, Worker};
 
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
 pub const LEADER_LOCK: i64 = 0x73796e6368726f;
 
-/// Changes read per peek (whole transactions are always returned).
-const PEEK_CHANGES: i32 = 10_000;
+/// Messages handed out per batch (whole transactions are always handed out).
+const BATCH_MESSAGES: usize = 10_000;
+
+/// How long a step waits for the stream to deliver everything committed before the step
+/// began (the walsender usually needs a few milliseconds).
+const HORIZON_WAIT: Duration = Duration::from_millis(500);
 
 /// How long one step keeps applying once it has applied something.
 const STEP_BUDGET: Duration = Duration::from_secs(1);
@@ -30,23 +31,13 @@ const STEP_BUDGET: Duration = Duration::from_secs(1);
 /// How often an idle leader records its heartbeat.
 pub(super) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// What one peek of the slot returned.
-struct Peek {
-    /// Everything committed before this position is in the peek.
-    horizon: PgLsn,
-    /// Whether the slot returned no messages at all.
-    empty: bool,
-    /// The complete transactions among them.
-    transactions: Vec<Transaction>,
-}
-
-/// How applying one peek's transactions ended.
+/// How applying one batch of transactions ended.
 struct Applied {
     /// Source transactions applied.
     count: usize,
-    /// End of the last transaction applied or skipped: where the slot advances to.
+    /// End of the last transaction applied or skipped: the position to confirm.
     last_end: Option<PgLsn>,
-    /// The failpoint stopped the step before the advance.
+    /// The failpoint stopped the step before the confirmation.
     stopped: bool,
 }
 
@@ -57,7 +48,7 @@ impl Worker {
     /// starved by a sustained write load.
     pub async fn step(&mut self, failpoint: Failpoint) -> Result<StepOutcome> {
         let leader: bool = self
-            .replication
+            .control
             .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK])
             .await?
             .get(0);
@@ -73,14 +64,21 @@ impl Worker {
             .await?;
         let confirmed: PgLsn = state.get(0);
         if let Some(reason) = state.get::<_, Option<String>>(1) {
+            // A blocked worker receives and confirms nothing.
+            self.stream = None;
             return Ok(StepOutcome::Blocked(reason));
         }
         match self.run(confirmed, failpoint).await {
             Ok(outcome) => Ok(outcome),
-            Err(e) => match block_site(&e) {
-                Some(site) => self.block(site).await,
-                None => Err(e),
-            },
+            Err(e) => {
+                // What the stream handed out was not applied: the next stream starts again
+                // at the slot's confirmed position.
+                self.stream = None;
+                match block_site(&e) {
+                    Some(site) => self.block(site).await,
+                    None => Err(e),
+                }
+            }
         }
     }
 
@@ -115,29 +113,45 @@ impl Worker {
         // Work done this step: source transactions applied plus staging batches, so
         // `Applied(0)` means caught up with both.
         let mut applied = self.stage_pending(&mut registry).await?;
+        // Everything committed before this point is received before the step goes idle.
+        let horizon: PgLsn = self
+            .control
+            .query_one("SELECT pg_current_wal_flush_lsn()", &[])
+            .await?
+            .get(0);
+        if self.stream.is_none() {
+            self.stream = Some(Stream::open(&self.url, &self.slot, &self.control).await?);
+        }
         let started = Instant::now();
         while applied == 0 || started.elapsed() < STEP_BUDGET {
-            let peek = self.peek().await?;
-            if peek.transactions.is_empty() {
-                if peek.empty {
-                    self.advance_idle(peek.horizon).await?;
-                }
+            let stream = self.stream.as_mut().expect("opened");
+            let transactions = stream
+                .receive(horizon, HORIZON_WAIT, BATCH_MESSAGES)
+                .await?;
+            if transactions.is_empty() {
+                stream.confirm_idle(&self.control, &self.slot).await?;
                 break;
             }
+            let mut shapes = std::mem::take(&mut stream.shapes);
             let done = self
-                .apply_all(&peek.transactions, confirmed, &mut registry, failpoint)
+                .apply_all(
+                    &transactions,
+                    confirmed,
+                    &mut registry,
+                    &mut shapes,
+                    failpoint,
+                )
                 .await?;
             applied += done.count;
             if done.stopped {
+                // As a crash would: nothing more is confirmed.
+                self.stream = None;
                 return Ok(StepOutcome::Applied(applied));
             }
+            let stream = self.stream.as_mut().expect("opened");
+            stream.shapes = shapes;
             if let Some(end) = done.last_end {
-                self.replication
-                    .query(
-                        "SELECT pg_replication_slot_advance($1, $2)",
-                        &[&self.slot, &end],
-                    )
-                    .await?;
+                stream.confirm(end);
             }
         }
         self.heartbeat(applied).await?;
@@ -248,80 +262,37 @@ impl Worker {
         Ok(batches)
     }
 
-    /// Peeks the slot and decodes what it returned; an undecodable message blocks capture.
-    async fn peek(&self) -> Result<Peek> {
-        // Everything committed before this point is decoded by the peek below.
-        let horizon: PgLsn = self
-            .replication
-            .query_one("SELECT pg_current_wal_lsn()", &[])
-            .await?
-            .get(0);
-        let rows = self
-            .replication
-            .query(
-                "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2,
-                   'proto_version', '1', 'publication_names', 'synchro_publication', 'messages', 'true')",
-                &[&self.slot, &PEEK_CHANGES],
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("peeking the capture slot: {}", crate::install::describe(&e)))?;
-        let mut messages = Vec::with_capacity(rows.len());
-        for r in &rows {
-            match decode(r.get::<_, &[u8]>(0)) {
-                Ok(m) => messages.push(m),
-                Err(_) => return Err(Blocked(BlockReason::DecodeError).into()),
-            }
-        }
-        Ok(Peek {
-            horizon,
-            empty: rows.is_empty(),
-            transactions: complete_transactions(messages),
-        })
-    }
-
-    /// Nothing published committed before the horizon: confirms up to it so the slot does
-    /// not retain unrelated WAL (which readiness bounds).
-    async fn advance_idle(&self, horizon: PgLsn) -> Result<()> {
-        self.replication
-            .query(
-                "SELECT pg_replication_slot_advance(slot_name, $2) FROM pg_replication_slots
-                  WHERE slot_name = $1 AND confirmed_flush_lsn < $2",
-                &[&self.slot, &horizon],
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Applies one peek's transactions in commit order, skipping those a crash left applied
-    /// but not acknowledged (end at or below `confirmed`).
+    /// Applies a batch of transactions in commit order, skipping those a crash left applied
+    /// but not confirmed (end at or below `confirmed`); `shapes` are the stream's relation
+    /// descriptions, which its transactions extend.
     async fn apply_all(
         &self,
         transactions: &[Transaction],
         confirmed: PgLsn,
         registry: &mut Relations,
+        shapes: &mut Shapes,
         failpoint: Failpoint,
     ) -> Result<Applied> {
-        let mut shapes = Shapes::new();
         let mut done = Applied {
             count: 0,
             last_end: None,
             stopped: false,
         };
         for tx in transactions {
-            record_shapes(tx, &mut shapes);
+            record_shapes(tx, shapes);
             if u64::from(tx.end_lsn) <= u64::from(confirmed) {
                 done.last_end = Some(tx.end_lsn);
                 continue; // applied before a crash; the slot was not advanced yet
             }
             let position = InTransaction(u64::from(tx.commit_lsn));
             let decoded =
-                decode_changes(&self.materialize, &self.statements, tx, registry, &shapes).await;
+                decode_changes(&self.materialize, &self.statements, tx, registry, shapes).await;
             let changes = match decoded {
                 // The registry was loaded before this transaction committed: a
                 // reconfiguration recorded with (or since) its DDL may expect the shape.
                 Err(e) if column_drift(&e) => {
                     *registry = self.registry().await?;
-                    decode_changes(&self.materialize, &self.statements, tx, registry, &shapes)
+                    decode_changes(&self.materialize, &self.statements, tx, registry, shapes)
                         .await
                         .context(Decoding)
                         .context(position)?
