@@ -55,7 +55,9 @@ if [ -z "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
     step clippy-wasm32 cargo clippy -p synchro-protocol --target wasm32-unknown-unknown --features bench -- -D warnings
     step clippy-wasm32-client cargo clippy -p synchro-client --target wasm32-unknown-unknown --lib --tests --features bench -- -D warnings
 fi
-step test-native cargo test --workspace --no-fail-fast
+# Every test server's log is kept (a failing test can print the end of it).
+mkdir -p "$LOGS/servers" && rm -f "$LOGS"/servers/*.log
+step test-native env SYNCHRO_TEST_SERVER_LOGS="$LOGS/servers" cargo test --workspace --no-fail-fast
 step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
 step test-wasm-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
 # The client's storage, materialization, verification and journal tests on OPFS in a

@@ -162,16 +162,41 @@ pub fn start_server_binary_with(
     secret: &str,
     extra: &[String],
 ) -> Server {
-    Server(
-        std::process::Command::new(bin)
-            .args(serve_args(env, port, secret))
-            .args(extra)
-            .env("SYNCHRO_LOG", "error")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
+    let mut command = std::process::Command::new(bin);
+    command
+        .args(serve_args(env, port, secret))
+        .args(extra)
+        .stdout(std::process::Stdio::null());
+    // To diagnose a failing test: `SYNCHRO_TEST_SERVER_LOGS=<dir>` keeps each server's log
+    // (at `SYNCHRO_TEST_SERVER_LOG_LEVEL`, default `debug`) in `<dir>/server-<port>.log`.
+    match std::env::var_os("SYNCHRO_TEST_SERVER_LOGS") {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).expect("the server log directory");
+            let path = std::path::Path::new(&dir).join(format!("server-{port}.log"));
+            let file = std::fs::File::create(&path).expect("the server log file");
+            let level =
+                std::env::var("SYNCHRO_TEST_SERVER_LOG_LEVEL").unwrap_or_else(|_| "debug".into());
+            command.env("SYNCHRO_LOG", level).stderr(file);
+        }
+        None => {
+            command
+                .env("SYNCHRO_LOG", "error")
+                .stderr(std::process::Stdio::null());
+        }
+    }
+    Server(command.spawn().unwrap())
+}
+
+/// The last `lines` lines of the log [`start_server_binary_with`] kept for the server on
+/// `port` (empty unless `SYNCHRO_TEST_SERVER_LOGS` is set), for a failing test's message.
+pub fn server_log_tail(port: u16, lines: usize) -> String {
+    let Some(dir) = std::env::var_os("SYNCHRO_TEST_SERVER_LOGS") else {
+        return String::new();
+    };
+    let path = std::path::Path::new(&dir).join(format!("server-{port}.log"));
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A cluster with `app.docs` ([`docs_with_owner_and_team`], rows from `seed`) and the server

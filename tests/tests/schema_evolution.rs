@@ -54,6 +54,8 @@ impl Transport for Recorder {
 struct Stack {
     env: Env,
     base: String,
+    /// The server's port (names its kept log, see `server_log_tail`).
+    port: u16,
     _server: Server,
     dir: std::path::PathBuf,
 }
@@ -88,6 +90,7 @@ impl Stack {
         Stack {
             env,
             base,
+            port,
             _server: server,
             dir,
         }
@@ -182,7 +185,8 @@ impl Stack {
                     .await
                     .unwrap()
                     .get(0);
-                panic!("version {version} never served: {state}");
+                let log = synchro_testkit::pg::server_log_tail(self.port, 60);
+                panic!("version {version} never served: {state}\nserver log:\n{log}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
