@@ -191,6 +191,54 @@ async fn concurrent_writers_are_captured_exactly_once_across_a_crash() {
     );
 }
 
+/// Consecutive transactions the stream holds at once are materialized in one commit from
+/// their final state: an unchanged TOAST value is taken from an earlier transaction of the
+/// batch (not yet in the projection), deletes and re-inserts fold in, every transaction
+/// is counted, and a crash after that commit but before the slot advance replays none.
+#[tokio::test]
+async fn transactions_held_together_are_materialized_once_and_exactly_once() {
+    let (env, _) = setup().await;
+    let worker_url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&worker_url).await.unwrap();
+    assert_eq!(drain(&mut worker).await, 1);
+    let before = applied_count(&env).await;
+    for sql in [
+        "INSERT INTO app.items VALUES (1, 'a', 1, NULL), (2, 'b', 2, NULL), (3, 'c', 3, NULL)",
+        "INSERT INTO app.items VALUES (4, 'd', 4, repeat('y', 40000))",
+        // Unchanged TOAST: `big` comes from the insert just before, in the same batch.
+        "UPDATE app.items SET qty = 40 WHERE id = 4",
+        "UPDATE app.items SET label = 'a2' WHERE id = 1",
+        "DELETE FROM app.items WHERE id = 2",
+        "BEGIN; DELETE FROM app.items WHERE id = 3; INSERT INTO app.items VALUES (30, 'c', 3, NULL); COMMIT",
+        "BEGIN; INSERT INTO app.items VALUES (2, 'b-again', 5, NULL); UPDATE app.items SET qty = 41 WHERE id = 4; COMMIT",
+    ] {
+        env.admin.batch_execute(sql).await.unwrap();
+    }
+    assert_eq!(
+        worker
+            .step(Failpoint::AfterBatchCommitBeforeAdvance)
+            .await
+            .unwrap(),
+        StepOutcome::Applied(7),
+        "one materialization commit for the seven transactions"
+    );
+    assert_eq!(applied_count(&env).await, before + 7);
+    assert_eq!(projection(&env).await, source(&env).await);
+    assert_eq!(
+        projection(&env).await[&4],
+        (Some("d".into()), 41, Some(40000))
+    );
+    drop(worker);
+    let mut restarted = Worker::connect(&worker_url).await.unwrap();
+    assert_eq!(
+        drain(&mut restarted).await,
+        0,
+        "the batch is not applied again"
+    );
+    assert_eq!(applied_count(&env).await, before + 7);
+    assert_eq!(projection(&env).await, source(&env).await);
+}
+
 #[tokio::test]
 async fn relation_drift_blocks_capture_without_acknowledging() {
     let (env, _) = setup().await;

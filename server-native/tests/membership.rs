@@ -86,6 +86,9 @@ async fn rows_enter_move_between_and_leave_scopes() {
         .batch_execute("UPDATE app.docs SET team = 'blue' WHERE id = 1")
         .await
         .unwrap();
+    // (Applied before the next transaction commits: consecutive transactions the stream
+    // holds at once are materialized together, from their final state.)
+    drain(&mut worker).await;
     // Two changes of one row in one transaction: membership follows the final state only.
     env.admin
         .batch_execute("BEGIN; UPDATE app.docs SET owner = 'bob' WHERE id = 1; UPDATE app.docs SET owner = 'carol' WHERE id = 1; COMMIT;")
@@ -124,6 +127,56 @@ async fn rows_enter_move_between_and_leave_scopes() {
         .unwrap()
         .get(0);
     assert_eq!(edges, 0);
+}
+
+/// Transactions materialized together follow their final state: a row that passed
+/// through a scope within the batch leaves no effect there, and each row's effects carry
+/// the version of its last change.
+#[tokio::test]
+async fn a_batch_of_transactions_yields_the_effects_of_its_final_state() {
+    let (env, mut worker) = setup().await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red'), (2, 'bob', NULL)")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    let start = effects(&env).await.len();
+    for sql in [
+        "UPDATE app.docs SET team = 'blue' WHERE id = 1",
+        "UPDATE app.docs SET team = 'green' WHERE id = 1",
+        "INSERT INTO app.docs VALUES (3, 'carol', 'blue')",
+        "DELETE FROM app.docs WHERE id = 3",
+        "UPDATE app.docs SET owner = 'dave' WHERE id = 2",
+    ] {
+        env.admin.batch_execute(sql).await.unwrap();
+    }
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Applied(5)
+    );
+    assert_eq!(
+        effects(&env).await[start..],
+        [
+            e("team:red", "delete", "\"1\""),
+            e("team:green", "upsert", "\"1\""),
+            e("user:alice", "upsert", "\"1\""),
+            e("user:bob", "delete", "\"2\""),
+            e("user:dave", "upsert", "\"2\""),
+        ]
+    );
+    // Each effect is at its row's current version (the last change's).
+    let stale: i64 = env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.scope_effects e JOIN synchro.projection_rows p USING (relation_id, pk)
+              WHERE e.kind = 'upsert' AND e.server_version <> p.server_version
+                AND e.position > (SELECT min(position) FROM synchro.scope_effects WHERE scope_id = 'team:red' AND kind = 'delete')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stale, 0);
 }
 
 #[tokio::test]

@@ -130,8 +130,10 @@ async fn pages_in_commit_order_with_verifiable_terminal_checksums() {
         "INSERT INTO app.docs VALUES (4, 'alice', 'four')",
     ] {
         s.env.admin.batch_execute(sql).await.unwrap();
+        // Each on its own (transactions captured together are materialized from their
+        // final state: row 1 would then be one change).
+        s.capture().await;
     }
-    s.capture().await;
     let schema = s.schema().await;
     let pull = |cursor: Value, limit: u64| {
         json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation, "schema": schema,

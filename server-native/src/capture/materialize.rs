@@ -1,5 +1,6 @@
-//! Materialization of one decoded source transaction, in one transaction of the
-//! materialization session: the dependency rows' images before it, the projection writes,
+//! Materialization of one decoded source transaction, or of a batch of consecutive ones
+//! reduced to their final row states, in one transaction of the materialization session
+//! (see [`Span`]): the dependency rows' images before it, the projection writes,
 //! membership of every touched row and of every target row an impact function names, the
 //! bootstraps it completes, then progress, notification and commit together.
 
@@ -16,7 +17,7 @@ use super::reconfigure::{self, Activation};
 use super::registry::{Pending, Relations, Status};
 use super::staging::stage_rows;
 use super::statements::{in_transaction, Statements};
-use super::transaction::{FinalRow, RowKey, Transaction, TxChanges};
+use super::transaction::{FinalRow, RowKey, TxChanges};
 use super::Worker;
 
 /// A touched row of one relation, in its final state.
@@ -60,15 +61,28 @@ struct Target {
     rows: Vec<EvalRow>,
 }
 
+/// The source transactions one materialization transaction applies: consecutive in commit
+/// order, ending at a transaction-end boundary (the last one's), which is the only state
+/// it makes visible — every effect, cursor and digest a reader can see is still at a source
+/// transaction's end (docs/protocol-decisions.md, "Batched materialization").
+pub(super) struct Span {
+    /// Commit LSN of the last transaction.
+    pub(super) commit_lsn: PgLsn,
+    /// End LSN of the last transaction: the progress recorded.
+    pub(super) end_lsn: PgLsn,
+    /// How many source transactions.
+    pub(super) transactions: i64,
+}
+
 /// Rows' projected JSON at the start of the transaction (`None` when absent).
 type OldImages = HashMap<RowKey, Option<String>>;
 
 impl Worker {
-    /// Applies a decoded transaction and records its progress, atomically; afterwards the
-    /// relations it bootstrapped are active.
+    /// Applies a decoded transaction (or batch) and records its progress, atomically;
+    /// afterwards the relations it bootstrapped are active.
     pub(super) async fn apply(
         &self,
-        tx: &Transaction,
+        tx: &Span,
         changes: TxChanges,
         registry: &mut Relations,
     ) -> Result<()> {
@@ -76,6 +90,7 @@ impl Worker {
             finals,
             bootstrapped,
             reconfigured,
+            seq: _,
         } = changes;
         let db = &self.materialize;
         // A reconfiguration this transaction activates: the transaction is applied with the
@@ -114,7 +129,7 @@ impl Worker {
     /// Everything a transaction writes, ending with its COMMIT.
     async fn write(
         &self,
-        tx: &Transaction,
+        tx: &Span,
         mut finals: HashMap<RowKey, FinalRow>,
         bootstrapped: &[String],
         activations: &[Activation],
@@ -143,7 +158,7 @@ impl Worker {
             a.record_scopes(db, diff).await?;
             a.activate(db, commit_lsn, diff).await?;
         }
-        commit(db, &self.statements, effects, tx.end_lsn).await
+        commit(db, &self.statements, effects, tx).await
     }
 
     /// Membership against the transaction's final projected state: each touched row once,
@@ -360,12 +375,7 @@ async fn write_projections(
 }
 
 /// Progress, the notification (when there are effects) and COMMIT, pipelined.
-async fn commit(
-    db: &Client,
-    statements: &Statements,
-    effects: usize,
-    end_lsn: PgLsn,
-) -> Result<()> {
+async fn commit(db: &Client, statements: &Statements, effects: usize, span: &Span) -> Result<()> {
     let notify = async {
         if effects > 0 {
             // Wakes change-notification streams at commit; carries no data.
@@ -373,7 +383,10 @@ async fn commit(
         }
         Ok::<_, tokio_postgres::Error>(())
     };
-    let progress = async { db.execute(&statements.progress, &[&end_lsn]).await };
+    let progress = async {
+        db.execute(&statements.progress, &[&span.end_lsn, &span.transactions])
+            .await
+    };
     let commit = db.batch_execute("COMMIT");
     futures_util::try_join!(notify, progress, commit)?;
     Ok(())

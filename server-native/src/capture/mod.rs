@@ -86,6 +86,9 @@ pub enum Failpoint {
     /// Stop after committing the first transaction, before confirming it to the slot (the
     /// stream is dropped, as a crash would).
     AfterCommitBeforeAdvance,
+    /// Stop after the first materialization commit, before confirming it: a batch of the
+    /// consecutive transactions the stream held, reduced to their final state.
+    AfterBatchCommitBeforeAdvance,
 }
 
 /// How often the leader compacts retention.

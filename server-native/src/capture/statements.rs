@@ -26,7 +26,8 @@ pub(super) struct Statements {
     pub(super) insert_edges: Statement,
     /// Records scope effects in the order given.
     pub(super) insert_effects: Statement,
-    /// Records an applied transaction's end LSN and the heartbeat.
+    /// Records the end LSN of the last applied transaction, how many were applied, and the
+    /// heartbeat.
     pub(super) progress: Statement,
 }
 
@@ -92,7 +93,7 @@ impl Statements {
             progress: db
                 .prepare(
                     "UPDATE synchro.capture_state SET confirmed_lsn = $1,
-                            applied_transactions = applied_transactions + 1, heartbeat_at = now()",
+                            applied_transactions = applied_transactions + $2::bigint, heartbeat_at = now()",
                 )
                 .await?,
         })

@@ -10,9 +10,10 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
 use super::block::{block_site, BlockSite, Decoding, DriftDetail, Drifted, InTransaction};
+use super::materialize::Span;
 use super::registry::{Relations, Status};
 use super::stream::Stream;
-use super::transaction::{decode_changes, record_shapes, Shapes, Transaction};
+use super::transaction::{decode_changes, record_shapes, Shapes, Transaction, TxChanges};
 use super::{Failpoint, StepOutcome, Worker};
 
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
@@ -264,7 +265,9 @@ impl Worker {
 
     /// Applies a batch of transactions in commit order, skipping those a crash left applied
     /// but not confirmed (end at or below `confirmed`); `shapes` are the stream's relation
-    /// descriptions, which its transactions extend.
+    /// descriptions, which its transactions extend. Consecutive plain transactions are
+    /// reduced to their final row states and materialized together ([`Span`]); a bootstrap
+    /// or an activation is applied on its own, after what precedes it.
     async fn apply_all(
         &self,
         transactions: &[Transaction],
@@ -278,36 +281,177 @@ impl Worker {
             last_end: None,
             stopped: false,
         };
-        for tx in transactions {
+        // The pending batch: its first transaction's index and its changes so far.
+        let mut batch: Option<(usize, TxChanges)> = None;
+        let none = TxChanges::default();
+        for (i, tx) in transactions.iter().enumerate() {
             record_shapes(tx, shapes);
             if u64::from(tx.end_lsn) <= u64::from(confirmed) {
                 done.last_end = Some(tx.end_lsn);
                 continue; // applied before a crash; the slot was not advanced yet
             }
-            let position = InTransaction(u64::from(tx.commit_lsn));
-            let decoded =
-                decode_changes(&self.materialize, &self.statements, tx, registry, shapes).await;
-            let changes = match decoded {
-                // The registry was loaded before this transaction committed: a
-                // reconfiguration recorded with (or since) its DDL may expect the shape.
-                Err(e) if column_drift(&e) => {
-                    *registry = self.registry().await?;
-                    decode_changes(&self.materialize, &self.statements, tx, registry, shapes)
-                        .await
-                        .context(Decoding)
-                        .context(position)?
+            let earlier = batch.as_ref().map_or(&none, |(_, c)| c);
+            let decoded = decode_changes(
+                &self.materialize,
+                &self.statements,
+                tx,
+                registry,
+                shapes,
+                earlier,
+            )
+            .await;
+            match decoded {
+                Ok(changes) if !changes.is_milestone() => {
+                    match batch.as_mut() {
+                        Some((_, so_far)) => so_far.extend(changes),
+                        None => batch = Some((i, changes)),
+                    }
+                    // The failpoint stands for a crash after the first commit.
+                    if failpoint == Failpoint::AfterCommitBeforeAdvance {
+                        let (first, changes) = batch.take().expect("just added");
+                        self.apply_batch(
+                            &transactions[first..=i],
+                            changes,
+                            registry,
+                            shapes,
+                            &mut done,
+                        )
+                        .await?;
+                        done.stopped = true;
+                        return Ok(done);
+                    }
                 }
-                other => other.context(Decoding).context(position)?,
-            };
-            self.apply(tx, changes, registry).await.context(position)?;
-            done.count += 1;
-            done.last_end = Some(tx.end_lsn);
-            if failpoint == Failpoint::AfterCommitBeforeAdvance {
-                done.stopped = true;
-                return Ok(done);
+                other => {
+                    // What precedes it is applied first (its handling may reload the
+                    // registry; a milestone decoded against the batch saw the same rows).
+                    if let Some((first, changes)) = batch.take() {
+                        self.apply_batch(
+                            &transactions[first..i],
+                            changes,
+                            registry,
+                            shapes,
+                            &mut done,
+                        )
+                        .await?;
+                        if failpoint != Failpoint::None {
+                            done.stopped = true;
+                            return Ok(done);
+                        }
+                    }
+                    let changes = match other {
+                        Ok(changes) => changes,
+                        Err(e) => self.redecode(tx, e, registry, shapes).await?,
+                    };
+                    self.apply_one(tx, changes, registry, &mut done).await?;
+                    if failpoint != Failpoint::None {
+                        done.stopped = true;
+                        return Ok(done);
+                    }
+                }
             }
         }
+        if let Some((first, changes)) = batch.take() {
+            self.apply_batch(&transactions[first..], changes, registry, shapes, &mut done)
+                .await?;
+            done.stopped = failpoint != Failpoint::None;
+        }
         Ok(done)
+    }
+
+    /// A transaction whose decoding failed: column drift may be explained by a
+    /// reconfiguration recorded after the registry was loaded (with or since its DDL), so it
+    /// is decoded once more with the registry as it is now; anything else blocks there.
+    async fn redecode(
+        &self,
+        tx: &Transaction,
+        e: anyhow::Error,
+        registry: &mut Relations,
+        shapes: &Shapes,
+    ) -> Result<TxChanges> {
+        let position = InTransaction(u64::from(tx.commit_lsn));
+        if !column_drift(&e) {
+            return Err(e.context(Decoding).context(position));
+        }
+        *registry = self.registry().await?;
+        decode_changes(
+            &self.materialize,
+            &self.statements,
+            tx,
+            registry,
+            shapes,
+            &TxChanges::default(),
+        )
+        .await
+        .context(Decoding)
+        .context(position)
+    }
+
+    /// Materializes one transaction on its own.
+    async fn apply_one(
+        &self,
+        tx: &Transaction,
+        changes: TxChanges,
+        registry: &mut Relations,
+        done: &mut Applied,
+    ) -> Result<()> {
+        let span = Span {
+            commit_lsn: tx.commit_lsn,
+            end_lsn: tx.end_lsn,
+            transactions: 1,
+        };
+        self.apply(&span, changes, registry)
+            .await
+            .context(InTransaction(u64::from(tx.commit_lsn)))?;
+        done.count += 1;
+        done.last_end = Some(tx.end_lsn);
+        Ok(())
+    }
+
+    /// Materializes a batch of plain transactions in one transaction. When that blocks, the
+    /// batch's transactions are applied one by one instead, so the block names the exact
+    /// source transaction (and those before it are applied).
+    async fn apply_batch(
+        &self,
+        batch: &[Transaction],
+        changes: TxChanges,
+        registry: &mut Relations,
+        shapes: &Shapes,
+        done: &mut Applied,
+    ) -> Result<()> {
+        let last = batch.last().expect("a batch has a transaction");
+        if batch.len() == 1 {
+            return self.apply_one(last, changes, registry, done).await;
+        }
+        let span = Span {
+            commit_lsn: last.commit_lsn,
+            end_lsn: last.end_lsn,
+            transactions: batch.len() as i64,
+        };
+        match self.apply(&span, changes, registry).await {
+            Ok(()) => {
+                done.count += batch.len();
+                done.last_end = Some(last.end_lsn);
+                Ok(())
+            }
+            Err(e) if block_site(&e).is_some() => {
+                for tx in batch {
+                    let changes = decode_changes(
+                        &self.materialize,
+                        &self.statements,
+                        tx,
+                        registry,
+                        shapes,
+                        &TxChanges::default(),
+                    )
+                    .await
+                    .context(Decoding)
+                    .context(InTransaction(u64::from(tx.commit_lsn)))?;
+                    self.apply_one(tx, changes, registry, done).await?;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Records the heartbeat when the step applied nothing and the last one is older than

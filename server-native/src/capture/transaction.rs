@@ -64,9 +64,9 @@ pub(super) struct RowKey {
     pub(super) pk: String,
 }
 
-/// A row's final state in a source transaction.
+/// A row's final state in a source transaction (or a batch of them).
 pub(super) struct FinalRow {
-    /// Sequence of its last change in the transaction (1, 2, …).
+    /// Sequence of its last change in the transaction or batch (1, 2, …).
     pub(super) seq: usize,
     /// The version of that change.
     pub(super) version: String,
@@ -74,11 +74,13 @@ pub(super) struct FinalRow {
     pub(super) row: Option<String>,
 }
 
-/// What a source transaction changed.
+/// What a source transaction — or a batch of consecutive ones — changed.
 #[derive(Default)]
 pub(super) struct TxChanges {
     /// Every touched row of an active relation, in its final state.
     pub(super) finals: HashMap<RowKey, FinalRow>,
+    /// The last change sequence number given out (the batch's changes so far).
+    pub(super) seq: usize,
     /// Relation IDs whose bootstrap message this transaction carries.
     pub(super) bootstrapped: Vec<String>,
     /// Registry generations whose staged reconfiguration this transaction activates.
@@ -99,28 +101,58 @@ struct Change<'a> {
     new: Option<&'a Vec<Value>>,
 }
 
+impl TxChanges {
+    /// Whether the transaction carries a bootstrap or an activation: work that is applied
+    /// in a materialization transaction of its own, never batched with others.
+    pub(super) fn is_milestone(&self) -> bool {
+        !self.bootstrapped.is_empty() || !self.reconfigured.is_empty()
+    }
+
+    /// Appends the changes of the next transaction of the batch (`later`, decoded with
+    /// this batch as its [`decode_changes`] `earlier`): a row it touched takes its final
+    /// state from it.
+    pub(super) fn extend(&mut self, later: TxChanges) {
+        self.finals.extend(later.finals);
+        self.seq = later.seq;
+        self.bootstrapped.extend(later.bootstrapped);
+        self.reconfigured.extend(later.reconfigured);
+    }
+}
+
 /// Decoding state within one transaction.
-#[derive(Default)]
-struct Decoder {
+struct Decoder<'b> {
     /// Versions the source trigger allocated, consumed by the change that follows each
     /// fence (left-over fences are ignored).
     fences: HashMap<FenceKey, String>,
-    /// Changes of active relations so far.
+    /// Changes of active relations so far in this transaction.
     ordinal: usize,
+    /// The batch's earlier transactions, not yet written to the projection.
+    earlier: &'b TxChanges,
     changes: TxChanges,
 }
 
-/// Reduces a transaction's messages to its final row images. Drift of a registered
-/// relation, a value its type cannot hold, a change without its fence, a TRUNCATE of a
-/// registered relation and an undecodable fence block capture.
+/// Reduces a transaction's messages to its final row images. `earlier` are the changes
+/// of the batch's transactions before it (not yet in the projection: a row they touched
+/// has its previous state there), empty for a transaction of its own. Drift of a
+/// registered relation, a value its type cannot hold, a change without its fence, a
+/// TRUNCATE of a registered relation and an undecodable fence block capture.
 pub(super) async fn decode_changes(
     db: &Client,
     statements: &Statements,
     tx: &Transaction,
     registry: &Relations,
     shapes: &Shapes,
+    earlier: &TxChanges,
 ) -> Result<TxChanges> {
-    let mut decoder = Decoder::default();
+    let mut decoder = Decoder {
+        fences: HashMap::new(),
+        ordinal: 0,
+        earlier,
+        changes: TxChanges {
+            seq: earlier.seq,
+            ..TxChanges::default()
+        },
+    };
     for m in &tx.messages {
         if let Some(change) = decoder.message(m, registry)? {
             let relation = registry
@@ -138,7 +170,7 @@ pub(super) async fn decode_changes(
     Ok(decoder.changes)
 }
 
-impl Decoder {
+impl Decoder<'_> {
     /// Takes in fences and bootstrap markers; returns the row change a message carries.
     fn message<'a>(&mut self, m: &'a Message, registry: &Relations) -> Result<Option<Change<'a>>> {
         Ok(match m {
@@ -234,7 +266,8 @@ impl Decoder {
             });
         }
         self.ordinal += 1;
-        let seq = self.ordinal;
+        self.changes.seq += 1;
+        let seq = self.changes.seq;
         // The version its fence allocated before the row changed.
         let key_values = change
             .key
@@ -273,7 +306,7 @@ impl Decoder {
     }
 
     /// When unchanged TOAST values are among `values`, the row's previous state: from
-    /// earlier in this transaction, or from the projection.
+    /// earlier in this transaction or batch, or from the projection.
     async fn previous(
         &self,
         db: &Client,
@@ -290,7 +323,12 @@ impl Decoder {
             relation,
             pk: source_pk.to_owned(),
         };
-        Ok(match self.changes.finals.get(&key) {
+        let earlier = self
+            .changes
+            .finals
+            .get(&key)
+            .or_else(|| self.earlier.finals.get(&key));
+        Ok(match earlier {
             Some(earlier) => earlier.row.clone(),
             None => db
                 .query_opt(&statements.previous, &[&reg.relation_id, &source_pk])
