@@ -123,9 +123,11 @@ impl Stream {
         let horizon = u64::from(horizon);
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            // Everything already buffered, without waiting.
+            // Everything already buffered, without waiting (unconstrained: tokio's
+            // cooperative budget would otherwise make the channel look empty after 128
+            // events, which capped a batch at about ten transactions).
             while self.ready_messages < limit {
-                match self.client.recv().now_or_never() {
+                match tokio::task::unconstrained(self.client.recv()).now_or_never() {
                     Some(event) => self.push(event)?,
                     None => break,
                 }
