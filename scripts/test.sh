@@ -62,7 +62,7 @@ step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
 step test-wasm-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
 # The client's storage, materialization, verification and journal tests on OPFS in a
 # dedicated worker of headless Chromium (OPFS has no node equivalent).
-CLIENT_WASM_TESTS=(-p synchro-client --target wasm32-unknown-unknown --test storage --test apply --test journal --test queue --test metadata_upgrade --test browser_api)
+CLIENT_WASM_TESTS=(-p synchro-client --target wasm32-unknown-unknown --test storage --test apply --test journal --test queue --test metadata_upgrade --test browser_api --test scope_index)
 step test-client-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${CLIENT_WASM_TESTS[*]}"
 step build-wasm scripts/build-wasm.sh
 step test-parity-node node --test protocol/js-tests/

@@ -106,7 +106,7 @@ pub fn pull_pages(m: &Manifest, rows: i64, page: i64) -> Vec<Json> {
 pub fn time_apply(
     storage: &mut Storage,
     m: &Manifest,
-    pages: &[Json],
+    pages: Vec<Json>,
     now: &dyn Fn() -> f64,
 ) -> Result<f64, StorageError> {
     let assigned = BTreeSet::from([SCOPE.to_owned()]);
@@ -151,7 +151,7 @@ pub fn time_terminal(
     ]);
     let assigned = BTreeSet::from([SCOPE.to_owned()]);
     let start = now();
-    let applied = storage.apply_pull(m, &page, &assigned)?;
+    let applied = storage.apply_pull(m, page, &assigned)?;
     let secs = now() - start;
     if !applied.verified.contains(SCOPE) {
         return Err(StorageError::Verification(
@@ -278,12 +278,12 @@ pub async fn run(
 ) -> Result<Vec<String>, String> {
     let m = items_manifest();
     let pages = pull_pages(&m, rows, 1000);
+    let last = pages.last().expect("pages").clone();
     let s = |e: StorageError| e.to_string();
     let mut applied = open().map_err(s)?;
     applied.install(&m).map_err(s)?;
-    let apply_secs = time_apply(&mut applied, &m, &pages, now).map_err(s)?;
-    let terminal_secs =
-        time_terminal(&mut applied, &m, pages.last().expect("pages"), now).map_err(s)?;
+    let apply_secs = time_apply(&mut applied, &m, pages, now).map_err(s)?;
+    let terminal_secs = time_terminal(&mut applied, &m, &last, now).map_err(s)?;
     drop(applied);
     let mut raw = open().map_err(s)?;
     raw.install(&m).map_err(s)?;

@@ -150,7 +150,7 @@ async fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests
         None,
         &[("user:a", "ca1"), ("user:b", "cb1")],
     );
-    db.apply_pull(&m, &p1, &assigned()).unwrap();
+    db.apply_pull(&m, p1, &assigned()).unwrap();
     assert_eq!(db.scope_state("user:a").unwrap(), Some((None, true)));
     // Page 2 (terminal): a row only in user:a, then both digests verify.
     let p2 = page(
@@ -164,7 +164,7 @@ async fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests
         ]),
         &[("user:a", "ca2"), ("user:b", "cb2")],
     );
-    let applied = db.apply_pull(&m, &p2, &assigned()).unwrap();
+    let applied = db.apply_pull(&m, p2, &assigned()).unwrap();
     assert_eq!(applied.verified, assigned());
     assert!(applied.rebuild.is_empty());
     assert_eq!(
@@ -186,7 +186,7 @@ async fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests
         ]),
         &[("user:a", "ca3"), ("user:b", "cb3")],
     );
-    db.apply_pull(&m, &p3, &assigned()).unwrap();
+    db.apply_pull(&m, p3, &assigned()).unwrap();
     assert_eq!(titles(&db).len(), 2);
     let p4 = page(
         &[delete("user:a", 1, "v4")],
@@ -196,7 +196,7 @@ async fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests
         ]),
         &[("user:a", "ca4"), ("user:b", "cb4")],
     );
-    let applied = db.apply_pull(&m, &p4, &assigned()).unwrap();
+    let applied = db.apply_pull(&m, p4, &assigned()).unwrap();
     assert_eq!(applied.verified, assigned());
     assert_eq!(titles(&db), [(2, "two".into())]);
 }
@@ -213,7 +213,7 @@ async fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
     let err = db
         .apply_pull(
             &m,
-            &page(&[good(2), tampered], None, &[("user:a", "c")]),
+            page(&[good(2), tampered], None, &[("user:a", "c")]),
             &assigned(),
         )
         .unwrap_err();
@@ -223,7 +223,7 @@ async fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
     let err = db
         .apply_pull(
             &m,
-            &page(
+            page(
                 &[good(1)],
                 Some(&[("user:a", scope_hex(&m, "user:a", &[(1, "ok", "v1")]))]),
                 &[("user:a", "c")],
@@ -239,7 +239,7 @@ async fn tampering_is_detected_and_only_the_affected_scope_rebuilds() {
     let applied = db
         .apply_pull(
             &m,
-            &page(
+            page(
                 &[good(1)],
                 Some(&[
                     ("user:a", scope_hex(&m, "user:a", &[(1, "ok", "v1")])),
@@ -289,7 +289,7 @@ async fn a_rebuild_replaces_the_scope_only_after_its_final_checksum_verifies() {
     db.install(&m).unwrap();
     db.apply_pull(
         &m,
-        &page(
+        page(
             &[
                 upsert(&m, "user:a", 1, "one", "v1"),
                 upsert(&m, "user:a", 2, "two", "v2"),
@@ -388,7 +388,7 @@ async fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
     db.install(&m).unwrap();
     db.apply_pull(
         &m,
-        &page(
+        page(
             &[
                 upsert(&m, "user:a", 1, "shared", "v1"),
                 upsert(&m, "user:b", 1, "shared", "v1"),
@@ -415,9 +415,9 @@ async fn a_removed_scope_takes_away_only_the_rows_nothing_else_justifies() {
         .unwrap()
     };
     // Claiming to remove a scope that is still assigned is refused as a whole.
-    assert!(db.apply_pull(&m, &removal("user:a"), &assigned()).is_err());
+    assert!(db.apply_pull(&m, removal("user:a"), &assigned()).is_err());
     assert_eq!(titles(&db).len(), 2);
-    let applied = db.apply_pull(&m, &removal("user:b"), &only_a).unwrap();
+    let applied = db.apply_pull(&m, removal("user:b"), &only_a).unwrap();
     assert_eq!(applied.verified, only_a);
     assert_eq!(titles(&db), [(1, "shared".into())]);
     assert_eq!(db.scope_state("user:b").unwrap(), None);
@@ -485,7 +485,7 @@ async fn baseline(m: &Manifest) -> Storage {
     db.install(m).unwrap();
     db.apply_pull(
         m,
-        &page(
+        page(
             &[
                 upsert(m, "user:a", 1, "one", "v1"),
                 upsert(m, "user:b", 1, "one", "v1"),
@@ -507,7 +507,7 @@ async fn baseline(m: &Manifest) -> Storage {
 fn refused_pull(db: &mut Storage, m: &Manifest, text: &str, assigned: &BTreeSet<String>) {
     let before = stored_state(db);
     let page = Json::parse(text).unwrap();
-    let err = db.apply_pull(m, &page, assigned).unwrap_err();
+    let err = db.apply_pull(m, page, assigned).unwrap_err();
     assert_eq!(err.code(), "sync_integrity_failure", "{text}");
     assert_eq!(stored_state(db), before, "nothing is written: {text}");
 }
@@ -551,7 +551,7 @@ async fn a_checksum_object_of_any_other_shape_fails_the_whole_page() {
         }
     }
     // The page itself is fine.
-    db.apply_pull(&m, &Json::parse(&good).unwrap(), &assigned())
+    db.apply_pull(&m, Json::parse(&good).unwrap(), &assigned())
         .unwrap();
     assert_eq!(titles(&db), [(1, "uno".into()), (2, "two".into())]);
 
@@ -679,9 +679,9 @@ async fn every_terminal_rule_is_a_whole_page_contract() {
     let empty = r#"{"protocol_version":3,"scope_set_version":1,"scope_updates":{"added":[],"removed":[]},"changes":[],"scope_cursor_updates":{},"rebuild_scopes":[],"has_more":false,"checksums":{}}"#;
     refused_pull(&mut db, &m, empty, &assigned());
     // The unmodified pages apply.
-    db.apply_pull(&m, &Json::parse(&more).unwrap(), &assigned())
+    db.apply_pull(&m, Json::parse(&more).unwrap(), &assigned())
         .unwrap();
-    db.apply_pull(&m, &Json::parse(&terminal).unwrap(), &assigned())
+    db.apply_pull(&m, Json::parse(&terminal).unwrap(), &assigned())
         .unwrap();
     assert_eq!(titles(&db), [(1, "one".into()), (2, "two".into())]);
 

@@ -296,7 +296,7 @@ async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
     let mut storage = c.into_storage();
     let page = server.0.borrow().pull();
     let applied = storage
-        .apply_pull_page(&manifest, &page, &BTreeSet::from(["a".to_owned()]))
+        .apply_pull_page(&manifest, page, &BTreeSet::from(["a".to_owned()]))
         .unwrap();
     assert!(
         applied.verified.contains("a"),

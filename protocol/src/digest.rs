@@ -122,33 +122,135 @@ pub fn row_body(table: &Table, row: &Json, pk: &TypedValue) -> Result<Vec<u8>> {
     let Json::Object(members) = row else {
         return Err(Error::row("row must be a JSON object"));
     };
-    // Fields are sorted by ID octets; place each member at its field's position.
+    let values = place_values(
+        table,
+        members.iter().map(|(k, v)| (k.as_str(), v)),
+        TypedValue::from_wire,
+        pk,
+    )?;
+    let mut body = Vec::with_capacity(16 * table.fields.len());
+    encode_body(table, &values, &mut body);
+    Ok(body)
+}
+
+/// The values of a complete row given as wire JSON (which is consumed), one per field in
+/// the table's field order, with exactly the checks of [`row_body`]: every synced field
+/// exactly once, no other member, each value canonical for its field, the key inside the
+/// row equal to `pk`.
+pub fn row_values(table: &Table, row: Json, pk: &TypedValue) -> Result<Vec<TypedValue>> {
+    let Json::Object(members) = row else {
+        return Err(Error::row("row must be a JSON object"));
+    };
+    let mut values = vec![None; table.fields.len()];
+    for (name, value) in members {
+        let i = field_index(table, &name)?;
+        values[i] = Some(TypedValue::from_wire_owned(&table.fields[i].spec, value)?);
+    }
+    complete(table, values, pk)
+}
+
+/// The field position of member `name`.
+fn field_index(table: &Table, name: &str) -> Result<usize> {
+    // Fields are sorted by ID octets.
+    table
+        .fields
+        .binary_search_by(|f| f.field_id.as_bytes().cmp(name.as_bytes()))
+        .map_err(|_| Error::row("row has a field that is not in the table"))
+}
+
+/// Places each member at its field's position (the parser already rejects duplicate
+/// member names).
+fn place_values<'a, V>(
+    table: &Table,
+    members: impl Iterator<Item = (&'a str, V)>,
+    convert: impl Fn(&crate::types::FieldSpec, V) -> Result<TypedValue>,
+    pk: &TypedValue,
+) -> Result<Vec<TypedValue>> {
     let mut slots: Vec<Option<TypedValue>> = vec![None; table.fields.len()];
     for (name, value) in members {
-        let i = table
-            .fields
-            .binary_search_by(|f| f.field_id.as_bytes().cmp(name.as_bytes()))
-            .map_err(|_| Error::row("row has a field that is not in the table"))?;
-        // The parser already rejects duplicate member names.
-        let field = &table.fields[i];
-        slots[i] = Some(TypedValue::from_wire(&field.spec, value)?);
+        let i = field_index(table, name)?;
+        slots[i] = Some(convert(&table.fields[i].spec, value)?);
     }
-    let mut body = Vec::with_capacity(16 * table.fields.len());
-    put_u32(&mut body, table.fields.len() as u32);
-    for (field, slot) in table.fields.iter().zip(&slots) {
+    complete(table, slots, pk)
+}
+
+/// Every field present, the key equal to `pk`.
+fn complete(
+    table: &Table,
+    slots: Vec<Option<TypedValue>>,
+    pk: &TypedValue,
+) -> Result<Vec<TypedValue>> {
+    let mut values = Vec::with_capacity(slots.len());
+    for (field, slot) in table.fields.iter().zip(slots) {
         let Some(value) = slot else {
             return Err(Error::row(format!(
                 "row is missing field {}",
                 field.field_id
             )));
         };
-        if field.field_id == table.primary_key_field_id && value != pk {
+        if field.field_id == table.primary_key_field_id && value != *pk {
             return Err(Error::PrimaryKeyMismatch);
         }
-        put_text(&mut body, &field.field_id);
-        value.encode(&mut body);
+        values.push(value);
     }
-    Ok(body)
+    Ok(values)
+}
+
+/// Appends `row_body` for values already checked against `table` (one per field, in field
+/// order).
+fn encode_body(table: &Table, values: &[TypedValue], out: &mut Vec<u8>) {
+    put_u32(out, table.fields.len() as u32);
+    for (field, value) in table.fields.iter().zip(values) {
+        put_text(out, &field.field_id);
+        value.encode(out);
+    }
+}
+
+/// Computes row digests of many rows with one reusable buffer (the verification loop of a
+/// client applying a page): the same octets as [`row_digest_input`], hashed without keeping
+/// them.
+#[derive(Debug, Default)]
+pub struct RowHasher {
+    body: Vec<u8>,
+    input: Vec<u8>,
+}
+
+impl RowHasher {
+    /// A hasher with empty buffers.
+    pub fn new() -> RowHasher {
+        RowHasher::default()
+    }
+
+    /// The row digest of `values` (one per field of `table`, in field order, as returned by
+    /// [`row_values`] or read back and validated from storage), whose identity is `identity`,
+    /// at `server_version`.
+    pub fn digest(
+        &mut self,
+        schema_hash: &[u8; 32],
+        table: &Table,
+        identity: &RowIdentity,
+        values: &[TypedValue],
+        server_version: &str,
+    ) -> Result<[u8; 32]> {
+        if values.len() != table.fields.len() {
+            return Err(Error::row("row must have exactly one value per field"));
+        }
+        if server_version.is_empty() {
+            return Err(Error::InvalidServerVersion);
+        }
+        self.body.clear();
+        encode_body(table, values, &mut self.body);
+        let id = identity.as_bytes();
+        self.input.clear();
+        self.input.extend_from_slice(ROW_DIGEST_DOMAIN);
+        self.input.extend_from_slice(schema_hash);
+        put_u64(&mut self.input, id.len() as u64);
+        self.input.extend_from_slice(id);
+        put_u64(&mut self.input, self.body.len() as u64);
+        self.input.extend_from_slice(&self.body);
+        put_text(&mut self.input, server_version);
+        Ok(Sha256::digest(&self.input).into())
+    }
 }
 
 /// Computes the row digest of a complete row given as validated values, one per field in
@@ -305,7 +407,12 @@ impl ScopeDigester {
 
     /// Adds the next entry; identities must strictly increase.
     pub fn add(&mut self, identity: &RowIdentity, row_digest: &[u8; 32]) -> Result<()> {
-        let id = identity.as_bytes();
+        self.add_octets(identity.as_bytes(), row_digest)
+    }
+
+    /// [`ScopeDigester::add`] for identity octets held elsewhere (an index of a scope's
+    /// rows); they must be the octets of a [`RowIdentity`].
+    pub fn add_octets(&mut self, id: &[u8], row_digest: &[u8; 32]) -> Result<()> {
         if self.seen > 0 && id <= self.last.as_slice() {
             return Err(Error::InvalidScope {
                 reason: if id == self.last.as_slice() {

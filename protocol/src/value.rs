@@ -201,6 +201,32 @@ impl TypedValue {
         })
     }
 
+    /// [`TypedValue::from_wire`] for a value the caller gives away: text is moved into the
+    /// scalar instead of copied (the same checks, the same result).
+    pub fn from_wire_owned(spec: &FieldSpec, value: Json) -> Result<TypedValue> {
+        let ty = spec.ty;
+        let scalar = match (ty, value) {
+            (PortableType::String, Json::String(s)) => Scalar::String(s),
+            (PortableType::Datetime, Json::String(s)) => {
+                temporal::validate_datetime(&s)?;
+                Scalar::Datetime(s)
+            }
+            (PortableType::Date, Json::String(s)) => {
+                temporal::validate_date(&s)?;
+                Scalar::Date(s)
+            }
+            (PortableType::Time, Json::String(s)) => {
+                temporal::validate_time(&s)?;
+                Scalar::Time(s)
+            }
+            (_, value) => return TypedValue::from_wire(spec, &value),
+        };
+        Ok(TypedValue {
+            ty,
+            scalar: Some(scalar),
+        })
+    }
+
     /// Appends `type_tag || presence || payload`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(self.ty.tag());

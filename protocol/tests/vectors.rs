@@ -201,6 +201,68 @@ fn upstream_canonical_v1_all_defined_kinds_pass() {
     assert_eq!(check_results(&cases, &out), 95);
 }
 
+/// The client's verification path ([`row_values`] then [`RowHasher`], what a pull page is
+/// checked with) gives every row-digest vector's expected digest, and refuses what the
+/// reference path refuses.
+#[test]
+fn the_client_row_hasher_agrees_with_every_row_digest_vector() {
+    use synchro_protocol::digest::{row_digest, row_values, RowHasher, RowIdentity};
+    use synchro_protocol::manifest::Manifest;
+    use synchro_protocol::value::TypedValue;
+    let mut hasher = RowHasher::new();
+    let mut checked = 0;
+    for case in conformance_cases().into_iter().chain(upstream_cases()) {
+        if case.command != "row-digest" {
+            continue;
+        }
+        let field = |name| case.input.get(name).and_then(Json::as_str);
+        let (Some(m), Some(table_id), Some(pk), Some(row), Some(version)) = (
+            field("manifest_json"),
+            field("table_id"),
+            field("pk_json"),
+            field("row_json"),
+            field("server_version"),
+        ) else {
+            continue;
+        };
+        let (Ok(m), Ok(pk), Ok(row)) = (Manifest::parse(m), Json::parse(pk), Json::parse(row))
+        else {
+            continue;
+        };
+        let reference = row_digest(&m, table_id, &pk, &row, version).map(|d| d.digest);
+        let client = (|| {
+            let table = m
+                .table(table_id)
+                .ok_or(synchro_protocol::Error::UnknownTable)?;
+            let key = TypedValue::from_wire(&table.primary_key().spec, &pk)?;
+            let identity = RowIdentity::new(table, &key)?;
+            let values = row_values(table, row.clone(), &key)?;
+            hasher.digest(&m.schema_hash(), table, &identity, &values, version)
+        })();
+        match (&reference, &client) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", case.id),
+            (Err(_), Err(_)) => {}
+            _ => panic!("{}: reference {reference:?}, client {client:?}", case.id),
+        }
+        if case.valid {
+            let expected = case
+                .expect
+                .iter()
+                .find(|(k, _)| k == "sha256")
+                .and_then(|(_, v)| v.as_str());
+            if let (Some(expected), Ok(d)) = (expected, &client) {
+                assert_eq!(hex(d), expected, "{}", case.id);
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} row-digest vectors");
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 #[test]
 fn upstream_files_are_the_published_ones() {
     // The catalog pins the vector file's SHA-256; a corrupted copy would fail here.

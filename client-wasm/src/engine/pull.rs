@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use synchro_protocol::wire::{Message, PullRequest, PullResponse};
+use synchro_protocol::wire::{PullRequest, PullResponse};
 
 use super::{Client, ClientError, Progress, SyncReport, Transport};
 use crate::store::StorageError;
@@ -37,7 +37,7 @@ impl<T: Transport> Client<T> {
             if r.status != 200 {
                 return Err(ClientError::from_response(&r));
             }
-            let page = PullResponse::from_json(&r.body)
+            let page = PullResponse::from_json_owned(r.body)
                 .map_err(|e| StorageError::Verification(e.message))?;
             let mut assigned: BTreeSet<String> = scopes.keys().cloned().collect();
             assigned.extend(page.scope_updates.added.iter().cloned());
@@ -49,7 +49,8 @@ impl<T: Transport> Client<T> {
                 .iter()
                 .filter_map(|c| manifest.table(&c.table_id).map(|t| t.name.clone()))
                 .collect();
-            let applied = self.storage.apply_pull_page(&manifest, &page, &assigned)?;
+            let has_more = page.has_more;
+            let applied = self.storage.apply_pull_page(&manifest, page, &assigned)?;
             progress.pages += 1;
             progress.rows += applied.changes as u64;
             report.pull_pages += 1;
@@ -57,7 +58,7 @@ impl<T: Transport> Client<T> {
             report.verified.extend(applied.verified);
             self.report(progress.clone());
             self.notify(tables);
-            if !page.has_more {
+            if !has_more {
                 return Ok(());
             }
         }

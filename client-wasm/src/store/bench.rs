@@ -27,12 +27,13 @@ impl Storage {
             .iter()
             .position(|f| f.field_id == table.primary_key_field_id)
             .expect("a validated table has its primary key");
-        self.with_tx(|tx| {
+        self.with_index_tx(|tx, ix| {
+            ix.for_manifest(manifest);
             for (values, version) in rows {
                 let pk = &values[pk_index];
                 write_row(tx, table, values.iter().map(to_sql))?;
-                record_server_row(tx, table_id, &pk.to_wire_text(), &version, &[0; 32])?;
-                add_edge(tx, table, pk, scope)?;
+                record_server_row(tx, ix, table, pk, &pk.to_wire_text(), &version, &[0; 32])?;
+                add_edge(tx, ix, table, pk, scope)?;
             }
             install_final(tx, scope, Some("c"))?;
             Ok(())

@@ -74,11 +74,13 @@ impl Storage {
         generation: i64,
         scope_set_version: Option<i64>,
     ) -> Result<(), StorageError> {
-        self.connection().execute(
+        self.neutral(|conn| {
+            conn.execute(
             r#"UPDATE "_synchro_client" SET "client_generation" = ?, "scope_set_version" = ?, "refused_client_version" = NULL WHERE "id" = 1"#,
             params![generation, scope_set_version],
         )?;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The client version a server last refused with HTTP 426, if any.
@@ -92,11 +94,13 @@ impl Storage {
 
     /// Records that a server refused the client version `version` with HTTP 426.
     pub(crate) fn set_refused_client_version(&self, version: &str) -> Result<(), StorageError> {
-        self.connection().execute(
-            r#"UPDATE "_synchro_client" SET "refused_client_version" = ? WHERE "id" = 1"#,
-            [version],
-        )?;
-        Ok(())
+        self.neutral(|conn| {
+            conn.execute(
+                r#"UPDATE "_synchro_client" SET "refused_client_version" = ? WHERE "id" = 1"#,
+                [version],
+            )?;
+            Ok(())
+        })
     }
 
     /// Whether the application asked for the explicit schema reset.
@@ -110,20 +114,24 @@ impl Storage {
 
     /// Records that the next connect asks for the schema reset.
     pub(crate) fn request_reset(&self) -> Result<(), StorageError> {
-        self.connection().execute(
-            r#"UPDATE "_synchro_client" SET "reset_requested" = 1 WHERE "id" = 1"#,
-            [],
-        )?;
-        Ok(())
+        self.neutral(|conn| {
+            conn.execute(
+                r#"UPDATE "_synchro_client" SET "reset_requested" = 1 WHERE "id" = 1"#,
+                [],
+            )?;
+            Ok(())
+        })
     }
 
     /// Records that this client's schema can no longer sync.
     pub(crate) fn set_upgrade_required(&self) -> Result<(), StorageError> {
-        self.connection().execute(
-            r#"UPDATE "_synchro_client" SET "upgrade_required" = 1 WHERE "id" = 1"#,
-            [],
-        )?;
-        Ok(())
+        self.neutral(|conn| {
+            conn.execute(
+                r#"UPDATE "_synchro_client" SET "upgrade_required" = 1 WHERE "id" = 1"#,
+                [],
+            )?;
+            Ok(())
+        })
     }
 }
 

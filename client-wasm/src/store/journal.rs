@@ -268,6 +268,9 @@ impl Storage {
         mut at: impl FnMut(DdlPoint) -> Result<(), E>,
     ) -> Result<(), E> {
         let db = |e: rusqlite::Error| E::from(StorageError::from(e));
+        // The DDL and the digests rewritten under the target schema: the scope index is
+        // built again from the tables (dropped before, so a failure leaves nothing stale).
+        self.index.invalidate();
         let tx = self.conn_mut().transaction().map_err(db)?;
         for (i, statement) in plan.render().iter().enumerate() {
             tx.execute_batch(statement).map_err(db)?;
@@ -305,8 +308,9 @@ impl Storage {
 
     /// Clears the journal (its migration is complete).
     pub(crate) fn clear_journal(&self) -> Result<(), StorageError> {
-        self.connection()
-            .execute(r#"DELETE FROM "_synchro_journal""#, [])?;
-        Ok(())
+        self.neutral(|conn| {
+            conn.execute(r#"DELETE FROM "_synchro_journal""#, [])?;
+            Ok(())
+        })
     }
 }

@@ -59,6 +59,9 @@ impl Storage {
                 tx.pragma_update(None, "user_version", version + 1)?;
                 Ok(())
             })?;
+            // The application's SQL may have written anything: the scope index is built
+            // again from the tables.
+            self.index.invalidate();
             version += 1;
         }
         Ok(version)

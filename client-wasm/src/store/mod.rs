@@ -7,6 +7,9 @@
 //! - `rows`: writing, removing and reading synced rows, the shadow of a row with unresolved
 //!   intent, and the stored row digests.
 //! - `scopes`: cursors, rebuild markers, provenance edges, releasing a scope.
+//! - `index`: the in-memory ordered index of every scope's rows and row digests that
+//!   terminal scope digests are computed from, kept current by the functions of `rows` and
+//!   `scopes` that write edges and digests, and dropped whenever anything else may have.
 //! - `pull`, `rebuild`: verified application of typed pull and rebuild pages.
 //! - `queue`: the durable mutation queue and its outcomes.
 //! - `enums`: the states, statuses and operations stored as text.
@@ -22,6 +25,7 @@
 mod bench;
 mod client;
 mod enums;
+mod index;
 mod journal;
 mod local;
 mod pull;
@@ -33,6 +37,9 @@ mod scopes;
 pub mod values;
 
 use rusqlite::{Connection, Transaction};
+use synchro_protocol::manifest::Manifest;
+
+use index::ScopeIndex;
 
 pub use crate::error::StorageError;
 pub use enums::{parse_operation, MigrationAction, MutationState, OutcomeStatus, Phase};
@@ -45,6 +52,7 @@ pub use values::{from_sql, to_sql};
 /// A local database.
 pub struct Storage {
     conn: Connection,
+    index: ScopeIndex,
 }
 
 impl Storage {
@@ -53,6 +61,7 @@ impl Storage {
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Storage, StorageError> {
         Ok(Storage {
             conn: Connection::open(path)?,
+            index: ScopeIndex::default(),
         })
     }
 
@@ -60,28 +69,85 @@ impl Storage {
     pub fn open_in_memory() -> Result<Storage, StorageError> {
         Ok(Storage {
             conn: Connection::open_in_memory()?,
+            index: ScopeIndex::default(),
         })
     }
 
-    /// The underlying connection (for tests and queries by the application).
+    /// The underlying connection (for tests and queries by the application). Anything
+    /// written through it is seen by the store (the scope index is built again).
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
 
+    /// The connection for a write the caller tracks itself (the scope index is dropped by
+    /// anything it does not know about).
     pub(crate) fn conn_mut(&mut self) -> &mut Connection {
         &mut self.conn
     }
 
     /// Runs `f` in one transaction, committed only when it returns `Ok` (an error, or a
-    /// panic, rolls everything back).
+    /// panic, rolls everything back). `f` writes no provenance edge and no stored row digest
+    /// (those go through [`Storage::with_index_tx`]).
     pub(crate) fn with_tx<T>(
         &mut self,
         f: impl FnOnce(&Transaction<'_>) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
+        self.with_index_tx(|tx, _| f(tx))
+    }
+
+    /// [`Storage::with_tx`] for a transaction that writes edges or digests: `f` passes the
+    /// scope index to the functions that write them, and a rollback takes its changes back.
+    fn with_index_tx<T>(
+        &mut self,
+        f: impl FnOnce(&Transaction<'_>, &mut ScopeIndex) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let begun = self.index.begin(&self.conn)?;
         let tx = self.conn.transaction()?;
-        let out = f(&tx)?;
-        tx.commit()?;
-        Ok(out)
+        match f(&tx, &mut self.index).and_then(|v| Ok(tx.commit().map(|()| v)?)) {
+            Ok(v) => {
+                self.index.commit(&self.conn, begun);
+                Ok(v)
+            }
+            Err(e) => {
+                self.index.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs a write outside any transaction that touches no provenance edge and no stored
+    /// row digest (a current scope index stays current).
+    fn neutral<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        self.index.neutral(&self.conn, || f(&self.conn))
+    }
+
+    /// The digest of `scope`'s local rows under `manifest`, from the scope index (what a
+    /// terminal pull page is checked against).
+    pub fn local_scope_digest(
+        &mut self,
+        manifest: &Manifest,
+        scope: &str,
+    ) -> Result<[u8; 32], StorageError> {
+        self.with_index_tx(|tx, ix| ix.scope_digest(tx, manifest, scope))
+    }
+
+    /// The digest of `scope`'s local rows computed from the tables alone, without the scope
+    /// index (every provenance edge with its stored row digest, sorted and streamed).
+    pub fn recompute_scope_digest(
+        &self,
+        manifest: &Manifest,
+        scope: &str,
+    ) -> Result<[u8; 32], StorageError> {
+        index::digest_from_tables(&self.conn, manifest, scope)
+    }
+
+    /// How many times the scope index was built from the tables since the database was
+    /// opened (a diagnostic: a maintained index is built once).
+    pub fn scope_index_builds(&self) -> u64 {
+        self.index.builds()
     }
 }
 

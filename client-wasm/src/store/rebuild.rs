@@ -94,7 +94,8 @@ impl Storage {
                 checksum,
             } => (Some(checksum.0), Some(final_scope_cursor.as_str())),
         };
-        let end = self.with_tx(|tx| {
+        let end = self.with_index_tx(|tx, ix| {
+            ix.for_manifest(manifest);
             if first {
                 run(
                     tx,
@@ -152,6 +153,7 @@ impl Storage {
             let pending = pending_keys(tx)?;
             release_scope(
                 tx,
+                ix,
                 manifest,
                 scope,
                 &|table_id, pk| rows.iter().any(|(t, k, ..)| t == table_id && k == pk),
@@ -168,8 +170,12 @@ impl Storage {
                 } else {
                     write_row(tx, table, values)?;
                 }
-                record_server_row(tx, table_id, pk, version, digest)?;
-                add_edge(tx, table, &key, scope)?;
+                let digest: &[u8; 32] = digest
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| integrity("a staged digest"))?;
+                record_server_row(tx, ix, table, &key, pk, version, digest)?;
+                add_edge(tx, ix, table, &key, scope)?;
             }
             install_final(tx, scope, final_cursor)?;
             Ok(End::Done)

@@ -18,7 +18,8 @@ use synchro_protocol::migration::quote_ident;
 use synchro_protocol::value::TypedValue;
 
 use super::enums::MutationState;
-use super::values::{decode, decode_row, to_sql};
+use super::index::ScopeIndex;
+use super::values::{decode, decode_row, to_sql, Bind};
 use super::{run, Storage};
 use crate::error::StorageError;
 
@@ -60,6 +61,24 @@ pub(super) fn write_row(
     )
 }
 
+/// [`write_row`] for typed values in the order of the table's fields, bound by reference
+/// through one cached statement per table.
+pub(super) fn write_row_bound(
+    conn: &Connection,
+    table: &Table,
+    values: &[TypedValue],
+) -> rusqlite::Result<usize> {
+    let columns: Vec<String> = table.fields.iter().map(|f| quote_ident(&f.name)).collect();
+    let sql = format!(
+        "INSERT OR REPLACE INTO {} ({}) VALUES ({})",
+        quote_ident(&table.name),
+        columns.join(", "),
+        vec!["?"; columns.len()].join(", ")
+    );
+    conn.prepare_cached(&sql)?
+        .execute(params_from_iter(values.iter().map(Bind)))
+}
+
 /// Deletes the visible row.
 pub(super) fn delete_row(
     conn: &Connection,
@@ -95,20 +114,23 @@ pub(super) fn row_exists(
     )
 }
 
-/// Records a verified server row: its version and row digest.
+/// Records a verified server row of `table`: its version and row digest (in the scope
+/// index too).
 pub(super) fn record_server_row(
     conn: &Connection,
-    table_id: &str,
+    ix: &mut ScopeIndex,
+    table: &Table,
+    pk: &TypedValue,
     pk_text: &str,
     version: &str,
-    digest: &[u8],
-) -> rusqlite::Result<()> {
+    digest: &[u8; 32],
+) -> Result<(), StorageError> {
     run(
         conn,
         r#"INSERT OR REPLACE INTO "_synchro_rows" ("table_id", "pk", "server_version", "digest") VALUES (?, ?, ?, ?)"#,
-        params![table_id, pk_text, version, digest],
+        params![table.table_id, pk_text, version, &digest[..]],
     )?;
-    Ok(())
+    ix.set_digest(table, pk, *digest)
 }
 
 /// The server version of a row the server sent (none for a row it never sent).
@@ -129,6 +151,7 @@ pub(super) fn server_version(
 /// stays while it has unresolved local intent).
 pub(super) fn forget_row(
     conn: &Connection,
+    ix: &mut ScopeIndex,
     table: &Table,
     pk: &TypedValue,
     pending: &Pending,
@@ -145,7 +168,7 @@ pub(super) fn forget_row(
         r#"DELETE FROM "_synchro_rows" WHERE "table_id" = ? AND "pk" = ?"#,
         params![table.table_id, pk_text],
     )?;
-    Ok(())
+    ix.forget(table, pk)
 }
 
 /// Every stored row digest of `table`, by key wire text (one scan).

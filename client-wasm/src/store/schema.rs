@@ -245,13 +245,16 @@ impl Storage {
             ));
         }
         let plan = MigrationPlan::derive(None, manifest, false)?;
-        self.with_tx(|tx| {
+        let out = self.with_tx(|tx| {
             ensure(tx)?;
             for statement in plan.render() {
                 tx.execute_batch(&statement)?;
             }
             Ok(())
-        })
+        });
+        // New provenance tables (the schema change would drop the index anyway).
+        self.index.invalidate();
+        out
     }
 }
 

@@ -13,6 +13,7 @@ use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::migration::quote_ident;
 use synchro_protocol::value::TypedValue;
 
+use super::index::ScopeIndex;
 use super::rows::{forget_row, pending_keys, Pending};
 use super::values::{from_sql, to_sql};
 use super::{run, Storage};
@@ -23,13 +24,14 @@ pub(super) fn provenance(table: &Table) -> String {
     quote_ident(&format!("_synchro_provenance:{}", table.table_id))
 }
 
-/// Records that `scope` justifies the row `pk`.
+/// Records that `scope` justifies the row `pk` (in the scope index too).
 pub(super) fn add_edge(
     conn: &Connection,
+    ix: &mut ScopeIndex,
     table: &Table,
     pk: &TypedValue,
     scope: &str,
-) -> rusqlite::Result<()> {
+) -> Result<(), StorageError> {
     run(
         conn,
         &format!(
@@ -38,24 +40,26 @@ pub(super) fn add_edge(
         ),
         params![to_sql(pk), scope],
     )?;
-    Ok(())
+    ix.add_edge(table, pk, scope)
 }
 
-/// Removes the edge from `scope` to the row `pk`; returns how many scopes still justify
-/// the row.
+/// Removes the edge from `scope` to the row `pk` (in the scope index too); returns how
+/// many scopes still justify the row.
 pub(super) fn remove_edge(
     conn: &Connection,
+    ix: &mut ScopeIndex,
     table: &Table,
     pk: &TypedValue,
     scope: &str,
-) -> rusqlite::Result<i64> {
+) -> Result<i64, StorageError> {
     let prov = provenance(table);
     run(
         conn,
         &format!("DELETE FROM {prov} WHERE \"pk\" = ? AND \"scope_id\" = ?"),
         params![to_sql(pk), scope],
     )?;
-    edges_of(conn, &prov, pk)
+    ix.remove_edge(table, pk, scope)?;
+    Ok(edges_of(conn, &prov, pk)?)
 }
 
 /// How many scopes justify the row `pk` (`prov` is the quoted provenance table).
@@ -176,6 +180,7 @@ pub(super) fn clear_pending_cursors(conn: &Connection) -> rusqlite::Result<()> {
 /// any more unless `kept(table_id, pk_wire_text)` says it is about to be written again.
 pub(super) fn release_scope(
     tx: &Transaction<'_>,
+    ix: &mut ScopeIndex,
     manifest: &Manifest,
     scope: &str,
     kept: &dyn Fn(&str, &str) -> bool,
@@ -189,9 +194,10 @@ pub(super) fn release_scope(
             &format!("DELETE FROM {prov} WHERE \"scope_id\" = ?"),
             [scope],
         )?;
+        ix.clear_scope(table, scope);
         for pk in old {
             if edges_of(tx, &prov, &pk)? == 0 && !kept(&table.table_id, &pk.to_wire_text()) {
-                forget_row(tx, table, &pk, pending)?;
+                forget_row(tx, ix, table, &pk, pending)?;
             }
         }
     }
@@ -202,11 +208,12 @@ pub(super) fn release_scope(
 /// justifies, its staged rebuild rows and its cursor state.
 pub(super) fn drop_scope(
     tx: &Transaction<'_>,
+    ix: &mut ScopeIndex,
     manifest: &Manifest,
     scope: &str,
     pending: &Pending,
 ) -> Result<(), StorageError> {
-    release_scope(tx, manifest, scope, &|_, _| false, pending)?;
+    release_scope(tx, ix, manifest, scope, &|_, _| false, pending)?;
     run(
         tx,
         r#"DELETE FROM "_synchro_scopes" WHERE "scope_id" = ?"#,
@@ -229,10 +236,11 @@ impl Storage {
         manifest: &Manifest,
         scopes: &[String],
     ) -> Result<(), StorageError> {
-        self.with_tx(|tx| {
+        self.with_index_tx(|tx, ix| {
+            ix.for_manifest(manifest);
             let pending = pending_keys(tx)?;
             for scope in scopes {
-                drop_scope(tx, manifest, scope, &pending)?;
+                drop_scope(tx, ix, manifest, scope, &pending)?;
             }
             Ok(())
         })
@@ -241,13 +249,15 @@ impl Storage {
     /// Records newly assigned scopes, each marked for rebuild (a scope already known keeps
     /// its state).
     pub(crate) fn add_scopes(&self, added: &BTreeSet<String>) -> Result<(), StorageError> {
-        for s in added {
-            self.connection().execute(
-                r#"INSERT OR IGNORE INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?, 1)"#,
-                [s],
-            )?;
-        }
-        Ok(())
+        self.neutral(|conn| {
+            for s in added {
+                conn.execute(
+                    r#"INSERT OR IGNORE INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?, 1)"#,
+                    [s],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// A scope's installed cursor and whether it must rebuild.

@@ -38,6 +38,30 @@ pub fn to_sql(value: &TypedValue) -> Value {
     }
 }
 
+/// A typed value bound to a statement by reference (its text or bytes are not copied).
+pub(super) struct Bind<'a>(pub &'a TypedValue);
+
+impl rusqlite::ToSql for Bind<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(rusqlite::types::ToSqlOutput::Borrowed(
+            match self.0.scalar() {
+                None => ValueRef::Null,
+                Some(Scalar::String(s))
+                | Some(Scalar::Decimal(s))
+                | Some(Scalar::Datetime(s))
+                | Some(Scalar::Date(s))
+                | Some(Scalar::Time(s))
+                | Some(Scalar::Json(s)) => ValueRef::Text(s.as_bytes()),
+                Some(Scalar::Int(i)) => ValueRef::Integer(i64::from(*i)),
+                Some(Scalar::Int64(i)) => ValueRef::Integer(*i),
+                Some(Scalar::Float(f)) => ValueRef::Real(*f),
+                Some(Scalar::Boolean(b)) => ValueRef::Integer(i64::from(*b)),
+                Some(Scalar::Bytes(b)) => ValueRef::Blob(b),
+            },
+        ))
+    }
+}
+
 /// Decodes a stored value by its field spec; `None` when it does not fit.
 pub fn from_sql(spec: &FieldSpec, value: ValueRef<'_>) -> Option<TypedValue> {
     let text = |v: ValueRef<'_>| match v {

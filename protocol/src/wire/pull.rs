@@ -172,6 +172,19 @@ impl Change {
         })
     }
 
+    /// [`Change::from_json`] for a change the caller gives away: its row is moved, not
+    /// copied (the same checks, the same result).
+    fn from_json_owned(mut v: Json) -> Result<Change, WireError> {
+        // Take the row object out, read the rest strictly with an empty object in its place,
+        // then put the row back.
+        let row = take_member(&mut v, "row", |row| matches!(row, Json::Object(_)));
+        let mut change = Change::from_json(&v)?;
+        if let (ChangeOp::Upsert { row: slot, .. }, Some(row)) = (&mut change.op, row) {
+            *slot = row;
+        }
+        Ok(change)
+    }
+
     fn to_json(&self) -> Json {
         let mut members = vec![
             ("scope_id", s(&self.scope_id)),
@@ -209,6 +222,40 @@ pub struct PullResponse {
     pub rebuild_scopes: Vec<String>,
     /// The terminal map (scope → scope digest), on the terminal page only.
     pub checksums: Option<BTreeMap<String, Checksum>>,
+}
+
+/// Replaces the member `name` of an object by an empty value of the same kind and returns
+/// it, when `take` accepts it (a member of any other kind stays for the strict reader to
+/// refuse).
+fn take_member(v: &mut Json, name: &str, take: impl Fn(&Json) -> bool) -> Option<Json> {
+    let Json::Object(members) = v else {
+        return None;
+    };
+    let (_, value) = members.iter_mut().find(|(k, _)| k == name)?;
+    if !take(value) {
+        return None;
+    }
+    let empty = match value {
+        Json::Array(_) => Json::Array(Vec::new()),
+        _ => Json::Object(Vec::new()),
+    };
+    Some(std::mem::replace(value, empty))
+}
+
+impl PullResponse {
+    /// [`Message::from_json`] for a body the caller gives away: the changes and their rows
+    /// are moved into the page, not copied (the same checks, the same result).
+    pub fn from_json_owned(mut body: Json) -> Result<PullResponse, WireError> {
+        let changes = take_member(&mut body, "changes", |c| matches!(c, Json::Array(_)));
+        let mut page = PullResponse::from_json(&body)?;
+        if let Some(Json::Array(items)) = changes {
+            page.changes = items
+                .into_iter()
+                .map(Change::from_json_owned)
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(page)
+    }
 }
 
 impl Message for PullResponse {

@@ -238,11 +238,13 @@ proptest! {
         scope in ident(), hash in hash(), definition in row(), affected in proptest::collection::vec(ident(), 1..3),
         connect_cursors in cursors(), action in 0usize..4,
     ) {
-        round_trip(&PullResponse {
+        let pull = PullResponse {
             scope_set_version: version, scope_updates: updates.clone(), changes,
             has_more: sums.is_none(), scope_cursor_updates: cursors, rebuild_scopes: rebuild,
             checksums: sums,
-        });
+        };
+        round_trip(&pull);
+        prop_assert_eq!(&PullResponse::from_json_owned(pull.to_json()).unwrap(), &pull);
         round_trip(&PushResponse { batch_id: batch, outcomes });
         round_trip(&RebuildResponse {
             scope_id: scope,
@@ -364,4 +366,64 @@ fn strict_parsing_refuses_what_the_spec_does_not_define() {
         &replace,
         r#","schema_definition":{},"affected_scopes":[]"#,
     ));
+}
+
+#[test]
+fn the_owned_pull_parser_reads_exactly_what_the_borrowed_one_does() {
+    let d = "ab".repeat(32);
+    let sum = format!(r#"{{"algorithm":"sha256","version":1,"encoding":"hex","digest":"{d}"}}"#);
+    let page = |changes: &str, has_more: &str, extra: &str| {
+        format!(
+            r#"{{"protocol_version":3,"scope_set_version":1,"scope_updates":{{"added":[],"removed":[]}},"changes":{changes},"has_more":{has_more},"scope_cursor_updates":{{}},"rebuild_scopes":[]{extra}}}"#
+        )
+    };
+    let upsert = |row: &str, extra: &str| {
+        format!(
+            r#"{{"scope_id":"s","table_id":"t","pk":1,"op":"upsert","row":{row},"server_version":"v","row_checksum":{sum}{extra}}}"#
+        )
+    };
+    let delete = |extra: &str| {
+        format!(
+            r#"{{"scope_id":"s","table_id":"t","pk":1,"op":"delete","server_version":"v"{extra}}}"#
+        )
+    };
+    let terminal = format!(r#","checksums":{{"s":{sum}}}"#);
+    let cases = [
+        page("[]", "true", ""),
+        page(
+            &format!("[{}]", upsert(r#"{"f1":1,"f2":"x"}"#, "")),
+            "true",
+            "",
+        ),
+        page(
+            &format!("[{},{}]", upsert(r#"{"f1":1}"#, ""), delete("")),
+            "false",
+            &terminal,
+        ),
+        page(&format!("[{}]", upsert("[]", "")), "true", ""),
+        page(&format!("[{}]", upsert("null", "")), "true", ""),
+        page(
+            &format!("[{}]", upsert(r#"{"f1":1}"#, r#","more":1"#)),
+            "true",
+            "",
+        ),
+        page(&format!("[{}]", delete(r#","row":{"f1":1}"#)), "true", ""),
+        page(&format!("[{}]", delete(r#","row":[]"#)), "true", ""),
+        page(r#"{"a":1}"#, "true", ""),
+        page("[1]", "true", ""),
+        page("[]", "false", ""),
+        page(
+            &format!("[{}]", upsert(r#"{"f1":1}"#, "")),
+            "true",
+            &terminal,
+        ),
+    ];
+    for text in cases {
+        let body = Json::parse(&text).unwrap();
+        assert_eq!(
+            PullResponse::from_json_owned(body.clone()),
+            PullResponse::from_json(&body),
+            "{text}"
+        );
+    }
 }

@@ -1,0 +1,493 @@
+//! The in-memory scope index: for every scope, its rows ordered by canonical row identity,
+//! and the verified row digest of each row, mirroring what the provenance tables and
+//! `_synchro_rows` hold. A terminal page's scope digests are computed from it (spec 001
+//! allows "maintain an ordered index, or cache a complete scope digest while its inputs are
+//! unchanged"): no query, no sort, and an unchanged scope answers from its cached digest.
+//!
+//! Correctness comes first, so the index is only ever a copy it can prove current:
+//!
+//! - it is built from SQLite when first needed, under one manifest (a different schema hash
+//!   drops it);
+//! - every store function that writes a provenance edge or a stored row digest updates it in
+//!   the same step (`rows::record_server_row`, `rows::forget_row`, `scopes::add_edge`,
+//!   `scopes::remove_edge`, `scopes::release_scope`);
+//! - every store transaction runs between [`ScopeIndex::begin`] and [`ScopeIndex::commit`]
+//!   (or [`ScopeIndex::rollback`]): a rolled-back transaction undoes its index changes, and
+//!   a commit records the connection's stamp (its total row changes, `PRAGMA data_version`
+//!   and `PRAGMA schema_version`). Any write the store did not make through those functions,
+//!   by the application on [`super::Storage::connection`], by another connection, or by DDL,
+//!   changes the stamp, and the next transaction drops the index and builds it again;
+//! - writes the store makes outside a transaction and knows leave digests alone go through
+//!   [`ScopeIndex::neutral`]; paths that rewrite digests wholesale (a migration's DDL
+//!   transaction, installing a manifest, local migrations) call
+//!   [`ScopeIndex::invalidate`].
+
+use std::cell::Cell;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use synchro_protocol::digest::{RowIdentity, ScopeDigester};
+use synchro_protocol::manifest::{Manifest, Table};
+use synchro_protocol::value::TypedValue;
+
+use super::rows::stored_digests;
+use super::scopes::provenance;
+use super::values::from_sql;
+use crate::error::StorageError;
+
+/// A row's canonical identity octets, shared by the digest map and every scope holding it.
+type Key = Arc<[u8]>;
+
+/// What the connection has written and seen: when it moves without the store knowing, the
+/// index may be stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stamp {
+    changes: u64,
+    data_version: i64,
+    schema_version: i64,
+}
+
+impl Stamp {
+    fn read(conn: &Connection) -> rusqlite::Result<Stamp> {
+        Ok(Stamp {
+            changes: conn.total_changes(),
+            data_version: conn.query_row("PRAGMA data_version", [], |r| r.get(0))?,
+            schema_version: conn.query_row("PRAGMA schema_version", [], |r| r.get(0))?,
+        })
+    }
+
+    /// Nothing but this connection's own row writes happened since `self`.
+    fn same_outside(&self, later: &Stamp) -> bool {
+        self.data_version == later.data_version && self.schema_version == later.schema_version
+    }
+}
+
+/// One scope's rows in identity order, with its digest while nothing it covers changed.
+#[derive(Debug, Default, Clone)]
+struct Scope {
+    rows: BTreeSet<Key>,
+    /// `(epoch, digest)`: valid while the digest map's epoch is unchanged.
+    cached: Option<(u64, [u8; 32])>,
+}
+
+/// How to take back one change when a transaction rolls back.
+enum Undo {
+    Digest(Key, Option<[u8; 32]>),
+    /// `inserted`: the edge was added (remove it again), else removed (add it back).
+    Edge(Arc<str>, Key, bool),
+    Scope(Arc<str>, Option<Scope>),
+}
+
+struct Built {
+    schema_hash: [u8; 32],
+    digests: HashMap<Key, [u8; 32]>,
+    scopes: HashMap<Arc<str>, Scope>,
+    /// Bumped by every digest change: cached scope digests older than it are recomputed.
+    epoch: u64,
+    /// Changes of the open transaction, in order.
+    undo: Vec<Undo>,
+    /// Built inside the open transaction (from its uncommitted state): a rollback drops it.
+    in_tx: bool,
+}
+
+/// The index and the stamp it is current at (see the module docs).
+#[derive(Default)]
+pub(super) struct ScopeIndex {
+    built: Option<Built>,
+    stamp: Cell<Option<Stamp>>,
+    /// How many times the index was built from the tables.
+    builds: u64,
+    /// A transaction is being tracked: still set at the next [`ScopeIndex::begin`] means
+    /// the last one never ended (its closure panicked), and the index is dropped.
+    open: bool,
+}
+
+/// What [`ScopeIndex::begin`] saw.
+pub(super) struct Begun(Stamp);
+
+impl ScopeIndex {
+    /// Drops the index (it is built again when needed).
+    pub(super) fn invalidate(&mut self) {
+        self.built = None;
+        self.stamp.set(None);
+    }
+
+    /// How many times the index was built from the tables.
+    pub(super) fn builds(&self) -> u64 {
+        self.builds
+    }
+
+    /// Whether the index is current at `now`.
+    fn current(&self, now: &Stamp) -> bool {
+        !self.open && self.built.is_some() && self.stamp.get() == Some(*now)
+    }
+
+    /// Starts a transaction's tracking: a stale index is dropped first.
+    pub(super) fn begin(&mut self, conn: &Connection) -> rusqlite::Result<Begun> {
+        let now = Stamp::read(conn)?;
+        if !self.current(&now) {
+            self.invalidate();
+        }
+        if let Some(b) = &mut self.built {
+            b.undo.clear();
+        }
+        self.open = true;
+        Ok(Begun(now))
+    }
+
+    /// The transaction committed: the index is current at the connection's new stamp, unless
+    /// something outside this connection's rows changed meanwhile.
+    pub(super) fn commit(&mut self, conn: &Connection, begun: Begun) {
+        self.open = false;
+        match (&mut self.built, Stamp::read(conn)) {
+            (Some(b), Ok(now)) if begun.0.same_outside(&now) => {
+                b.undo.clear();
+                b.in_tx = false;
+                self.stamp.set(Some(now));
+            }
+            _ => self.invalidate(),
+        }
+    }
+
+    /// The transaction rolled back: its index changes are taken back (an index built inside
+    /// it is dropped).
+    pub(super) fn rollback(&mut self) {
+        self.open = false;
+        let Some(b) = &mut self.built else {
+            return;
+        };
+        if b.in_tx {
+            self.invalidate();
+            return;
+        }
+        while let Some(u) = b.undo.pop() {
+            match u {
+                Undo::Digest(key, None) => {
+                    b.digests.remove(&key);
+                }
+                Undo::Digest(key, Some(d)) => {
+                    b.digests.insert(key, d);
+                }
+                Undo::Edge(scope, key, true) => {
+                    if let Some(s) = b.scopes.get_mut(&scope) {
+                        s.rows.remove(&key);
+                    }
+                }
+                Undo::Edge(scope, key, false) => {
+                    b.scopes.entry(scope).or_default().rows.insert(key);
+                }
+                Undo::Scope(scope, None) => {
+                    b.scopes.remove(&scope);
+                }
+                Undo::Scope(scope, Some(old)) => {
+                    b.scopes.insert(scope, old);
+                }
+            }
+        }
+        // Digests cached inside the transaction saw its state.
+        for s in b.scopes.values_mut() {
+            s.cached = None;
+        }
+        b.epoch += 1;
+    }
+
+    /// Runs `f`, a write outside any transaction that touches no provenance edge and no
+    /// stored row digest: an index current before stays current after.
+    pub(super) fn neutral<T>(
+        &self,
+        conn: &Connection,
+        f: impl FnOnce() -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let before = Stamp::read(conn)?;
+        let current = self.current(&before);
+        let out = f();
+        if current {
+            match Stamp::read(conn) {
+                Ok(now) if before.same_outside(&now) => self.stamp.set(Some(now)),
+                _ => self.stamp.set(None),
+            }
+        }
+        out
+    }
+
+    /// Drops an index built under another manifest (call at the start of a transaction that
+    /// writes edges or digests under `manifest`).
+    pub(super) fn for_manifest(&mut self, manifest: &Manifest) {
+        if self
+            .built
+            .as_ref()
+            .is_some_and(|b| b.schema_hash != manifest.schema_hash())
+        {
+            self.invalidate();
+        }
+    }
+
+    /// Builds the index from `conn` (inside the caller's transaction) unless it is there.
+    pub(super) fn ensure(
+        &mut self,
+        conn: &Connection,
+        manifest: &Manifest,
+    ) -> Result<(), StorageError> {
+        self.for_manifest(manifest);
+        if self.built.is_none() {
+            self.built = Some(build(conn, manifest)?);
+            self.builds += 1;
+        }
+        Ok(())
+    }
+
+    fn key(table: &Table, pk: &TypedValue) -> Result<Key, StorageError> {
+        RowIdentity::new(table, pk)
+            .map(|id| Arc::from(id.as_bytes()))
+            .map_err(|_| StorageError::Verification("a key cannot form a row identity"))
+    }
+
+    /// `_synchro_rows` now holds `digest` for the row.
+    pub(super) fn set_digest(
+        &mut self,
+        table: &Table,
+        pk: &TypedValue,
+        digest: [u8; 32],
+    ) -> Result<(), StorageError> {
+        let Some(b) = &mut self.built else {
+            return Ok(());
+        };
+        let key = ScopeIndex::key(table, pk)?;
+        let old = b.digests.insert(key.clone(), digest);
+        if old != Some(digest) {
+            b.epoch += 1;
+            b.undo.push(Undo::Digest(key, old));
+        }
+        Ok(())
+    }
+
+    /// The row's stored digest is gone.
+    pub(super) fn forget(&mut self, table: &Table, pk: &TypedValue) -> Result<(), StorageError> {
+        let Some(b) = &mut self.built else {
+            return Ok(());
+        };
+        let key = ScopeIndex::key(table, pk)?;
+        if let Some((key, old)) = b.digests.remove_entry(&key) {
+            b.epoch += 1;
+            b.undo.push(Undo::Digest(key, Some(old)));
+        }
+        Ok(())
+    }
+
+    /// `scope` justifies the row (its provenance edge exists).
+    pub(super) fn add_edge(
+        &mut self,
+        table: &Table,
+        pk: &TypedValue,
+        scope: &str,
+    ) -> Result<(), StorageError> {
+        let Some(b) = &mut self.built else {
+            return Ok(());
+        };
+        let key = ScopeIndex::key(table, pk)?;
+        // Share the digest map's copy of the identity. A row without a known digest means
+        // the index does not mirror `_synchro_rows` here: drop it rather than guess.
+        let Some((key, _)) = b.digests.get_key_value(&key) else {
+            self.invalidate();
+            return Ok(());
+        };
+        let key = key.clone();
+        let (name, s) = scope_entry(&mut b.scopes, scope);
+        if s.rows.insert(key.clone()) {
+            s.cached = None;
+            b.undo.push(Undo::Edge(name, key, true));
+        }
+        Ok(())
+    }
+
+    /// The edge from `scope` to the row is gone.
+    pub(super) fn remove_edge(
+        &mut self,
+        table: &Table,
+        pk: &TypedValue,
+        scope: &str,
+    ) -> Result<(), StorageError> {
+        let Some(b) = &mut self.built else {
+            return Ok(());
+        };
+        let key = ScopeIndex::key(table, pk)?;
+        let Some(name) = b.scopes.get_key_value(scope).map(|(n, _)| n.clone()) else {
+            return Ok(());
+        };
+        let s = b.scopes.get_mut(&name).expect("just found");
+        if let Some(key) = s.rows.take(&key) {
+            s.cached = None;
+            b.undo.push(Undo::Edge(name, key, false));
+        }
+        Ok(())
+    }
+
+    /// Every edge of `scope` in `table` is gone (the rows' digests are forgotten apart).
+    pub(super) fn clear_scope(&mut self, table: &Table, scope: &str) {
+        let Some(b) = &mut self.built else {
+            return;
+        };
+        let Some(name) = b.scopes.get_key_value(scope).map(|(n, _)| n.clone()) else {
+            return;
+        };
+        let prefix = table_prefix(table);
+        let s = b.scopes.get_mut(&name).expect("just found");
+        let gone: Vec<Key> = s
+            .rows
+            .iter()
+            .filter(|k| k.starts_with(&prefix))
+            .cloned()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        b.undo.push(Undo::Scope(name, Some(s.clone())));
+        for k in &gone {
+            s.rows.remove(k);
+        }
+        s.cached = None;
+    }
+
+    /// The digest of `scope` from the index (built first if needed), by the formula of
+    /// spec 001: cardinality, then every row in identity order with its stored digest.
+    pub(super) fn scope_digest(
+        &mut self,
+        conn: &Connection,
+        manifest: &Manifest,
+        scope: &str,
+    ) -> Result<[u8; 32], StorageError> {
+        self.ensure(conn, manifest)?;
+        let b = self.built.as_mut().expect("ensured");
+        let epoch = b.epoch;
+        let empty = Scope::default();
+        let s = b.scopes.get(scope).unwrap_or(&empty);
+        if let Some((at, d)) = s.cached {
+            if at == epoch {
+                return Ok(d);
+            }
+        }
+        let digest = digest_rows(&b.schema_hash, scope, &s.rows, &b.digests)?;
+        if let Some(s) = b.scopes.get_mut(scope) {
+            s.cached = Some((epoch, digest));
+        }
+        Ok(digest)
+    }
+}
+
+/// The scope's entry, created empty if needed, with its shared name.
+fn scope_entry<'a>(
+    scopes: &'a mut HashMap<Arc<str>, Scope>,
+    scope: &str,
+) -> (Arc<str>, &'a mut Scope) {
+    let name = match scopes.get_key_value(scope) {
+        Some((n, _)) => n.clone(),
+        None => Arc::from(scope),
+    };
+    let s = scopes.entry(name.clone()).or_default();
+    (name, s)
+}
+
+/// The identity octets every row of `table` starts with (domain, table ID, key field ID):
+/// identities of different tables differ inside these octets.
+fn table_prefix(table: &Table) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(synchro_protocol::binary::ROW_ID_DOMAIN);
+    synchro_protocol::binary::put_text(&mut out, &table.table_id);
+    synchro_protocol::binary::put_text(&mut out, &table.primary_key().field_id);
+    out
+}
+
+/// The streaming scope digest over `rows` (already in identity order).
+fn digest_rows(
+    schema_hash: &[u8; 32],
+    scope: &str,
+    rows: &BTreeSet<Key>,
+    digests: &HashMap<Key, [u8; 32]>,
+) -> Result<[u8; 32], StorageError> {
+    let fail = |_| StorageError::Verification("the scope digest cannot be computed");
+    let mut d = ScopeDigester::new(schema_hash, scope, rows.len() as u64).map_err(fail)?;
+    for key in rows {
+        let digest = digests.get(key).ok_or(StorageError::Verification(
+            "a provenance edge without its row",
+        ))?;
+        d.add_octets(key, digest).map_err(fail)?;
+    }
+    Ok(d.finish().map_err(fail)?.digest)
+}
+
+/// Reads every provenance edge and the stored digest of every row an edge names.
+fn build(conn: &Connection, manifest: &Manifest) -> Result<Built, StorageError> {
+    let mut b = Built {
+        schema_hash: manifest.schema_hash(),
+        digests: HashMap::new(),
+        scopes: HashMap::new(),
+        epoch: 0,
+        undo: Vec::new(),
+        in_tx: !conn.is_autocommit(),
+    };
+    // Scope IDs, shared.
+    let mut names: HashMap<String, Arc<str>> = HashMap::new();
+    for table in &manifest.tables {
+        let stored = stored_digests(conn, table)?;
+        let mut q = conn.prepare(&format!(
+            "SELECT \"scope_id\", \"pk\" FROM {}",
+            provenance(table)
+        ))?;
+        let mut rows = q.query([])?;
+        while let Some(r) = rows.next()? {
+            let scope: String = r.get(0)?;
+            let pk = from_sql(&table.primary_key().spec, r.get_ref(1)?).ok_or(
+                StorageError::Verification("a stored key does not match its type"),
+            )?;
+            let key = ScopeIndex::key(table, &pk)?;
+            let key = match b.digests.get_key_value(&key) {
+                Some((k, _)) => k.clone(),
+                None => {
+                    // An edge whose row has no stored digest stays in its scope: computing
+                    // that scope's digest fails, as it does from the tables.
+                    if let Some(d) = stored.get(&pk.to_wire_text()) {
+                        b.digests.insert(key.clone(), *d);
+                    }
+                    key
+                }
+            };
+            let name = names
+                .entry(scope)
+                .or_insert_with_key(|s| Arc::from(s.as_str()))
+                .clone();
+            b.scopes.entry(name).or_default().rows.insert(key);
+        }
+    }
+    Ok(b)
+}
+
+/// The digest of `scope` computed from the tables alone, without the index: every
+/// provenance edge of the scope with the digest stored for its row, sorted and streamed.
+pub(super) fn digest_from_tables(
+    conn: &Connection,
+    manifest: &Manifest,
+    scope: &str,
+) -> Result<[u8; 32], StorageError> {
+    let mut entries = Vec::new();
+    for table in &manifest.tables {
+        let digests = stored_digests(conn, table)?;
+        for pk in super::scopes::scope_keys(conn, table, scope)? {
+            let digest: [u8; 32] =
+                digests
+                    .get(&pk.to_wire_text())
+                    .copied()
+                    .ok_or(StorageError::Verification(
+                        "a provenance edge without its row",
+                    ))?;
+            entries.push((
+                RowIdentity::new(table, &pk)
+                    .map_err(|_| StorageError::Verification("a key cannot form a row identity"))?,
+                digest,
+            ));
+        }
+    }
+    synchro_protocol::digest::scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
+        .map(|d| d.digest)
+        .map_err(|_| StorageError::Verification("the scope digest cannot be computed"))
+}
