@@ -6,7 +6,8 @@
 //! An entry is keyed by a 128-bit SHA-256 prefix of (schema hash, table ID, key, server
 //! version): a row's content is fixed for a server version under one schema, and a schema
 //! change changes every key. The cache holds at most [`MAX_ENTRIES`] digests (about 64 MiB)
-//! and starts over when full. It holds digests only, never row values.
+//! and starts over when full. It holds digests only, never row values; the scope indexes
+//! ([`ScopeIndex`]) also hold row identities (which encode keys), in memory only.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -89,4 +90,85 @@ pub fn scope_put(schema_hash: &[u8; 32], scope: &str, fingerprint: i64, digest: 
         c.clear();
     }
     c.insert((*schema_hash, scope.to_owned()), (fingerprint, digest));
+}
+
+/// Most rows kept across all scope indexes (about 150 bytes each) before they are dropped.
+pub const MAX_INDEXED_ROWS: usize = 2_000_000;
+
+/// A scope's rows in row-identity order with their digests, as of a stream fingerprint:
+/// a later terminal digest of the scope replaces just the rows the scope's effects since
+/// then name, and hashes the index in order (spec 001: "maintain an ordered index").
+pub struct ScopeIndex {
+    /// The scope's fingerprint (see [`scope_get`]) this index reflects.
+    pub fingerprint: i64,
+    /// Row identity octets → row digest.
+    pub rows: std::collections::BTreeMap<synchro_protocol::digest::RowIdentity, [u8; 32]>,
+}
+
+impl ScopeIndex {
+    /// The scope digest of the indexed rows.
+    pub fn digest(
+        &self,
+        schema_hash: &[u8; 32],
+        scope: &str,
+    ) -> synchro_protocol::Result<[u8; 32]> {
+        let mut d = synchro_protocol::digest::ScopeDigester::new(
+            schema_hash,
+            scope,
+            self.rows.len() as u64,
+        )?;
+        for (identity, digest) in &self.rows {
+            d.add(identity, digest)?;
+        }
+        Ok(d.finish()?.digest)
+    }
+}
+
+/// Scope indexes by (schema hash, scope), and the rows they hold in all.
+type Indexes = (HashMap<([u8; 32], String), ScopeIndex>, usize);
+
+fn indexes() -> &'static Mutex<Indexes> {
+    static INDEXES: OnceLock<Mutex<Indexes>> = OnceLock::new();
+    INDEXES.get_or_init(|| Mutex::new((HashMap::new(), 0)))
+}
+
+/// How many scope indexes were built in full and brought forward since the process began.
+pub static INDEX_BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// See [`INDEX_BUILDS`].
+pub static INDEX_ADVANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Takes the index of `scope` under `schema_hash` out of the store (a concurrent terminal
+/// digest of the scope builds its own meanwhile).
+pub fn index_take(schema_hash: &[u8; 32], scope: &str) -> Option<ScopeIndex> {
+    let mut c = indexes().lock().unwrap_or_else(|e| e.into_inner());
+    let taken = c.0.remove(&(*schema_hash, scope.to_owned()));
+    if let Some(i) = &taken {
+        c.1 -= i.rows.len();
+    }
+    taken
+}
+
+/// Stores a scope's index unless the store holds one at a later fingerprint; when the rows
+/// held would pass [`MAX_INDEXED_ROWS`], the others are dropped first (an index larger than
+/// that is not kept).
+pub fn index_put(schema_hash: &[u8; 32], scope: &str, index: ScopeIndex) {
+    if index.rows.len() > MAX_INDEXED_ROWS {
+        return;
+    }
+    let mut c = indexes().lock().unwrap_or_else(|e| e.into_inner());
+    let key = (*schema_hash, scope.to_owned());
+    if let Some(old) = c.0.get(&key) {
+        if old.fingerprint >= index.fingerprint {
+            return;
+        }
+        let n = old.rows.len();
+        c.0.remove(&key);
+        c.1 -= n;
+    }
+    if c.1 + index.rows.len() > MAX_INDEXED_ROWS {
+        c.0.clear();
+        c.1 = 0;
+    }
+    c.1 += index.rows.len();
+    c.0.insert(key, index);
 }

@@ -528,6 +528,52 @@ async fn follow(
     }
 }
 
+/// Spec 001's ordered index: after the first terminal digest, each later one brings the
+/// scope's index forward with just the rows its effects name — rows entering, changing,
+/// leaving the scope and deleted — and always equals the digest of the source's rows.
+#[tokio::test]
+async fn terminal_digests_follow_changes_through_the_scope_index() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    s.env
+        .admin
+        .batch_execute(
+            "INSERT INTO app.docs SELECT g, 'alice', 'seed ' || g FROM generate_series(1, 300) g",
+        )
+        .await
+        .unwrap();
+    s.capture().await;
+    let (mut cursor, rebuild, digest) = follow(&s, &token, "c1", generation, Value::Null).await;
+    assert!(!rebuild);
+    assert_eq!(digest, digest_from_source(&s, "alice").await);
+    let advances = synchro_server::digest_cache::INDEX_ADVANCES.load(Relaxed);
+    for (i, sql) in [
+        "UPDATE app.docs SET title = 'changed' WHERE id = 7",
+        "INSERT INTO app.docs VALUES (1000, 'alice', 'new'), (1001, 'bob', 'not hers')",
+        "UPDATE app.docs SET owner = 'bob' WHERE id IN (3, 150, 299)",
+        "DELETE FROM app.docs WHERE id IN (1, 200)",
+        "UPDATE app.docs SET owner = 'alice' WHERE id IN (150, 1001)",
+        "BEGIN; DELETE FROM app.docs WHERE id = 5; INSERT INTO app.docs VALUES (5, 'alice', 'again'); COMMIT",
+        "UPDATE app.docs SET title = NULL WHERE id BETWEEN 10 AND 20",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        s.env.admin.batch_execute(sql).await.unwrap();
+        s.capture().await;
+        let (next, rebuild, digest) = follow(&s, &token, "c1", generation, cursor).await;
+        assert!(!rebuild, "step {i}");
+        assert_eq!(digest, digest_from_source(&s, "alice").await, "step {i}: {sql}");
+        cursor = next;
+    }
+    assert!(
+        synchro_server::digest_cache::INDEX_ADVANCES.load(Relaxed) >= advances + 7,
+        "the later digests came from the index"
+    );
+}
+
 async fn floor(s: &Stack) -> i64 {
     s.env
         .admin

@@ -108,6 +108,26 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_scope_fingerprint(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_scope_fingerprint(text) TO synchro_adapter;
 
+-- The rows a scope's effects after a fingerprint name (a terminal digest brings its scope
+-- index forward by re-reading just these, pull.rs), and the scope's resume floor: effects
+-- at or below it may have been compacted away, so an index older than it is rebuilt.
+CREATE FUNCTION synchro.synchro_scope_touched(p_scope text, p_after bigint)
+RETURNS TABLE (table_id text, pk text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT DISTINCT r.table_id, e.pk
+      FROM synchro.scope_effects e JOIN synchro.relations r ON r.relation_id = e.relation_id
+     WHERE e.scope_id = p_scope AND e.position > p_after
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_scope_touched(text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_scope_touched(text, bigint) TO synchro_adapter;
+
+CREATE FUNCTION synchro.synchro_scope_floor(p_scope text) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT coalesce((SELECT r.resume_floor FROM synchro.scope_retention r WHERE r.scope_id = p_scope), 0)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_scope_floor(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_scope_floor(text) TO synchro_adapter;
+
 -- A scope's current rows, for its digest.
 CREATE FUNCTION synchro.synchro_scope_rows(p_scope text)
 RETURNS TABLE (table_id text, pk text, row_json text, server_version text)

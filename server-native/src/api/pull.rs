@@ -322,6 +322,20 @@ pub(crate) async fn scope_checksum(
     if let Some(d) = crate::digest_cache::scope_get(&schema_hash, scope, fingerprint) {
         return Ok(Checksum(d));
     }
+    // A scope index at an earlier fingerprint: only the rows named since then are read.
+    if let Some(mut index) = crate::digest_cache::index_take(&schema_hash, scope) {
+        if index.fingerprint > fingerprint {
+            // (Built from a later snapshot than this one.)
+            crate::digest_cache::index_put(&schema_hash, scope, index);
+        } else if advance_index(db, manifest, scope, &mut index, fingerprint).await? {
+            let d = index
+                .digest(&schema_hash, scope)
+                .map_err(|_| ApiError::integrity())?;
+            crate::digest_cache::scope_put(&schema_hash, scope, fingerprint, d);
+            crate::digest_cache::index_put(&schema_hash, scope, index);
+            return Ok(Checksum(d));
+        }
+    }
     let keys = db
         .query(
             "SELECT table_id, pk, server_version FROM synchro.synchro_scope_keys($1)",
@@ -375,10 +389,75 @@ pub(crate) async fn scope_checksum(
         }
         crate::digest_cache::put_many(fresh);
     }
-    let d = scope_digest(&schema_hash, scope, &mut entries, false)
+    let count = entries.len();
+    let index = crate::digest_cache::ScopeIndex {
+        fingerprint,
+        rows: entries.into_iter().collect(),
+    };
+    if index.rows.len() != count {
+        return Err(ApiError::integrity()); // a duplicate row identity
+    }
+    crate::digest_cache::INDEX_BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = index
+        .digest(&schema_hash, scope)
         .map_err(|_| ApiError::integrity())?;
-    crate::digest_cache::scope_put(&schema_hash, scope, fingerprint, d.digest);
-    Ok(Checksum(d.digest))
+    crate::digest_cache::scope_put(&schema_hash, scope, fingerprint, d);
+    crate::digest_cache::index_put(&schema_hash, scope, index);
+    Ok(Checksum(d))
+}
+
+/// Brings a scope index forward to `fingerprint` in this snapshot: every row an effect of
+/// the scope after the index's fingerprint names is replaced by its current state (in the
+/// scope or not). Every change of a scope's rows or membership writes such an effect, so
+/// the rows not named are unchanged. False (and the index unusable) when compaction may
+/// have removed some of those effects.
+async fn advance_index(
+    db: &impl tokio_postgres::GenericClient,
+    manifest: &synchro_protocol::manifest::Manifest,
+    scope: &str,
+    index: &mut crate::digest_cache::ScopeIndex,
+    fingerprint: i64,
+) -> Result<bool, ApiError> {
+    let floor: i64 = db
+        .query_one("SELECT synchro.synchro_scope_floor($1)", &[&scope])
+        .await?
+        .get(0);
+    if floor > index.fingerprint {
+        return Ok(false);
+    }
+    let touched = db
+        .query(
+            "SELECT table_id, pk FROM synchro.synchro_scope_touched($1, $2)",
+            &[&scope, &index.fingerprint],
+        )
+        .await?;
+    let (mut tables, mut pks) = (Vec::new(), Vec::new());
+    for r in &touched {
+        let (table_id, pk): (&str, &str) = (r.get(0), r.get(1));
+        let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
+        let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+            .map_err(|_| ApiError::integrity())?;
+        index
+            .rows
+            .remove(&RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?);
+        tables.push(table_id.to_owned());
+        pks.push(pk.to_owned());
+    }
+    if !pks.is_empty() {
+        let rows = db
+            .query(
+                "SELECT table_id, pk, row_json, server_version FROM synchro.synchro_scope_rows_of($1, $2, $3)",
+                &[&scope, &tables, &pks],
+            )
+            .await?;
+        for r in &rows {
+            let (identity, digest) = row_entry(manifest, r, 0)?;
+            index.rows.insert(identity, digest);
+        }
+    }
+    index.fingerprint = fingerprint;
+    crate::digest_cache::INDEX_ADVANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(true)
 }
 
 /// The row identity and digest of a row whose columns `first..first + 4` are
