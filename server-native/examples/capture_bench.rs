@@ -3,7 +3,7 @@
 //! same run as the baseline (these machines are noisy: compare ratios, not absolutes).
 //!
 //! `cargo run --release -p synchro-server --example capture_bench -- [transactions]
-//! [rows_per_transaction] [latency_samples]` (or `scripts/bench-capture.sh`).
+//! [rows_per_transaction] [latency_samples] [bootstrap_rows]` (or `scripts/bench-capture.sh`).
 //!
 //! Figures:
 //! - raw slot read: decoded pgoutput messages fetched by a client, as row changes per second
@@ -11,6 +11,8 @@
 //!   for the same changes, committed with its progress (exactly-once path)
 //! - pull: `POST /sync/pull` from a null cursor, pages of 1000, terminal checksum included
 //! - rebuild: `POST /sync/rebuild` of the same scope, pages of 1000, final checksum included
+//! - bootstrap (4th argument, default 100,000): a table of that many existing rows
+//!   registered, until the relation is active (copied, membership evaluated, effects)
 //! - latency: commit of one row until its scope effect is committed (from then on a pull
 //!   returns it), with the worker polling the slot every 5 ms; then the duration of the
 //!   pull that returns it (its terminal page digests the whole scope)
@@ -295,6 +297,60 @@ async fn main() -> Result<()> {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     capture.await?;
+
+    // Bootstrap: a table of `seeded` existing rows (the items workload's shape) registered
+    // with one shared scope, until the relation is active (copied, membership evaluated).
+    let seeded = arg(4, 100_000);
+    admin
+        .batch_execute(&format!(
+            "SET ROLE app_owner;
+             CREATE TABLE app.seeded (id int PRIMARY KEY, val int, name text, score float8, flag bool);
+             INSERT INTO app.seeded SELECT g, g % 1000, 'item ' || g, g / 7.0, g % 2 = 0
+               FROM generate_series(1, {seeded}) g;
+             RESET ROLE; ANALYZE app.seeded;"
+        ))
+        .await?;
+    let started = Instant::now();
+    register(
+        &op,
+        &RegisterRequest::synced("app", "seeded", "multi_scope"),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    op.batch_execute(
+        "CREATE FUNCTION rules.seeded_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'seeded' FROM synchro_projection.\"app.seeded\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.seeded_scopes(integer) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.seeded_scopes(integer) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'seeded', 'rules.seeded_scopes(integer)');",
+    )
+    .await?;
+    publish::publish(&mut op).await?;
+    let mut worker = Worker::connect(&url("synchro_dev_worker")).await?;
+    loop {
+        worker.step(Failpoint::None).await?;
+        // Served once copied and its membership rule is live (staged, then activated).
+        let active: bool = admin
+            .query_one(
+                "SELECT NOT EXISTS (SELECT 1 FROM synchro.synchro_unready_tables())",
+                &[],
+            )
+            .await?
+            .get(0);
+        if active {
+            break;
+        }
+    }
+    let bootstrap_secs = started.elapsed().as_secs_f64();
+
+    let edges: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM synchro.membership_edges WHERE scope_id = 'seeded'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(edges, seeded as i64, "every seeded row is in its scope");
     latencies.sort();
     pulls.sort();
     let pct =
@@ -339,6 +395,10 @@ async fn main() -> Result<()> {
         scope_rows + samples,
         pct(&pulls, 0.5),
         pct(&pulls, 0.99),
+    );
+    println!(
+        "bootstrap of {seeded} existing rows (register and publish until active: copy, membership, effects): {bootstrap_secs:.2} s = {:.0} rows/s",
+        seeded as f64 / bootstrap_secs
     );
     Ok(())
 }

@@ -46,6 +46,10 @@ CREATE TABLE synchro.projection_rows (
     server_version text NOT NULL,
     PRIMARY KEY (relation_id, pk)
 );
+-- Rows of a relation in byte order of their keys: a staged membership rule walks them in
+-- bounded batches after `staged_through` (42_staging; without it every batch sorted the
+-- whole relation: O(rows^2 / batch)).
+CREATE INDEX projection_rows_byte_order ON synchro.projection_rows (relation_id, (pk COLLATE "C"));
 REVOKE ALL ON synchro.projection_rows FROM PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON synchro.projection_rows TO synchro_worker;
 

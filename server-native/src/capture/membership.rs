@@ -378,9 +378,13 @@ impl Functions {
         let owner = self.owner(function)?;
         let statement = self
             .prepared(db, format!("{function}\u{0}{key_type}"), || {
+                // One evaluation per key (OFFSET 0 keeps it a parameterized loop): inlined
+                // into a join, a planner that underestimated the projection scanned, parsed
+                // and sorted the whole relation per batch (113 ms against 1.3 ms for 1,000
+                // keys of 20,000 rows: O(rows^2 / batch) for a staged rule).
                 format!(
-                    "SELECT a.k, s FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
-                     LATERAL {function}(a.arg::{key_type}) AS s"
+                    "SELECT a.k, e.scope FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
+                     LATERAL (SELECT f.scope FROM {function}(a.arg::{key_type}) AS f(scope) OFFSET 0) AS e"
                 )
             })
             .await?;
@@ -403,7 +407,7 @@ impl Functions {
                 format!(
                     "SELECT a.n, r.table_id, r.pk_type, r.pk_value
                        FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(o, nw, n),
-                            LATERAL {}(a.o::jsonb, a.nw::jsonb) AS r",
+                            LATERAL (SELECT * FROM {}(a.o::jsonb, a.nw::jsonb) OFFSET 0) AS r",
                     impact.function
                 )
             })
