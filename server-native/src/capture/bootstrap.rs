@@ -123,9 +123,13 @@ impl Worker {
     }
 }
 
-/// Copies every source row through `synchro_bootstrap_rows` in batches of 1000, at versions
-/// `<WAL insert LSN>:b<n>`, replacing the projection. Returns the rows copied.
+/// Copies every source row through `synchro_bootstrap_rows` in batches of 5000, at versions
+/// `<WAL insert LSN>:b<n>`, replacing the projection; each batch goes in through a binary
+/// `COPY` (cheaper per row than `INSERT … unnest`). Returns the rows copied.
 async fn copy_rows(db: &Transaction<'_>, reg: &Registered, shape: &RelationShape) -> Result<i64> {
+    use tokio_postgres::binary_copy::BinaryCopyInWriter;
+    use tokio_postgres::types::Type;
+
     let relation_id = &reg.relation_id;
     let lsn: String = db
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
@@ -143,11 +147,19 @@ async fn copy_rows(db: &Transaction<'_>, reg: &Registered, shape: &RelationShape
     .await?;
     let mut copied: i64 = 0;
     loop {
-        let rows = db.query("FETCH 1000 FROM synchro_bootstrap", &[]).await?;
+        let rows = db.query("FETCH 5000 FROM synchro_bootstrap", &[]).await?;
         if rows.is_empty() {
             break;
         }
-        let (mut pks, mut jsons, mut versions) = (Vec::new(), Vec::new(), Vec::new());
+        // A session in COPY takes no other command: one COPY per fetched batch.
+        let sink = db
+            .copy_in(
+                "COPY synchro.projection_rows (relation_id, pk, row_json, server_version) FROM STDIN BINARY",
+            )
+            .await?;
+        let writer =
+            BinaryCopyInWriter::new(sink, &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT]);
+        futures_util::pin_mut!(writer);
         for r in &rows {
             let values: Vec<Value> = r
                 .get::<_, Vec<Option<String>>>(0)
@@ -155,16 +167,15 @@ async fn copy_rows(db: &Transaction<'_>, reg: &Registered, shape: &RelationShape
                 .map(|v| v.map_or(Value::Null, |t| Value::Text(t.into_bytes())))
                 .collect();
             copied += 1;
-            pks.push(key_text(reg, shape, &values)?);
-            jsons.push(row_json(reg, shape, &values, None)?);
-            versions.push(format!("{lsn}:b{copied}"));
+            let pk = key_text(reg, shape, &values)?;
+            let json = row_json(reg, shape, &values, None)?;
+            let version = format!("{lsn}:b{copied}");
+            writer
+                .as_mut()
+                .write(&[relation_id, &pk, &json, &version])
+                .await?;
         }
-        db.execute(
-            "INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
-             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[])",
-            &[relation_id, &pks, &jsons, &versions],
-        )
-        .await?;
+        writer.as_mut().finish().await?;
     }
     db.batch_execute("CLOSE synchro_bootstrap").await?;
     Ok(copied)
