@@ -276,8 +276,10 @@ BEGIN
         SELECT coalesce(array_agg(u.i::integer), '{}'), coalesce(array_agg(u.key), '{}')
           INTO v_same, v_same_keys
           FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
-          JOIN synchro.projection_rows x ON x.relation_id = u.rel AND x.pk = u.kw AND x.row_json = u.row
-         WHERE u.rel = v_relation;
+         WHERE u.rel = v_relation
+           -- A key lookup per row (a join could scan every projection row).
+           AND u.row = (SELECT x.row_json FROM synchro.projection_rows x
+                         WHERE x.relation_id = u.rel AND x.pk = u.kw);
         PERFORM set_config('role', v_owner, true);
         RETURN QUERY EXECUTE format(
             'SELECT a.i, coalesce(array_remove(array_agg(s::text), NULL), ''{}'')
