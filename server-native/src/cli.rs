@@ -587,9 +587,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             max_token_lifetime_secs,
             limits,
         } => {
-            // The worker login also evaluates written rows' scopes for push.
+            // The worker login also evaluates written rows' scopes for push, on a pool of
+            // its own so concurrent pushes do not queue behind one connection.
             let membership_db = match &worker_url {
-                Some(url) => Some(connect_db(url).await?),
+                Some(url) => {
+                    let mut pool = Vec::new();
+                    for _ in 0..4 {
+                        pool.push(connect_db(url).await?);
+                    }
+                    Some(pool)
+                }
                 None => None,
             };
             if let Some(url) = worker_url {
@@ -714,7 +721,7 @@ type Connections = (
     tokio_postgres::Client,
     Vec<tokio_postgres::Client>,
     Option<tokio_postgres::Client>,
-    Option<tokio_postgres::Client>,
+    Option<Vec<tokio_postgres::Client>>,
 );
 
 async fn serve(
@@ -737,7 +744,7 @@ async fn serve(
         auth,
         config,
         events,
-        membership_db: membership_db.map(tokio::sync::Mutex::new),
+        membership_db: membership_db.map(crate::api::ConnectionPool::new),
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
     let config = state.config.clone();
@@ -801,7 +808,10 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
             adapter,
             snapshot,
             Some(assignment),
-            Some(connect_db(&url_for("synchro_dev_worker")).await?),
+            Some(vec![
+                connect_db(&url_for("synchro_dev_worker")).await?,
+                connect_db(&url_for("synchro_dev_worker")).await?,
+            ]),
         ),
         crate::api::events::Notifier::listen(url_for("synchro_dev_adapter")),
         Authenticator::hs256(secret.as_bytes())?,

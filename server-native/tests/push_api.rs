@@ -934,3 +934,221 @@ async fn a_write_never_adds_a_foreign_scope_nor_reveals_an_invisible_row() {
     o.as_object_mut().unwrap().remove("mutation_id");
     assert_eq!(o, shapes[0], "{v}");
 }
+
+/// An outcome with the row's fields by name and without what differs between two clusters
+/// (versions, checksums), for comparing runs.
+fn comparable(m: &Manifest, o: &Value) -> Value {
+    let names: std::collections::HashMap<&str, &str> = m.tables[0]
+        .fields
+        .iter()
+        .map(|f| (f.field_id.as_str(), f.name.as_str()))
+        .collect();
+    let mut o = o.clone();
+    let members = o.as_object_mut().unwrap();
+    members.remove("server_version");
+    members.remove("row_checksum");
+    if let Some(Value::Object(row)) = members.get_mut("row") {
+        *row = row
+            .iter()
+            .map(|(k, v)| (names[k.as_str()].to_owned(), v.clone()))
+            .collect();
+    }
+    o
+}
+
+/// Issue 15.5: a batch mixing allowed, forbidden, invisible, conflicting and missing rows
+/// (and a forbidden write that a later mutation of the same row depends on being undone),
+/// authorized in one evaluation, gets exactly the outcomes, and leaves exactly the rows, of
+/// the same mutations pushed one by one.
+#[tokio::test]
+async fn a_mixed_batch_equals_its_mutations_pushed_one_by_one() {
+    // Rows: 1 (alice, red), 2 (bob, blue), 3 (bob, red); alice holds user:alice, team:red.
+    async fn mutations(s: &Stack) -> (Manifest, Vec<Value>) {
+        let m = s.manifest().await;
+        let (v1, v2, v3) = (s.version(1).await, s.version(2).await, s.version(3).await);
+        let ms = vec![
+            // Allowed.
+            mutation(&m, "a1", "update", 1, Some(&v1), &[("title", json!("x"))]),
+            // Invisible: like a missing row.
+            mutation(&m, "a2", "update", 2, Some(&v2), &[("title", json!("y"))]),
+            // Forbidden (adds user:carol), so undone...
+            mutation(
+                &m,
+                "a3",
+                "update",
+                3,
+                Some(&v3),
+                &[("owner", json!("carol"))],
+            ),
+            // ...which is why this one, from the same base, applies.
+            mutation(&m, "a4", "update", 3, Some(&v3), &[("title", json!("z"))]),
+            // A new row its author could not see: forbidden.
+            mutation(
+                &m,
+                "a5",
+                "insert",
+                300,
+                None,
+                &[("owner", json!("bob")), ("team", json!("blue"))],
+            ),
+            // A new row in her scopes: allowed.
+            mutation(
+                &m,
+                "a6",
+                "insert",
+                301,
+                None,
+                &[("owner", json!("alice")), ("team", json!("red"))],
+            ),
+            // A stale base (a1 moved row 1 on): a conflict carrying the visible row.
+            mutation(&m, "a7", "update", 1, Some(&v1), &[("title", json!("w"))]),
+            // A missing row.
+            mutation(&m, "a8", "delete", 999, Some(&v1), &[]),
+            // Stale after a4: a conflict carrying row 3 as a4 left it.
+            mutation(&m, "a9", "update", 3, Some(&v3), &[("team", json!("blue"))]),
+        ];
+        (m, ms)
+    }
+    let batched = Stack::start().await;
+    let (m_batched, ms) = mutations(&batched).await;
+    let alice = batched.session("alice", "c1").await;
+    let (st, v) = batched.push(&alice, "b1", ms).await;
+    assert_eq!(st, 200, "{v}");
+    let batch_outcomes: Vec<Value> = v["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| comparable(&m_batched, o))
+        .collect();
+
+    let single = Stack::start().await;
+    let (m_single, ms) = mutations(&single).await;
+    let alice = single.session("alice", "c1").await;
+    let mut single_outcomes = Vec::new();
+    for (i, mutation) in ms.into_iter().enumerate() {
+        let (st, v) = single.push(&alice, &format!("s{i}"), vec![mutation]).await;
+        assert_eq!(st, 200, "{v}");
+        single_outcomes.push(comparable(&m_single, &v["outcomes"][0]));
+    }
+    assert_eq!(batch_outcomes, single_outcomes);
+    let statuses: Vec<(&str, Option<&str>)> = batch_outcomes
+        .iter()
+        .map(|o| (o["status"].as_str().unwrap(), o["code"].as_str()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("applied", None),
+            ("conflict", Some("version_conflict")),
+            ("rejected_terminal", Some("forbidden")),
+            ("applied", None),
+            ("rejected_terminal", Some("forbidden")),
+            ("applied", None),
+            ("conflict", Some("version_conflict")),
+            ("conflict", Some("version_conflict")),
+            ("conflict", Some("version_conflict")),
+        ],
+        "{batch_outcomes:?}"
+    );
+    for id in [1, 2, 3, 300, 301] {
+        let (a, b) = (batched.source(id).await, single.source(id).await);
+        assert_eq!(
+            a.map(|r| (r.0, r.1, r.2)),
+            b.map(|r| (r.0, r.1, r.2)),
+            "row {id}"
+        );
+    }
+}
+
+/// A push that cannot get a database connection within `push_pool_wait` (every pooled
+/// connection busy) is refused at once with the typed answer, 503 `temporary_unavailable`,
+/// reason `push_busy` and `Retry-After`, having written nothing; never left waiting.
+#[tokio::test]
+async fn an_exhausted_pool_is_a_typed_503_never_a_hang() {
+    use std::sync::Arc;
+    use synchro_server::api::{router, AppState, Config, ConnectionPool};
+    let env = Env::installed().await;
+    common::docs_with_owner_and_team(
+        &env,
+        "INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one')",
+    )
+    .await;
+    tokio::spawn(synchro_server::capture::worker::run_forever(
+        env.cluster.url("synchro_dev_worker", "app"),
+        std::time::Duration::from_millis(25),
+    ));
+    let state = Arc::new(AppState {
+        db: env.login("synchro_dev_adapter").await,
+        snapshot_db: ConnectionPool::new(vec![env.login("synchro_dev_adapter").await]),
+        assignment_db: None,
+        auth: synchro_server::auth::Authenticator::hs256(SECRET.as_bytes()).unwrap(),
+        cursor_keys: synchro_protocol::token::Keyring::new("k1", &[3; 32]).unwrap(),
+        config: Config {
+            push_pool_wait: std::time::Duration::from_millis(300),
+            ..Config::default()
+        },
+        events: Default::default(),
+        membership_db: Some(ConnectionPool::new(vec![
+            env.login("synchro_dev_worker").await,
+        ])),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let s = Stack {
+        env,
+        base,
+        http: reqwest::Client::new(),
+        _server: Server(std::process::Command::new("true").spawn().unwrap()),
+    };
+    let m = s.manifest().await;
+    let alice = s.session("alice", "c1").await;
+    let v1 = s.version(1).await;
+    let write = || {
+        vec![mutation(
+            &m,
+            "p1",
+            "update",
+            1,
+            Some(&v1),
+            &[("title", json!("busy"))],
+        )]
+    };
+    let refused = |st: u16, v: &Value| {
+        assert_eq!(st, 503, "{v}");
+        assert_eq!(v["error"]["code"], "temporary_unavailable", "{v}");
+        assert_eq!(v["error"]["reason"], "push_busy", "{v}");
+        assert_eq!(v["error"]["retryable"], true, "{v}");
+    };
+    for pool in [&state.snapshot_db, state.membership_db.as_ref().unwrap()] {
+        let held = pool.lock().await;
+        let started = std::time::Instant::now();
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            s.http
+                .post(format!("{}/sync/push", s.base))
+                .header("authorization", format!("Bearer {}", alice.token))
+                .body(
+                    json!({"protocol_version": 3, "client_id": alice.client,
+                           "client_generation": alice.generation, "schema": alice.schema,
+                           "batch_id": "b1", "mutations": write()})
+                    .to_string(),
+                )
+                .send(),
+        )
+        .await
+        .expect("a busy pool never leaves a push waiting")
+        .unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(r.headers()["retry-after"], "2");
+        let st = r.status().as_u16();
+        refused(st, &r.json().await.unwrap());
+        drop(held);
+        assert_eq!(s.source(1).await.unwrap().2.as_deref(), Some("one"));
+    }
+    // With connections free again, the same batch executes (nothing was recorded).
+    let (st, v) = s.push(&alice, "b1", write()).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcomes"][0]["status"], "applied", "{v}");
+}

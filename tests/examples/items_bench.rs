@@ -113,9 +113,10 @@ async fn main() -> Result<()> {
         cursor_keys: Keyring::new("k1", &[7; 32])?,
         config: Config::default(),
         events: Default::default(),
-        membership_db: Some(tokio::sync::Mutex::new(
+        membership_db: Some(synchro_server::api::ConnectionPool::new(vec![
             connect_db(&url("synchro_dev_worker")).await?,
-        )),
+            connect_db(&url("synchro_dev_worker")).await?,
+        ])),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

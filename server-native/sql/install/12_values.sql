@@ -32,7 +32,7 @@
 -- exists. Registration scans the existing rows of each checked column and refuses the
 -- relation with invalid_registration, reason unrepresentable_value and the field ID. A push
 -- whose write is refused (or fails with any other data exception, such as jsonb's \u0000)
--- gets status invalid_value from synchro_push_write (52_push).
+-- gets status invalid_value from synchro_push_write_batch (52_push).
 
 -- The check a column needs, from its portable type and SQL type; NULL when none can fail.
 CREATE FUNCTION synchro.synchro_value_check_kind(p_portable_type text, p_type oid) RETURNS text

@@ -4,11 +4,10 @@
 -- writable).
 --
 -- push_batches / push_mutations are the idempotency ledger: a completed batch keeps its
--- fingerprint and outcomes; an exact replay returns them without writing. synchro_push_write
--- is one compare-and-swap write of a registered relation against source_versions
--- (31_fences), as synchro_owner (which may act for the table owner), returning the row's
--- text images before and after under the capture session's output settings, so the server
--- builds the same canonical row capture will.
+-- fingerprint and outcomes; an exact replay returns them without writing.
+-- synchro_push_write_batch makes a batch's compare-and-swap writes in one call, returning
+-- each row's text images before and after; synchro_push_scopes evaluates written rows'
+-- scopes for authorization, as the worker login, in one call (src/api/push/apply.rs).
 
 CREATE TABLE synchro.push_batches (
     user_id text NOT NULL,
@@ -41,15 +40,15 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_lookup(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_lookup(text, text, text) TO synchro_adapter;
 
--- The stored outcome of one mutation already executed in an earlier batch, if any.
-CREATE FUNCTION synchro.synchro_push_mutation_outcome(p_user_id text, p_client_id text, p_mutation_id text)
-RETURNS text
+-- The stored outcomes of those of these mutations already executed in an earlier batch.
+CREATE FUNCTION synchro.synchro_push_mutation_outcomes(p_user_id text, p_client_id text, p_mutation_ids text[])
+RETURNS TABLE (mutation_id text, outcome text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT outcome FROM synchro.push_mutations
-     WHERE user_id = p_user_id AND client_id = p_client_id AND mutation_id = p_mutation_id
+    SELECT m.mutation_id, m.outcome FROM synchro.push_mutations m
+     WHERE m.user_id = p_user_id AND m.client_id = p_client_id AND m.mutation_id = ANY (p_mutation_ids)
 $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcome(text, text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcome(text, text, text) TO synchro_adapter;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcomes(text, text, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcomes(text, text, text[]) TO synchro_adapter;
 
 -- Records a completed batch (in the transaction of its writes).
 CREATE FUNCTION synchro.synchro_push_record(p_user_id text, p_client_id text, p_batch_id text,
@@ -66,117 +65,256 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) TO synchro_adapter;
 
--- One write. p_key is the key's text form, p_key_wire its wire JSON text (the projection's
--- key), p_columns the written fields' IDs and p_values their text input forms (NULL for
--- null). Returns status 'applied', 'conflict', 'not_writable', 'invalid_value' or
--- 'constraint_violation', the row's version after (or the current one on conflict), and the
--- text images of the synced fields (in attnum order) before and after. A write refused as
--- unrepresentable (12_values), or failing with another data exception caused by a pushed
--- value (jsonb's \u0000, a float4 overflow, a too long varchar), is invalid_value; integrity
--- violations are constraint_violation.
-CREATE FUNCTION synchro.synchro_push_write(p_relation_id text, p_op text, p_key text, p_key_wire text,
-    p_base_version text, p_columns text[], p_values text[])
+-- A batch's compare-and-swap writes of registered relations against source_versions
+-- (31_fences), in order, as synchro_owner (which may act for the table owner), each in a
+-- subtransaction of its own. For mutation i: p_keys[i] is the key's text form,
+-- p_key_wires[i] its wire JSON text (the projection's key), and its written fields' IDs and
+-- text input forms (NULL for null) are the next p_counts[i] entries of p_columns and
+-- p_values. One row per mutation, in order: status 'applied', 'conflict', 'not_writable',
+-- 'invalid_value' or 'constraint_violation', the row's version after (or the current one on
+-- conflict), and the text images of the synced fields (in attnum order) before and after,
+-- under the capture session's output settings, so the server builds the same canonical row
+-- capture will. A write refused as unrepresentable (12_values), or failing with another data
+-- exception caused by a pushed value (jsonb's \u0000, a float4 overflow, a too long
+-- varchar), is invalid_value; integrity violations are constraint_violation; an error
+-- before the write (reading the row) is raised. A mutation not applied, or applied with
+-- p_discard[i] true, is rolled back with its row lock, as a savepoint would be; its result
+-- row is still returned. The caller decides afterwards (push authorization) which applied
+-- writes it keeps, and calls again with its decision when that differs (src/api/push/apply.rs).
+CREATE FUNCTION synchro.synchro_push_write_batch(p_relation_ids text[], p_ops text[], p_keys text[],
+    p_key_wires text[], p_base_versions text[], p_counts integer[], p_columns text[], p_values text[],
+    p_discard boolean[])
 RETURNS TABLE (status text, version text, pre_image text[], post_image text[])
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, synchro, pg_temp
 SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
 SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
 DECLARE
+    v_relation text;
     v_rel synchro.relations%ROWTYPE;
+    v_found boolean;
+    v_table text;
+    v_where text;
     v_key_col text;
     v_key_type text;
-    v_image text;
+    v_lock text;
+    v_read text;
+    v_ids text[];
+    v_names text[];
+    v_types text[];
+    v_from integer := 1;
+    v_to integer;
+    v_j integer;
+    v_key text;
+    v_op text;
     v_current text;
     v_pre text[];
     v_post text[];
-    v_sets text := '';
-    v_names text := '';
-    v_vals text := '';
-    v_i integer;
-    v_col record;
+    v_status text;
+    v_sets text;
+    v_cols text;
+    v_vals text;
+    v_writing boolean;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id AND kind = 'synced';
-    IF NOT FOUND OR NOT v_rel.push_enabled THEN
-        RETURN QUERY SELECT 'not_writable'::text, NULL::text, NULL::text[], NULL::text[];
-        RETURN;
-    END IF;
-    SELECT quote_ident(f.column_name), format_type(a.atttypid, a.atttypmod)
-      INTO v_key_col, v_key_type
-      FROM synchro.fields f JOIN pg_catalog.pg_attribute a
-        ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-     WHERE f.relation_id = p_relation_id AND f.is_key;
-    SELECT 'ARRAY[' || string_agg(format('%I::text', f.column_name), ', ' ORDER BY f.attnum) || ']::text[]'
-      INTO v_image FROM synchro.fields f WHERE f.relation_id = p_relation_id;
-    -- Lock the source row (if any) and read its current image and version.
-    EXECUTE format('SELECT %s FROM %I.%I WHERE %s = $1::%s FOR UPDATE', v_image,
-                   v_rel.physical_schema, v_rel.physical_relation, v_key_col, v_key_type)
-       INTO v_pre USING p_key;
-    SELECT s.version::text INTO v_current FROM synchro.source_versions s
-     WHERE s.relation_id = p_relation_id AND s.pk = p_key;
-    IF v_current IS NULL THEN
-        SELECT p.server_version INTO v_current FROM synchro.projection_rows p
-         WHERE p.relation_id = p_relation_id AND p.pk = p_key_wire;
-    END IF;
-    IF (p_op = 'insert' AND v_pre IS NOT NULL)
-       OR (p_op <> 'insert' AND (v_pre IS NULL OR v_current IS NULL OR v_current <> p_base_version)) THEN
-        RETURN QUERY SELECT 'conflict'::text, CASE WHEN v_pre IS NULL THEN NULL ELSE v_current END, v_pre, v_pre;
-        RETURN;
-    END IF;
-    BEGIN
-        IF p_op = 'delete' THEN
-            EXECUTE format('DELETE FROM %I.%I WHERE %s = $1::%s', v_rel.physical_schema,
-                           v_rel.physical_relation, v_key_col, v_key_type) USING p_key;
-        ELSE
-            FOR v_i IN 1 .. coalesce(array_length(p_columns, 1), 0) LOOP
-                SELECT quote_ident(f.column_name) AS name, format_type(a.atttypid, a.atttypmod) AS type
-                  INTO v_col
+    FOR v_i IN 1 .. coalesce(array_length(p_ops, 1), 0) LOOP
+        v_to := v_from + p_counts[v_i] - 1;
+        IF v_i = 1 OR p_relation_ids[v_i] IS DISTINCT FROM v_relation THEN
+            -- The relation's statements, once per run of its mutations.
+            v_relation := p_relation_ids[v_i];
+            SELECT * INTO v_rel FROM synchro.relations r WHERE r.relation_id = v_relation AND r.kind = 'synced';
+            v_found := FOUND AND v_rel.push_enabled;
+            IF v_found THEN
+                v_table := format('%I.%I', v_rel.physical_schema, v_rel.physical_relation);
+                SELECT quote_ident(f.column_name), format_type(a.atttypid, a.atttypmod)
+                  INTO v_key_col, v_key_type
                   FROM synchro.fields f JOIN pg_catalog.pg_attribute a
                     ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-                 WHERE f.relation_id = p_relation_id AND f.field_id = p_columns[v_i] AND f.writable;
-                IF NOT FOUND THEN
-                    RETURN QUERY SELECT 'not_writable'::text, NULL::text, v_pre, v_pre;
-                    RETURN;
-                END IF;
-                v_sets := v_sets || CASE WHEN v_i > 1 THEN ', ' ELSE '' END
-                          || format('%s = ($2[%s])::%s', v_col.name, v_i, v_col.type);
-                v_names := v_names || ', ' || v_col.name;
-                v_vals := v_vals || format(', ($2[%s])::%s', v_i, v_col.type);
-            END LOOP;
-            IF p_op = 'insert' THEN
-                EXECUTE format('INSERT INTO %I.%I (%s%s) VALUES ($1::%s%s)', v_rel.physical_schema,
-                               v_rel.physical_relation, v_key_col, v_names, v_key_type, v_vals)
-                  USING p_key, p_values;
-            ELSIF v_sets <> '' THEN
-                EXECUTE format('UPDATE %I.%I SET %s WHERE %s = $1::%s', v_rel.physical_schema,
-                               v_rel.physical_relation, v_sets, v_key_col, v_key_type)
-                  USING p_key, p_values;
-            ELSE
-                -- An update that changes nothing still takes a new version.
-                EXECUTE format('UPDATE %I.%I SET %s = %s WHERE %s = $1::%s', v_rel.physical_schema,
-                               v_rel.physical_relation, v_key_col, v_key_col, v_key_col, v_key_type)
-                  USING p_key;
+                 WHERE f.relation_id = v_relation AND f.is_key;
+                v_where := format('%s = $1::%s', v_key_col, v_key_type);
+                SELECT 'SELECT ARRAY[' || string_agg(format('%I::text', f.column_name), ', ' ORDER BY f.attnum)
+                       || ']::text[] FROM ' || v_table || ' WHERE ' || v_where
+                  INTO v_read FROM synchro.fields f WHERE f.relation_id = v_relation;
+                v_lock := v_read || ' FOR UPDATE';
+                SELECT array_agg(f.field_id), array_agg(quote_ident(f.column_name)),
+                       array_agg(format_type(a.atttypid, a.atttypmod))
+                  INTO v_ids, v_names, v_types
+                  FROM synchro.fields f JOIN pg_catalog.pg_attribute a
+                    ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
+                 WHERE f.relation_id = v_relation AND f.writable;
             END IF;
-            EXECUTE format('SELECT %s FROM %I.%I WHERE %s = $1::%s', v_image,
-                           v_rel.physical_schema, v_rel.physical_relation, v_key_col, v_key_type)
-               INTO v_post USING p_key;
         END IF;
-    EXCEPTION
-        WHEN SQLSTATE '22SY1' OR data_exception THEN
-            RETURN QUERY SELECT 'invalid_value'::text, NULL::text, v_pre, v_pre;
-            RETURN;
-        WHEN integrity_constraint_violation THEN
-            RETURN QUERY SELECT 'constraint_violation'::text, NULL::text, v_pre, v_pre;
-            RETURN;
-    END;
-    SELECT s.version::text INTO v_current FROM synchro.source_versions s
-     WHERE s.relation_id = p_relation_id AND s.pk = p_key;
-    RETURN QUERY SELECT 'applied'::text, v_current, v_pre, v_post;
+        v_key := p_keys[v_i];
+        v_op := p_ops[v_i];
+        v_status := NULL;
+        v_current := NULL;
+        v_pre := NULL;
+        v_post := NULL;
+        v_writing := false;
+        IF NOT v_found THEN
+            v_status := 'not_writable';
+        ELSE
+            BEGIN
+                -- Lock the source row (if any) and read its current image and version.
+                EXECUTE v_lock INTO v_pre USING v_key;
+                SELECT s.version::text INTO v_current FROM synchro.source_versions s
+                 WHERE s.relation_id = v_relation AND s.pk = v_key;
+                IF v_current IS NULL THEN
+                    SELECT p.server_version INTO v_current FROM synchro.projection_rows p
+                     WHERE p.relation_id = v_relation AND p.pk = p_key_wires[v_i];
+                END IF;
+                IF (v_op = 'insert' AND v_pre IS NOT NULL)
+                   OR (v_op <> 'insert' AND (v_pre IS NULL OR v_current IS NULL OR v_current <> p_base_versions[v_i])) THEN
+                    v_status := 'conflict';
+                    IF v_pre IS NULL THEN v_current := NULL; END IF;
+                    v_post := v_pre;
+                ELSE
+                    v_sets := '';
+                    v_cols := '';
+                    v_vals := '';
+                    FOR v_k IN v_from .. v_to LOOP
+                        v_j := array_position(v_ids, p_columns[v_k]);
+                        IF v_j IS NULL THEN
+                            v_status := 'not_writable';
+                            v_current := NULL;
+                            v_post := v_pre;
+                            EXIT;
+                        END IF;
+                        v_sets := v_sets || CASE WHEN v_k > v_from THEN ', ' ELSE '' END
+                                  || format('%s = ($2[%s])::%s', v_names[v_j], v_k - v_from + 1, v_types[v_j]);
+                        v_cols := v_cols || ', ' || v_names[v_j];
+                        v_vals := v_vals || format(', ($2[%s])::%s', v_k - v_from + 1, v_types[v_j]);
+                    END LOOP;
+                    IF v_status IS NULL THEN
+                        v_writing := true;
+                        IF v_op = 'delete' THEN
+                            EXECUTE 'DELETE FROM ' || v_table || ' WHERE ' || v_where USING v_key;
+                        ELSE
+                            IF v_op = 'insert' THEN
+                                EXECUTE format('INSERT INTO %s (%s%s) VALUES ($1::%s%s)', v_table,
+                                               v_key_col, v_cols, v_key_type, v_vals)
+                                  USING v_key, p_values[v_from:v_to];
+                            ELSIF v_sets <> '' THEN
+                                EXECUTE 'UPDATE ' || v_table || ' SET ' || v_sets || ' WHERE ' || v_where
+                                  USING v_key, p_values[v_from:v_to];
+                            ELSE
+                                -- An update that changes nothing still takes a new version.
+                                EXECUTE format('UPDATE %s SET %s = %s WHERE %s', v_table, v_key_col,
+                                               v_key_col, v_where)
+                                  USING v_key;
+                            END IF;
+                            EXECUTE v_read INTO v_post USING v_key;
+                        END IF;
+                        SELECT s.version::text INTO v_current FROM synchro.source_versions s
+                         WHERE s.relation_id = v_relation AND s.pk = v_key;
+                        v_status := 'applied';
+                    END IF;
+                END IF;
+                IF v_status <> 'applied' OR p_discard[v_i] THEN
+                    RAISE SQLSTATE 'SYRB1';
+                END IF;
+            EXCEPTION
+                WHEN SQLSTATE 'SYRB1' THEN
+                    NULL;
+                WHEN SQLSTATE '22SY1' OR data_exception THEN
+                    IF NOT v_writing THEN RAISE; END IF;
+                    v_status := 'invalid_value'; v_current := NULL; v_post := v_pre;
+                WHEN integrity_constraint_violation THEN
+                    IF NOT v_writing THEN RAISE; END IF;
+                    v_status := 'constraint_violation'; v_current := NULL; v_post := v_pre;
+            END;
+        END IF;
+        v_from := v_to + 1;
+        status := v_status;
+        version := v_current;
+        pre_image := v_pre;
+        post_image := v_post;
+        RETURN NEXT;
+    END LOOP;
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_push_write(text, text, text, text, text, text[], text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_push_write(text, text, text, text, text, text[], text[]) TO synchro_adapter;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_write_batch(text[], text[], text[], text[], text[], integer[], text[], text[], boolean[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_write_batch(text[], text[], text[], text[], text[], integer[], text[], text[], boolean[]) TO synchro_adapter;
+
+-- The scopes the live membership function of each row's relation gives it (empty without a
+-- rule), each row evaluated as if alone: placed in the projection, evaluated as the
+-- function's owner (never synchro's roles, spec 003). A row equal to its projection row
+-- needs no placement, so all such rows of a relation are evaluated in one query; any other
+-- row is placed (as synchro_worker) and evaluated in a subtransaction that is then rolled
+-- back, so no evaluation sees another's row and no projection row lock is held across rows
+-- (the capture worker cannot deadlock with a push). One result per row, as (ordinal,
+-- scopes), NULL scopes omitted. SECURITY INVOKER: the caller is the worker login, with SET
+-- LOCAL ROLE synchro_worker, in a transaction it rolls back, and must be a member of each
+-- function's owner.
+CREATE FUNCTION synchro.synchro_push_scopes(p_relation_ids text[], p_key_wires text[], p_keys text[],
+    p_rows text[])
+RETURNS TABLE (ord integer, scopes text[])
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_relation text;
+    v_function text;
+    v_key_type text;
+    v_owner text;
+    v_same integer[];
+    v_same_keys text[];
+    v_row record;
+    v_scopes text[];
+BEGIN
+    FOR v_relation IN SELECT DISTINCT r FROM unnest(p_relation_ids) AS r LOOP
+        v_function := NULL;
+        SELECT m.function_oid::regproc::text, r.primary_key_type::regtype::text, pg_get_userbyid(p.proowner)
+          INTO v_function, v_key_type, v_owner
+          FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
+          JOIN pg_catalog.pg_proc p ON p.oid = m.function_oid
+         WHERE r.relation_id = v_relation AND m.live;
+        IF v_function IS NULL THEN
+            -- No membership rule: the row would be in no scope.
+            RETURN QUERY SELECT u.i::integer, '{}'::text[]
+                           FROM unnest(p_relation_ids) WITH ORDINALITY AS u(rel, i)
+                          WHERE u.rel = v_relation;
+            CONTINUE;
+        END IF;
+        -- The rows equal to their projection rows, evaluated together.
+        SELECT coalesce(array_agg(u.i::integer), '{}'), coalesce(array_agg(u.key), '{}')
+          INTO v_same, v_same_keys
+          FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
+         WHERE u.rel = v_relation
+           -- A key lookup per row (a join could scan every projection row).
+           AND u.row = (SELECT x.row_json FROM synchro.projection_rows x
+                         WHERE x.relation_id = u.rel AND x.pk = u.kw);
+        PERFORM set_config('role', v_owner, true);
+        RETURN QUERY EXECUTE format(
+            'SELECT a.i, coalesce(array_remove(array_agg(s::text), NULL), ''{}'')
+               FROM unnest($1, $2) AS a(i, k) LEFT JOIN LATERAL %s(a.k::%s) AS s ON true
+              GROUP BY a.i', v_function, v_key_type)
+          USING v_same, v_same_keys;
+        PERFORM set_config('role', 'synchro_worker', true);
+        -- Every other row placed and evaluated on its own.
+        FOR v_row IN SELECT u.i::integer AS i, u.kw, u.key, u.row
+                       FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
+                      WHERE u.rel = v_relation AND u.i <> ALL (v_same) LOOP
+            BEGIN
+                INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
+                VALUES (v_relation, v_row.kw, v_row.row, '0')
+                ON CONFLICT (relation_id, pk) DO UPDATE SET row_json = EXCLUDED.row_json;
+                PERFORM set_config('role', v_owner, true);
+                EXECUTE format('SELECT array_remove(array_agg(s::text), NULL) FROM %s($1::%s) AS s',
+                               v_function, v_key_type)
+                  INTO v_scopes USING v_row.key;
+                -- Undo the placement (and the role): v_scopes survives the rollback.
+                RAISE SQLSTATE 'SYRB1';
+            EXCEPTION WHEN SQLSTATE 'SYRB1' THEN
+                NULL;
+            END;
+            ord := v_row.i;
+            scopes := coalesce(v_scopes, '{}');
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) TO synchro_worker;
 
 -- The synced fields of a relation in attnum order, with their source type OIDs (the order
--- of synchro_push_write's images).
+-- of synchro_push_write_batch's images).
 CREATE FUNCTION synchro.synchro_push_fields(p_relation_id text)
 RETURNS TABLE (field_id text, type_oid oid)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$

@@ -11,7 +11,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `state.rs` | [`Config`], [`AppState`], [`SnapshotPool`] |
+//! | `state.rs` | [`Config`], [`AppState`], [`ConnectionPool`] |
 //! | `error.rs` | [`ApiError`]; a database error converted once (SQLSTATE logged, 503) |
 //! | `preamble.rs` | the shared request preamble |
 //! | `gates.rs` | schema and generation gates, the assigned scope set |
@@ -40,7 +40,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::wire::Message;
 
 pub use error::ApiError;
-pub use state::{AppState, Config, SnapshotPool};
+pub use state::{AppState, Config, ConnectionPool, Pooled, SnapshotPool};
 
 pub(crate) use gates::{assigned_scopes, gates, Gates};
 pub(crate) use preamble::has_nul;

@@ -28,6 +28,10 @@ pub struct Config {
     pub max_rebuild_sessions_per_client: u32,
     /// `Retry-After` (seconds) of every 503 refused for load.
     pub retry_after_seconds: u64,
+    /// How long a push waits for a free database connection (of the snapshot pool, then of
+    /// the membership pool) before it is refused: 503 `temporary_unavailable`, reason
+    /// `push_busy`, with `Retry-After`.
+    pub push_pool_wait: std::time::Duration,
 }
 
 impl Default for Config {
@@ -42,6 +46,7 @@ impl Default for Config {
             max_event_streams_per_client: 4,
             max_rebuild_sessions_per_client: 8,
             retry_after_seconds: 2,
+            push_pool_wait: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -65,37 +70,88 @@ pub struct AppState {
     pub config: Config,
     /// Wakes change-notification streams (`POST /sync/events`).
     pub events: super::events::Notifier,
-    /// A connection as the capture worker's login, which push uses to evaluate a written
-    /// row's scopes with the membership function as its owner (in a transaction that is
-    /// always rolled back). Without one, push answers 503 `push_unavailable`.
-    pub membership_db: Option<tokio::sync::Mutex<Client>>,
+    /// Connections as the capture worker's login, which push uses to evaluate written
+    /// rows' scopes with the membership function as its owner (in transactions that are
+    /// always rolled back). Without them, push answers 503 `push_unavailable`.
+    pub membership_db: Option<ConnectionPool>,
 }
 
-/// A fixed set of connections handed out one transaction at a time: a free one if any,
-/// otherwise the next in turn once it is released.
-pub struct SnapshotPool {
-    clients: Vec<tokio::sync::Mutex<Client>>,
-    next: std::sync::atomic::AtomicUsize,
+/// A fixed set of connections handed out one transaction at a time: a free one at once,
+/// otherwise the first one released (waiters are served in arrival order).
+pub struct ConnectionPool {
+    free: std::sync::Mutex<Vec<Client>>,
+    permits: tokio::sync::Semaphore,
 }
 
-impl SnapshotPool {
+/// Pull's and rebuild's snapshot connections (the same pool type as push's).
+pub type SnapshotPool = ConnectionPool;
+
+/// Exclusive use of one pooled connection; it returns to the pool when dropped.
+pub struct Pooled<'a> {
+    client: Option<Client>,
+    pool: &'a ConnectionPool,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl ConnectionPool {
     /// A pool of these connections (at least one).
-    pub fn new(clients: Vec<Client>) -> SnapshotPool {
-        assert!(!clients.is_empty(), "a snapshot pool needs a connection");
-        SnapshotPool {
-            clients: clients.into_iter().map(tokio::sync::Mutex::new).collect(),
-            next: std::sync::atomic::AtomicUsize::new(0),
+    pub fn new(clients: Vec<Client>) -> ConnectionPool {
+        assert!(!clients.is_empty(), "a connection pool needs a connection");
+        ConnectionPool {
+            permits: tokio::sync::Semaphore::new(clients.len()),
+            free: std::sync::Mutex::new(clients),
         }
     }
 
-    /// Exclusive use of one connection.
-    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Client> {
-        for c in &self.clients {
-            if let Ok(guard) = c.try_lock() {
-                return guard;
-            }
+    /// Exclusive use of one connection, waiting as long as it takes.
+    pub async fn lock(&self) -> Pooled<'_> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("the pool is never closed");
+        self.take(permit)
+    }
+
+    /// Exclusive use of one connection if one is free within `wait`; `None` when every
+    /// connection stayed busy that long.
+    pub async fn lock_within(&self, wait: std::time::Duration) -> Option<Pooled<'_>> {
+        let permit = tokio::time::timeout(wait, self.permits.acquire())
+            .await
+            .ok()?
+            .expect("the pool is never closed");
+        Some(self.take(permit))
+    }
+
+    fn take<'a>(&'a self, permit: tokio::sync::SemaphorePermit<'a>) -> Pooled<'a> {
+        // A permit stands for exactly one free connection.
+        let client = self.free.lock().expect("pool").pop();
+        Pooled {
+            client: Some(client.expect("a permit has a connection")),
+            pool: self,
+            _permit: permit,
         }
-        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.clients.len();
-        self.clients[i].lock().await
+    }
+}
+
+impl std::ops::Deref for Pooled<'_> {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        self.client.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Pooled<'_> {
+    fn deref_mut(&mut self) -> &mut Client {
+        self.client.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        // Back before the permit is released (fields drop after this body).
+        if let Some(c) = self.client.take() {
+            self.pool.free.lock().expect("pool").push(c);
+        }
     }
 }

@@ -1,0 +1,484 @@
+//! A batch's writes and their authorization (spec-gaps "ADR 002"; issue 12.6).
+//!
+//! The rule, per mutation in order: the compare-and-swap write through
+//! `synchro_push_write_batch`; then the row's scopes before the write (when it existed) and after
+//! it (an applied insert or update). A row that shares no scope with the user before the
+//! write is answered exactly like a missing row (`conflict` without row members), so a push
+//! never reveals whether an invisible row exists; a write that adds the row to any scope
+//! the user does not hold (a scope of the after-image the before-image lacked), or a new
+//! row the user could not see, is undone (`forbidden`). Any other outcome that is not
+//! `applied` is undone too, as a savepoint rollback would.
+//!
+//! [`apply`] gets exactly those outcomes in a few round trips per batch instead of a dozen
+//! per mutation: every write in one call (`synchro_push_write_batch`, each in its own
+//! subtransaction, undoing those it is told to), then every row image's scopes in one call
+//! ([`super::scopes`]). When the writes it kept are exactly the ones authorization keeps,
+//! that run is the sequential execution and its outcomes are final. Otherwise (a
+//! forbidden or invisible applied write it kept, or one it undid that authorization keeps)
+//! it rolls the call back and runs the batch again, undoing the writes the last run's
+//! authorization refused; images already evaluated are not evaluated again. After
+//! [`ATTEMPTS`] runs, or on any error, it rolls back and runs [`sequential`]: one mutation at
+//! a time in a savepoint, evaluating the before-image, then the after-image only when
+//! needed — the rule above executed literally, which also yields any error exactly where
+//! one-by-one execution meets it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use synchro_protocol::checksum::Checksum;
+use synchro_protocol::digest::row_digest;
+use synchro_protocol::jcs::to_output_string;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::{Manifest, Table};
+use synchro_protocol::types::PortableType;
+use synchro_protocol::wire::{Outcome, OutcomeRow};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Transaction};
+
+use super::checks::Prepared;
+use super::scopes::{evaluate, Probe};
+use super::{missing_row_conflict, rejected};
+use crate::api::ApiError;
+
+/// Optimistic runs of a batch before it is executed one mutation at a time.
+const ATTEMPTS: usize = 3;
+
+/// A source row's fields as text (null for SQL NULL), in attnum order.
+type Image = Vec<Option<String>>;
+
+/// The synced fields of a relation with their source type OIDs, in attnum order.
+type ImageFields = Vec<(String, u32)>;
+
+/// What the batch shares.
+pub(super) struct Context<'a> {
+    /// The current manifest.
+    pub(super) current: &'a Manifest,
+    /// The user's assigned scopes.
+    pub(super) assigned: &'a BTreeSet<String>,
+}
+
+/// What the database reported for one write.
+struct Written {
+    status: String,
+    version: Option<String>,
+    pre: Option<Image>,
+    post: Option<Image>,
+}
+
+/// A written row by field ID, and its canonical JSON text (the projection's form).
+struct Row {
+    json: Json,
+    text: String,
+}
+
+/// Authorization's answer for one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The row existed and shares no scope with the user: answered like a missing row.
+    Invisible,
+    /// The write adds a scope the user does not hold, or makes a row they cannot see.
+    Forbidden,
+    /// Authorization does not stand in the way.
+    Allowed,
+}
+
+/// The outcomes of `writes`, in order, as one-by-one execution gives them.
+pub(super) async fn apply(
+    tx: &Transaction<'_>,
+    membership: &mut Client,
+    cx: &Context<'_>,
+    writes: &[Prepared<'_>],
+) -> Result<Vec<Outcome>, ApiError> {
+    if writes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut fields: HashMap<&str, ImageFields> = HashMap::new();
+    for p in writes {
+        let relation = p.table.relation_id.as_str();
+        if !fields.contains_key(relation) {
+            let f = tx
+                .query_typed(
+                    "SELECT field_id, type_oid FROM synchro.synchro_push_fields($1)",
+                    &[(&relation, Type::TEXT)],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            fields.insert(relation, f);
+        }
+    }
+    if let Some(outcomes) = optimistic(tx, membership, cx, writes, &fields).await? {
+        return Ok(outcomes);
+    }
+    sequential(tx, membership, cx, writes, &fields).await
+}
+
+/// The batch in whole-batch runs; `None` when it must run one mutation at a time (the
+/// transaction is then as it was before the call).
+async fn optimistic(
+    tx: &Transaction<'_>,
+    membership: &mut Client,
+    cx: &Context<'_>,
+    writes: &[Prepared<'_>],
+    fields: &HashMap<&str, ImageFields>,
+) -> Result<Option<Vec<Outcome>>, ApiError> {
+    tx.batch_execute("SAVEPOINT synchro_batch").await?;
+    let mut discard = vec![false; writes.len()];
+    let mut scopes: HashMap<(String, String, String), BTreeSet<String>> = HashMap::new();
+    for _ in 0..ATTEMPTS {
+        match run(tx, membership, cx, writes, fields, &discard, &mut scopes).await {
+            Ok(Ok(outcomes)) => {
+                tx.batch_execute("RELEASE SAVEPOINT synchro_batch").await?;
+                return Ok(Some(outcomes));
+            }
+            Ok(Err(next)) => discard = next,
+            Err(_) => break,
+        }
+        tx.batch_execute("ROLLBACK TO SAVEPOINT synchro_batch")
+            .await?;
+    }
+    tx.batch_execute("ROLLBACK TO SAVEPOINT synchro_batch; RELEASE SAVEPOINT synchro_batch")
+        .await?;
+    Ok(None)
+}
+
+/// One whole-batch run undoing the writes `discard` names: the outcomes when the run kept
+/// exactly the writes authorization keeps, otherwise the writes to undo in the next run.
+async fn run(
+    tx: &Transaction<'_>,
+    membership: &mut Client,
+    cx: &Context<'_>,
+    writes: &[Prepared<'_>],
+    fields: &HashMap<&str, ImageFields>,
+    discard: &[bool],
+    scopes: &mut HashMap<(String, String, String), BTreeSet<String>>,
+) -> Result<Result<Vec<Outcome>, Vec<bool>>, ApiError> {
+    let written = write_batch(tx, writes, discard).await?;
+    // The rows of every image authorization reads.
+    let mut rows = Vec::with_capacity(writes.len());
+    for (p, w) in writes.iter().zip(&written) {
+        let f = &fields[p.table.relation_id.as_str()];
+        let pre = w.pre.as_ref().map(|i| row(p.table, f, i)).transpose()?;
+        let post = match (&w.post, w.status == "applied") {
+            (Some(i), true) => Some(row(p.table, f, i)?),
+            _ => None,
+        };
+        rows.push((pre, post));
+    }
+    let key = |p: &Prepared<'_>, r: &Row| {
+        (
+            p.table.relation_id.clone(),
+            p.pk_wire.clone(),
+            r.text.clone(),
+        )
+    };
+    let mut probes = Vec::new();
+    let mut probed = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (p, (pre, post)) in writes.iter().zip(&rows) {
+        for r in [pre, post].into_iter().flatten() {
+            let k = key(p, r);
+            if !scopes.contains_key(&k) && seen.insert(k.clone()) {
+                probes.push(Probe {
+                    relation_id: &p.table.relation_id,
+                    pk_wire: &p.pk_wire,
+                    key: &p.key,
+                    row: &r.text,
+                });
+                probed.push(k);
+            }
+        }
+    }
+    let evaluated = evaluate(membership, &probes).await?;
+    scopes.extend(probed.into_iter().zip(evaluated));
+
+    let mut outcomes = Vec::with_capacity(writes.len());
+    // Whether authorization keeps each write, and whether the database did.
+    let mut keep = Vec::with_capacity(writes.len());
+    let mut consistent = true;
+    for (((p, w), (pre, post)), discarded) in writes.iter().zip(written).zip(rows).zip(discard) {
+        let pre_scopes = pre.as_ref().map(|r| &scopes[&key(p, r)]);
+        let post_scopes = post.as_ref().map(|r| &scopes[&key(p, r)]);
+        let verdict = verdict(cx.assigned, pre_scopes, post_scopes);
+        let applied = w.status == "applied";
+        let kept = applied && verdict == Verdict::Allowed;
+        consistent &= kept == (applied && !discarded);
+        keep.push(kept);
+        outcomes.push(outcome(cx.current, p, w, pre, post, verdict)?);
+    }
+    if consistent {
+        Ok(Ok(outcomes))
+    } else {
+        Ok(Err(keep.iter().map(|k| !k).collect()))
+    }
+}
+
+/// The batch one mutation at a time, each in a savepoint: the rule executed literally.
+async fn sequential(
+    tx: &Transaction<'_>,
+    membership: &mut Client,
+    cx: &Context<'_>,
+    writes: &[Prepared<'_>],
+    fields: &HashMap<&str, ImageFields>,
+) -> Result<Vec<Outcome>, ApiError> {
+    let mut outcomes = Vec::with_capacity(writes.len());
+    for p in writes {
+        let f = &fields[p.table.relation_id.as_str()];
+        tx.batch_execute("SAVEPOINT synchro_mutation").await?;
+        let w = write_batch(tx, std::slice::from_ref(p), &[false])
+            .await?
+            .pop()
+            .ok_or_else(ApiError::integrity)?;
+        fn probe<'a>(p: &'a Prepared<'_>, r: &'a Row) -> Probe<'a> {
+            Probe {
+                relation_id: &p.table.relation_id,
+                pk_wire: &p.pk_wire,
+                key: &p.key,
+                row: &r.text,
+            }
+        }
+        let pre = w.pre.as_ref().map(|i| row(p.table, f, i)).transpose()?;
+        let mut pre_scopes = None;
+        if let Some(r) = &pre {
+            pre_scopes = evaluate(membership, &[probe(p, r)]).await?.pop();
+        }
+        let mut post = None;
+        let mut post_scopes = None;
+        if verdict(cx.assigned, pre_scopes.as_ref(), None) == Verdict::Allowed
+            && w.status == "applied"
+        {
+            if let Some(i) = &w.post {
+                let r = row(p.table, f, i)?;
+                post_scopes = evaluate(membership, &[probe(p, &r)]).await?.pop();
+                post = Some(r);
+            }
+        }
+        let verdict = verdict(cx.assigned, pre_scopes.as_ref(), post_scopes.as_ref());
+        let kept = w.status == "applied" && verdict == Verdict::Allowed;
+        let o = outcome(cx.current, p, w, pre, post, verdict)?;
+        tx.batch_execute(if kept {
+            "RELEASE SAVEPOINT synchro_mutation"
+        } else {
+            "ROLLBACK TO SAVEPOINT synchro_mutation; RELEASE SAVEPOINT synchro_mutation"
+        })
+        .await?;
+        outcomes.push(o);
+    }
+    Ok(outcomes)
+}
+
+/// Authorization of one write from the scopes of its before-image (when the row existed)
+/// and after-image (an applied insert or update).
+fn verdict(
+    assigned: &BTreeSet<String>,
+    pre: Option<&BTreeSet<String>>,
+    post: Option<&BTreeSet<String>>,
+) -> Verdict {
+    if let Some(pre) = pre {
+        if pre.is_disjoint(assigned) {
+            return Verdict::Invisible;
+        }
+    }
+    if let Some(post) = post {
+        let none = BTreeSet::new();
+        let adds_foreign_scope = post
+            .difference(pre.unwrap_or(&none))
+            .any(|scope| !assigned.contains(scope));
+        let invisible_new_row = pre.is_none() && post.is_disjoint(assigned);
+        if adds_foreign_scope || invisible_new_row {
+            return Verdict::Forbidden;
+        }
+    }
+    Verdict::Allowed
+}
+
+/// The outcome of one write given its authorization.
+fn outcome(
+    current: &Manifest,
+    p: &Prepared<'_>,
+    w: Written,
+    pre: Option<Row>,
+    post: Option<Row>,
+    verdict: Verdict,
+) -> Result<Outcome, ApiError> {
+    let id = p.m.mutation_id.as_str();
+    let digest = |row: &Json, version: &str| -> Result<Checksum, ApiError> {
+        row_digest(current, &p.table.table_id, &p.pk.to_wire(), row, version)
+            .map(|d| Checksum(d.digest))
+            .map_err(|_| ApiError::integrity())
+    };
+    match verdict {
+        Verdict::Invisible => return Ok(missing_row_conflict(id)),
+        Verdict::Forbidden => {
+            return Ok(rejected(
+                id,
+                "forbidden",
+                "the write would place the row outside the user's scopes",
+            ))
+        }
+        Verdict::Allowed => {}
+    }
+    Ok(match w.status.as_str() {
+        "applied" => {
+            let version = w.version.ok_or_else(ApiError::integrity)?;
+            let row = match post {
+                Some(r) => {
+                    let c = digest(&r.json, &version)?;
+                    Some((r.json, c))
+                }
+                None => None,
+            };
+            Outcome::Applied {
+                mutation_id: id.to_owned(),
+                server_version: version,
+                row,
+            }
+        }
+        "conflict" => {
+            let mut conflict = missing_row_conflict(id);
+            if let (Some(r), Some(version)) = (pre, w.version) {
+                if let Outcome::Conflict { current, .. } = &mut conflict {
+                    *current = Some(OutcomeRow {
+                        row_checksum: digest(&r.json, &version)?,
+                        server_version: version,
+                        row: r.json,
+                    });
+                }
+            }
+            conflict
+        }
+        "not_writable" => rejected(id, "not_writable", "the table or a field is not writable"),
+        "invalid_value" => rejected(id, "invalid_value", "a value cannot be represented"),
+        _ => rejected(id, "constraint_violation", "the database refused the write"),
+    })
+}
+
+/// Every write in one call, in order, each in its own subtransaction; the database keeps an
+/// applied write unless `discard` names it.
+async fn write_batch(
+    tx: &Transaction<'_>,
+    writes: &[Prepared<'_>],
+    discard: &[bool],
+) -> Result<Vec<Written>, ApiError> {
+    let relations: Vec<&str> = writes
+        .iter()
+        .map(|p| p.table.relation_id.as_str())
+        .collect();
+    let ops: Vec<&str> = writes.iter().map(|p| p.m.operation.as_str()).collect();
+    let keys: Vec<&str> = writes.iter().map(|p| p.key.as_str()).collect();
+    let pk_wires: Vec<&str> = writes.iter().map(|p| p.pk_wire.as_str()).collect();
+    let bases: Vec<Option<&str>> = writes.iter().map(|p| p.m.base_version.as_deref()).collect();
+    let counts: Vec<i32> = writes.iter().map(|p| p.field_ids.len() as i32).collect();
+    let columns: Vec<&str> = writes
+        .iter()
+        .flat_map(|p| p.field_ids.iter().copied())
+        .collect();
+    let values: Vec<Option<&str>> = writes
+        .iter()
+        .flat_map(|p| p.values.iter().map(Option::as_deref))
+        .collect();
+    let rows = tx
+        .query_typed(
+            "SELECT status, version, pre_image, post_image
+               FROM synchro.synchro_push_write_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                (&relations, Type::TEXT_ARRAY),
+                (&ops, Type::TEXT_ARRAY),
+                (&keys, Type::TEXT_ARRAY),
+                (&pk_wires, Type::TEXT_ARRAY),
+                (&bases, Type::TEXT_ARRAY),
+                (&counts, Type::INT4_ARRAY),
+                (&columns, Type::TEXT_ARRAY),
+                (&values, Type::TEXT_ARRAY),
+                (&discard, Type::BOOL_ARRAY),
+            ],
+        )
+        .await?;
+    if rows.len() != writes.len() {
+        return Err(ApiError::integrity());
+    }
+    Ok(rows
+        .iter()
+        .map(|r| Written {
+            status: r.get(0),
+            version: r.get(1),
+            pre: r.get(2),
+            post: r.get(3),
+        })
+        .collect())
+}
+
+/// A row (by field ID) from a text image of the table's fields in attnum order.
+fn row(table: &Table, fields: &[(String, u32)], image: &[Option<String>]) -> Result<Row, ApiError> {
+    if image.len() != fields.len() {
+        return Err(ApiError::unavailable());
+    }
+    let mut row = Vec::with_capacity(fields.len());
+    for ((field_id, oid), text) in fields.iter().zip(image) {
+        let Some(field) = table.field(field_id) else {
+            continue;
+        };
+        // `::text` of a boolean is true/false where the output function (pgoutput's form)
+        // gives t/f; every other synced type casts through its output function.
+        let text = match (field.spec.ty, text.as_deref()) {
+            (PortableType::Boolean, Some("true")) => Some("t"),
+            (PortableType::Boolean, Some("false")) => Some("f"),
+            (_, t) => t,
+        };
+        let value = match text {
+            None => Json::Null,
+            Some(t) => crate::capture::values::text_to_wire(&field.spec, *oid, t.as_bytes())
+                .map_err(|_| ApiError::integrity())?
+                .to_wire(),
+        };
+        row.push((field_id.clone(), value));
+    }
+    let json = Json::Object(row);
+    Ok(Row {
+        text: to_output_string(&json),
+        json,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &[&str]) -> BTreeSet<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn verdicts_follow_the_before_and_after_scopes() {
+        let assigned = set(&["user:alice", "team:red"]);
+        let v = |pre: Option<&[&str]>, post: Option<&[&str]>| {
+            verdict(&assigned, pre.map(set).as_ref(), post.map(set).as_ref())
+        };
+        // An existing row outside every scope of the user: invisible, whatever the write.
+        assert_eq!(
+            v(Some(&["user:bob"]), Some(&["team:red"])),
+            Verdict::Invisible
+        );
+        assert_eq!(v(Some(&[]), None), Verdict::Invisible);
+        // A scope the before-image lacked that the user does not hold.
+        assert_eq!(
+            v(Some(&["team:red"]), Some(&["team:red", "user:carol"])),
+            Verdict::Forbidden
+        );
+        // A foreign scope the row already had is no addition.
+        assert_eq!(
+            v(
+                Some(&["team:red", "user:bob"]),
+                Some(&["team:red", "user:bob"])
+            ),
+            Verdict::Allowed
+        );
+        // A new row must be visible to its author, and add no foreign scope.
+        assert_eq!(v(None, Some(&[])), Verdict::Forbidden);
+        assert_eq!(v(None, Some(&["team:red", "user:bob"])), Verdict::Forbidden);
+        assert_eq!(v(None, Some(&["team:red"])), Verdict::Allowed);
+        // A delete of a visible row; a write of a row that does not exist (conflict).
+        assert_eq!(v(Some(&["team:red"]), None), Verdict::Allowed);
+        assert_eq!(v(None, None), Verdict::Allowed);
+    }
+}

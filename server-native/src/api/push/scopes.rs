@@ -1,0 +1,67 @@
+//! The scopes a written row is in, by its table's live membership function
+//! (`synchro.synchro_push_scopes`, 52_push): any number of rows in one call on a
+//! worker-login connection, each evaluated as if alone, with only that row placed in the
+//! projection, as the function's owner, in a transaction that is always rolled back.
+
+use std::collections::BTreeSet;
+
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use crate::api::ApiError;
+
+/// One row to evaluate.
+pub(super) struct Probe<'a> {
+    /// Its relation.
+    pub(super) relation_id: &'a str,
+    /// The key's wire JSON text (the projection's key).
+    pub(super) pk_wire: &'a str,
+    /// The key's text input form (the function's argument).
+    pub(super) key: &'a str,
+    /// The row by field ID, in canonical JSON (the projection's form).
+    pub(super) row: &'a str,
+}
+
+/// The scopes of each probe, in order.
+pub(super) async fn evaluate(
+    db: &mut Client,
+    probes: &[Probe<'_>],
+) -> Result<Vec<BTreeSet<String>>, ApiError> {
+    if probes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let relations: Vec<&str> = probes.iter().map(|p| p.relation_id).collect();
+    let pk_wires: Vec<&str> = probes.iter().map(|p| p.pk_wire).collect();
+    let keys: Vec<&str> = probes.iter().map(|p| p.key).collect();
+    let rows: Vec<&str> = probes.iter().map(|p| p.row).collect();
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
+        (&relations, Type::TEXT_ARRAY),
+        (&pk_wires, Type::TEXT_ARRAY),
+        (&keys, Type::TEXT_ARRAY),
+        (&rows, Type::TEXT_ARRAY),
+    ];
+    let tx = db.transaction().await?;
+    let (role, scopes) = futures_util::join!(
+        tx.batch_execute("SET LOCAL ROLE synchro_worker"),
+        tx.query_typed(
+            "SELECT ord, scopes FROM synchro.synchro_push_scopes($1, $2, $3, $4)",
+            &params,
+        )
+    );
+    role?;
+    let scopes = scopes?;
+    tx.rollback().await?;
+    // One result per probe, by its 1-based ordinal.
+    let mut out: Vec<Option<BTreeSet<String>>> = vec![None; probes.len()];
+    for row in &scopes {
+        let i = usize::try_from(row.get::<_, i32>(0) - 1).map_err(|_| ApiError::integrity())?;
+        let slot = out.get_mut(i).ok_or_else(ApiError::integrity)?;
+        if slot.is_some() {
+            return Err(ApiError::integrity());
+        }
+        *slot = Some(row.get::<_, Vec<String>>(1).into_iter().collect());
+    }
+    out.into_iter()
+        .map(|s| s.ok_or_else(ApiError::integrity))
+        .collect()
+}
