@@ -8,6 +8,14 @@
 //! db.onProgress((p) => console.log(p.phase, p.rows));
 //! const report = await db.sync();           // connect, migrate, rebuild, pull — all verified
 //! const rows = db.query("SELECT * FROM docs WHERE id = ?", [1n]);
+//!
+//! // Or stay connected: pull when the server's events stream (streaming fetch) names a
+//! // changed scope, push when a write is queued. While live, the session owns the database.
+//! const live = db.startLive({ safetyPollMs: 30000 }, (s) => show(s.status, s.error?.code));
+//! await live.write("docs", "update", "1", { title: "hi" });   // durable, then pushed
+//! const same = await live.query("SELECT * FROM docs", []);
+//! live.stop();
+//! const { end, client } = await live.done;   // end: "stopped" | "upgrade_required" | "error"
 //! ```
 //!
 //! Every failure is thrown as an `Error` with a stable `code` (`network_error`,
@@ -26,10 +34,13 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
+mod live;
+pub use live::LiveSession;
+
 use crate::engine::{Client, ClientConfig};
 use crate::error::{ClientError, StorageError};
 use crate::store::{parse_operation, LocalWrite, Storage};
-use crate::transport::{Response, Transport, TransportError};
+use crate::transport::{EventStream, EventTransport, Opened, Response, Transport, TransportError};
 use synchro_protocol::value::TypedValue;
 
 thread_local! {
@@ -97,6 +108,12 @@ impl FetchTransport {
     }
 
     async fn send(&self, path: &str, body: String) -> Result<(u16, String), JsValue> {
+        let response = self.fetch(path, body).await?;
+        let text = JsFuture::from(response.text()?).await?;
+        Ok((response.status(), text.as_string().unwrap_or_default()))
+    }
+
+    async fn fetch(&self, path: &str, body: String) -> Result<web_sys::Response, JsValue> {
         let token = js_await(self.token.call0(&JsValue::NULL)?).await?;
         let token = token
             .as_string()
@@ -111,11 +128,78 @@ impl FetchTransport {
         let request =
             web_sys::Request::new_with_str_and_init(&format!("{}{path}", self.base), &init)?;
         let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
-        let response: web_sys::Response = JsFuture::from(global.fetch_with_request(&request))
+        Ok(JsFuture::from(global.fetch_with_request(&request))
             .await?
-            .unchecked_into();
-        let text = JsFuture::from(response.text()?).await?;
-        Ok((response.status(), text.as_string().unwrap_or_default()))
+            .unchecked_into())
+    }
+}
+
+/// An open events stream: the `fetch` response body's `ReadableStream` reader. Dropping it
+/// cancels the stream (which closes the connection).
+pub struct FetchEventStream {
+    reader: web_sys::ReadableStreamDefaultReader,
+}
+
+impl Drop for FetchEventStream {
+    fn drop(&mut self) {
+        let _ = self.reader.cancel();
+    }
+}
+
+impl EventStream for FetchEventStream {
+    async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, TransportError> {
+        let failed = |_| TransportError("the events stream failed".into());
+        let read = JsFuture::from(self.reader.read()).await.map_err(failed)?;
+        if Reflect::get(&read, &"done".into())
+            .map_err(failed)?
+            .is_truthy()
+        {
+            return Ok(None);
+        }
+        let value = Reflect::get(&read, &"value".into()).map_err(failed)?;
+        Ok(Some(
+            value.dyn_into::<Uint8Array>().map_err(failed)?.to_vec(),
+        ))
+    }
+}
+
+impl EventTransport for FetchTransport {
+    type Stream = FetchEventStream;
+
+    async fn open_events(&self, body: String) -> Result<Opened<FetchEventStream>, TransportError> {
+        let response = self
+            .fetch("/sync/events", body)
+            .await
+            .map_err(|_| TransportError("fetch failed".into()))?;
+        let status = response.status();
+        if status != 200 {
+            let text = JsFuture::from(
+                response
+                    .text()
+                    .map_err(|_| TransportError("fetch failed".into()))?,
+            )
+            .await
+            .map_err(|_| TransportError("fetch failed".into()))?;
+            let body = Json::parse(&text.as_string().unwrap_or_default()).map_err(|_| {
+                TransportError(format!("HTTP {status} with a body that is not JSON"))
+            })?;
+            return Ok(Opened::Refused(Response { status, body }));
+        }
+        let stream = response
+            .body()
+            .ok_or_else(|| TransportError("the events response has no body".into()))?;
+        Ok(Opened::Stream(FetchEventStream {
+            reader: stream.get_reader().unchecked_into(),
+        }))
+    }
+
+    async fn sleep(&self, ms: u64) {
+        let ms = ms.min(i32::MAX as u64) as i32;
+        let promise = Promise::new(&mut |resolve, _| {
+            let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+            let _ = global.set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms);
+        });
+        let _ = JsFuture::from(promise).await;
     }
 }
 
@@ -253,69 +337,7 @@ impl SynchroClient {
     /// number when it is a safe integer, otherwise a BigInt; BLOB as Uint8Array). Writes to
     /// synced tables go through the engine, never through this.
     pub fn query(&self, sql: String, params: Option<Array>) -> Result<Array, JsValue> {
-        let conn = self.inner.storage().connection();
-        let mut statement = conn
-            .prepare(&sql)
-            .map_err(|e| storage_error(StorageError::Sqlite(e)))?;
-        if !statement.readonly() {
-            return Err(js_error(
-                "invalid_request",
-                "query runs read-only statements only",
-                false,
-            ));
-        }
-        let mut values = Vec::new();
-        for p in params.map(|a| a.to_vec()).unwrap_or_default() {
-            values.push(if p.is_null() || p.is_undefined() {
-                rusqlite::types::Value::Null
-            } else if let Some(b) = p.as_bool() {
-                rusqlite::types::Value::Integer(i64::from(b))
-            } else if let Some(s) = p.as_string() {
-                rusqlite::types::Value::Text(s)
-            } else if p.is_bigint() {
-                let v = i64::try_from(p.unchecked_into::<js_sys::BigInt>()).map_err(|_| {
-                    js_error("invalid_value", "a BigInt parameter is out of range", false)
-                })?;
-                rusqlite::types::Value::Integer(v)
-            } else if let Some(f) = p.as_f64() {
-                rusqlite::types::Value::Real(f)
-            } else if p.is_instance_of::<Uint8Array>() {
-                rusqlite::types::Value::Blob(p.unchecked_into::<Uint8Array>().to_vec())
-            } else {
-                return Err(js_error(
-                    "invalid_value",
-                    "an unsupported parameter type",
-                    false,
-                ));
-            });
-        }
-        let names: Vec<String> = statement.column_names().map(str::to_owned).collect();
-        let mut rows = statement
-            .query(rusqlite::params_from_iter(values))
-            .map_err(|e| storage_error(StorageError::Sqlite(e)))?;
-        let out = Array::new();
-        while let Some(r) = rows
-            .next()
-            .map_err(|e| storage_error(StorageError::Sqlite(e)))?
-        {
-            let o = Object::new();
-            for (i, name) in names.iter().enumerate() {
-                let v = match r
-                    .get_ref(i)
-                    .map_err(|e| storage_error(StorageError::Sqlite(e)))?
-                {
-                    ValueRef::Null => JsValue::NULL,
-                    ValueRef::Integer(i) if i.unsigned_abs() < (1 << 53) => (i as f64).into(),
-                    ValueRef::Integer(i) => js_sys::BigInt::from(i).into(),
-                    ValueRef::Real(f) => f.into(),
-                    ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
-                    ValueRef::Blob(b) => Uint8Array::from(b).into(),
-                };
-                set(&o, name, v);
-            }
-            out.push(&o);
-        }
-        Ok(out)
+        query(&self.inner, &sql, params)
     }
 
     /// Writes to the synced table `table` and queues the intent in one transaction.
@@ -330,104 +352,13 @@ impl SynchroClient {
         pk: JsValue,
         columns: JsValue,
     ) -> Result<String, JsValue> {
-        let bad = |what: &str| js_error("invalid_value", what, false);
-        let manifest = self
-            .inner
-            .manifest()
-            .cloned()
-            .ok_or_else(|| js_error("local_schema_error", "no schema is installed", false))?;
-        let t = manifest
-            .tables
-            .iter()
-            .find(|t| t.name == table)
-            .ok_or_else(|| js_error("unknown_table", "no such synced table", false))?;
-        let to_json = |v: &JsValue| -> Result<Json, JsValue> {
-            let text = js_sys::JSON::stringify(v)
-                .map_err(|_| bad("a value is not JSON"))?
-                .as_string()
-                .ok_or_else(|| bad("a value is not JSON"))?;
-            Json::parse(&text).map_err(|_| bad("a value is not JSON"))
-        };
-        let key = TypedValue::from_wire(&t.primary_key().spec, &to_json(&pk)?)
-            .map_err(|_| bad("the key does not match its type"))?;
-        let mut values = Vec::new();
-        if !columns.is_undefined() && !columns.is_null() {
-            let Json::Object(members) = to_json(&columns)? else {
-                return Err(bad("columns must be an object"));
-            };
-            for (name, value) in members {
-                let f = t
-                    .fields
-                    .iter()
-                    .find(|f| f.name == name)
-                    .ok_or_else(|| bad("no such field"))?;
-                let v = TypedValue::from_wire(&f.spec, &value)
-                    .map_err(|_| bad("a value does not match its field"))?;
-                values.push((f.field_id.clone(), v));
-            }
-        }
-        let operation = parse_operation(&operation)
-            .ok_or_else(|| bad("operation must be insert, update or delete"))?;
-        let table_id = t.table_id.clone();
-        self.inner
-            .write(&LocalWrite {
-                table_id: &table_id,
-                operation,
-                pk: &key,
-                columns: &values,
-            })
-            .map_err(client_error)
+        write(&mut self.inner, &table, &operation, &pk, &columns)
     }
 
     /// Every queued mutation in local order with its state (`pending`, `applied`,
     /// `conflict`, `rejected_terminal`), for inspection.
     pub fn mutations(&self) -> Result<Array, JsValue> {
-        let out = Array::new();
-        for m in self.inner.storage().mutations().map_err(storage_error)? {
-            let o = Object::new();
-            set(&o, "mutationId", m.mutation_id.clone().into());
-            set(&o, "batchId", m.batch_id.into());
-            set(&o, "localOrder", (m.local_order as f64).into());
-            set(&o, "tableId", m.table_id.into());
-            set(
-                &o,
-                "pk",
-                js_sys::JSON::parse(&m.pk).unwrap_or(JsValue::NULL),
-            );
-            set(&o, "operation", m.operation.as_str().into());
-            set(
-                &o,
-                "baseVersion",
-                m.base_version.map_or(JsValue::NULL, JsValue::from),
-            );
-            set(&o, "clientVersion", (m.client_version as f64).into());
-            set(
-                &o,
-                "columns",
-                js_sys::JSON::parse(&m.columns).unwrap_or(JsValue::NULL),
-            );
-            set(&o, "authoredSchema", {
-                let a = Object::new();
-                set(&a, "version", (m.authored.0 as f64).into());
-                set(&a, "hash", m.authored.1.into());
-                a.into()
-            });
-            let outcome = self
-                .inner
-                .storage()
-                .outcome(&m.mutation_id)
-                .map_err(storage_error)?;
-            set(
-                &o,
-                "outcome",
-                outcome
-                    .and_then(|t| js_sys::JSON::parse(&t).ok())
-                    .unwrap_or(JsValue::NULL),
-            );
-            set(&o, "state", m.state.as_str().into());
-            out.push(&o);
-        }
-        Ok(out)
+        mutations(&self.inner)
     }
 
     /// After an application upgrade, while `state()` is `upgrade_required`: the next
@@ -462,4 +393,187 @@ impl SynchroClient {
             let _ = callback.call1(&JsValue::NULL, &o);
         });
     }
+}
+
+/// Runs a read-only query; rows come back as objects keyed by column name (INTEGER as a
+/// number when it is a safe integer, otherwise a BigInt; BLOB as Uint8Array). Writes to
+/// synced tables go through the engine, never through this.
+fn query(
+    client: &Client<FetchTransport>,
+    sql: &str,
+    params: Option<Array>,
+) -> Result<Array, JsValue> {
+    let conn = client.storage().connection();
+    let mut statement = conn
+        .prepare(sql)
+        .map_err(|e| storage_error(StorageError::Sqlite(e)))?;
+    if !statement.readonly() {
+        return Err(js_error(
+            "invalid_request",
+            "query runs read-only statements only",
+            false,
+        ));
+    }
+    let mut values = Vec::new();
+    for p in params.map(|a| a.to_vec()).unwrap_or_default() {
+        values.push(if p.is_null() || p.is_undefined() {
+            rusqlite::types::Value::Null
+        } else if let Some(b) = p.as_bool() {
+            rusqlite::types::Value::Integer(i64::from(b))
+        } else if let Some(s) = p.as_string() {
+            rusqlite::types::Value::Text(s)
+        } else if p.is_bigint() {
+            let v = i64::try_from(p.unchecked_into::<js_sys::BigInt>()).map_err(|_| {
+                js_error("invalid_value", "a BigInt parameter is out of range", false)
+            })?;
+            rusqlite::types::Value::Integer(v)
+        } else if let Some(f) = p.as_f64() {
+            rusqlite::types::Value::Real(f)
+        } else if p.is_instance_of::<Uint8Array>() {
+            rusqlite::types::Value::Blob(p.unchecked_into::<Uint8Array>().to_vec())
+        } else {
+            return Err(js_error(
+                "invalid_value",
+                "an unsupported parameter type",
+                false,
+            ));
+        });
+    }
+    let names: Vec<String> = statement.column_names().map(str::to_owned).collect();
+    let mut rows = statement
+        .query(rusqlite::params_from_iter(values))
+        .map_err(|e| storage_error(StorageError::Sqlite(e)))?;
+    let out = Array::new();
+    while let Some(r) = rows
+        .next()
+        .map_err(|e| storage_error(StorageError::Sqlite(e)))?
+    {
+        let o = Object::new();
+        for (i, name) in names.iter().enumerate() {
+            let v = match r
+                .get_ref(i)
+                .map_err(|e| storage_error(StorageError::Sqlite(e)))?
+            {
+                ValueRef::Null => JsValue::NULL,
+                ValueRef::Integer(i) if i.unsigned_abs() < (1 << 53) => (i as f64).into(),
+                ValueRef::Integer(i) => js_sys::BigInt::from(i).into(),
+                ValueRef::Real(f) => f.into(),
+                ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+                ValueRef::Blob(b) => Uint8Array::from(b).into(),
+            };
+            set(&o, name, v);
+        }
+        out.push(&o);
+    }
+    Ok(out)
+}
+
+/// Writes to the synced table `table` and queues the intent in one transaction.
+/// `operation` is `insert`, `update` or `delete`; `pk` and the values of `columns` (an
+/// object keyed by field name, in the order the fields should be recorded; a `null` is
+/// a present null) are wire values (int64 and decimal as strings). Resolves to the
+/// mutation ID.
+fn write(
+    client: &mut Client<FetchTransport>,
+    table: &str,
+    operation: &str,
+    pk: &JsValue,
+    columns: &JsValue,
+) -> Result<String, JsValue> {
+    let bad = |what: &str| js_error("invalid_value", what, false);
+    let manifest = client
+        .manifest()
+        .cloned()
+        .ok_or_else(|| js_error("local_schema_error", "no schema is installed", false))?;
+    let t = manifest
+        .tables
+        .iter()
+        .find(|t| t.name == *table)
+        .ok_or_else(|| js_error("unknown_table", "no such synced table", false))?;
+    let to_json = |v: &JsValue| -> Result<Json, JsValue> {
+        let text = js_sys::JSON::stringify(v)
+            .map_err(|_| bad("a value is not JSON"))?
+            .as_string()
+            .ok_or_else(|| bad("a value is not JSON"))?;
+        Json::parse(&text).map_err(|_| bad("a value is not JSON"))
+    };
+    let key = TypedValue::from_wire(&t.primary_key().spec, &to_json(pk)?)
+        .map_err(|_| bad("the key does not match its type"))?;
+    let mut values = Vec::new();
+    if !columns.is_undefined() && !columns.is_null() {
+        let Json::Object(members) = to_json(columns)? else {
+            return Err(bad("columns must be an object"));
+        };
+        for (name, value) in members {
+            let f = t
+                .fields
+                .iter()
+                .find(|f| f.name == name)
+                .ok_or_else(|| bad("no such field"))?;
+            let v = TypedValue::from_wire(&f.spec, &value)
+                .map_err(|_| bad("a value does not match its field"))?;
+            values.push((f.field_id.clone(), v));
+        }
+    }
+    let operation = parse_operation(operation)
+        .ok_or_else(|| bad("operation must be insert, update or delete"))?;
+    let table_id = t.table_id.clone();
+    client
+        .write(&LocalWrite {
+            table_id: &table_id,
+            operation,
+            pk: &key,
+            columns: &values,
+        })
+        .map_err(client_error)
+}
+
+/// Every queued mutation in local order with its state (`pending`, `applied`,
+/// `conflict`, `rejected_terminal`), for inspection.
+fn mutations(client: &Client<FetchTransport>) -> Result<Array, JsValue> {
+    let out = Array::new();
+    for m in client.storage().mutations().map_err(storage_error)? {
+        let o = Object::new();
+        set(&o, "mutationId", m.mutation_id.clone().into());
+        set(&o, "batchId", m.batch_id.into());
+        set(&o, "localOrder", (m.local_order as f64).into());
+        set(&o, "tableId", m.table_id.into());
+        set(
+            &o,
+            "pk",
+            js_sys::JSON::parse(&m.pk).unwrap_or(JsValue::NULL),
+        );
+        set(&o, "operation", m.operation.as_str().into());
+        set(
+            &o,
+            "baseVersion",
+            m.base_version.map_or(JsValue::NULL, JsValue::from),
+        );
+        set(&o, "clientVersion", (m.client_version as f64).into());
+        set(
+            &o,
+            "columns",
+            js_sys::JSON::parse(&m.columns).unwrap_or(JsValue::NULL),
+        );
+        set(&o, "authoredSchema", {
+            let a = Object::new();
+            set(&a, "version", (m.authored.0 as f64).into());
+            set(&a, "hash", m.authored.1.into());
+            a.into()
+        });
+        let outcome = client
+            .storage()
+            .outcome(&m.mutation_id)
+            .map_err(storage_error)?;
+        set(
+            &o,
+            "outcome",
+            outcome
+                .and_then(|t| js_sys::JSON::parse(&t).ok())
+                .unwrap_or(JsValue::NULL),
+        );
+        set(&o, "state", m.state.as_str().into());
+        out.push(&o);
+    }
+    Ok(out)
 }

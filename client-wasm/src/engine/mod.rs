@@ -14,13 +14,16 @@
 //! them calls another: `connect` (the exchange and its scope updates), `migrate` (journal,
 //! DDL, recovery), `push`, `rebuild`, `pull`. No step holds SQL: they call the store.
 //! `config` holds what the application sets when it opens a client ([`ClientConfig`]: the
-//! runtime version presented on connect).
+//! runtime version presented on connect). `live` is the long-running session
+//! ([`Client::run_live`]): connect once, then push and pull when the events stream, a local
+//! write or the safety poll asks, with the same rounds and the same verification.
 //!
 //! Every state change goes through the spec 001 state machine first; an illegal transition
 //! is refused before anything durable is touched.
 
 mod config;
 mod connect;
+mod live;
 mod migrate;
 mod pull;
 mod push;
@@ -39,6 +42,7 @@ pub use crate::store::JOURNAL_VERSION;
 use crate::store::{hex, JournalError, LocalWrite, Phase, Storage, StorageError};
 pub use crate::transport::{Response, Transport, TransportError};
 pub use config::{ClientConfig, DEFAULT_CLIENT_VERSION};
+pub use live::{LiveConfig, LiveEnd, LiveError, LiveHandle, LiveStatus, NotRunning};
 
 /// Largest page the engine asks for (the server's limit is 1..=1000).
 pub const DEFAULT_PAGE_LIMIT: u32 = 1000;
@@ -206,6 +210,13 @@ fn schema_json(r: Option<SchemaRef>) -> Json {
 /// 409 client_generation_expired).
 fn needs_reconnect(e: &ClientError) -> bool {
     e.is_server("schema_mismatch") || e.is_server("client_generation_expired")
+}
+
+/// Whether a round that failed with `e` leaves nothing to repair locally: a retryable
+/// error, a reconnect the protocol asks for, or a 401 (the transport asks its token provider
+/// again on the next request).
+fn transient(e: &ClientError) -> bool {
+    e.retryable() || needs_reconnect(e) || e.is_server("unauthorized")
 }
 
 impl From<JournalError> for ClientError {
@@ -383,7 +394,7 @@ impl<T: Transport> Client<T> {
                     // An interrupted migration keeps its durable journal: the engine stops
                     // and the next round (or restart) continues from the journal.
                     _ if self.machine.state() == ClientState::Migrating => ClientState::Stopped,
-                    e if e.retryable() || matches!(e, ClientError::Injected) => {
+                    e if transient(e) || matches!(e, ClientError::Injected) => {
                         if self.manifest.is_some() {
                             ClientState::Idle
                         } else {
@@ -441,20 +452,42 @@ impl<T: Transport> Client<T> {
         // then its rebuilds (the markers are durable), then the journal is cleared.
         (report.action, report.affected) = self.connect().await?;
         let result = self.after_connect(&mut report).await;
-        if let Err(e) = &result {
-            let to = if e.retryable() || needs_reconnect(e) || matches!(e, ClientError::Injected) {
-                ClientState::Idle
-            } else if matches!(e, ClientError::Storage(StorageError::Verification(_))) {
-                // A page that fails verification is refused; the next round retries.
-                ClientState::Idle
-            } else {
-                ClientState::Blocked
-            };
-            if self.go(to).is_err() {
-                self.machine = StateMachine::new(to);
-            }
-        }
+        self.settle(&result);
         result.map(|()| report)
+    }
+
+    /// A round of an already connected client (a live session between connects): push,
+    /// rebuild what is marked, pull to the terminal page, each page verified exactly as in
+    /// [`Client::sync_once`]. The engine must be idle after a successful connect.
+    async fn connected_round(&mut self) -> Result<SyncReport, ClientError> {
+        if self.machine.state() != ClientState::Idle {
+            return Err(ClientError::Blocked("the engine is not connected"));
+        }
+        let mut report = SyncReport {
+            action: SchemaAction::None.as_str().to_owned(),
+            ..SyncReport::default()
+        };
+        let result = self.after_connect(&mut report).await;
+        self.settle(&result);
+        result.map(|()| report)
+    }
+
+    /// The state after a round's steps: idle when the next round can retry (a network or
+    /// retryable server error, a refused page, a reconnect or a new token asked for),
+    /// blocked otherwise.
+    fn settle(&mut self, result: &Result<(), ClientError>) {
+        let Err(e) = result else { return };
+        let to = if transient(e) || matches!(e, ClientError::Injected) {
+            ClientState::Idle
+        } else if matches!(e, ClientError::Storage(StorageError::Verification(_))) {
+            // A page that fails verification is refused; the next round retries.
+            ClientState::Idle
+        } else {
+            ClientState::Blocked
+        };
+        if self.go(to).is_err() {
+            self.machine = StateMachine::new(to);
+        }
     }
 
     async fn after_connect(&mut self, report: &mut SyncReport) -> Result<(), ClientError> {

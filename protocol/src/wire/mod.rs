@@ -19,6 +19,7 @@ mod events;
 mod pull;
 mod push;
 mod rebuild;
+mod sse;
 
 pub use connect::{ConnectRequest, ConnectResponse, SchemaOutcome};
 pub use error::{ErrorBody, ErrorCode};
@@ -29,6 +30,7 @@ pub use push::{
     PushResponse, REJECTION_CODES,
 };
 pub use rebuild::{RebuildEnd, RebuildRecord, RebuildRequest, RebuildResponse};
+pub use sse::{SseDecoder, MAX_EVENT_BYTES};
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The browser's live-session test against a real server: starts PostgreSQL and the server
+# (tests/examples/live_stack.rs), builds client-wasm/tests/live_browser.rs with its URL and a
+# token, and runs it in headless Chromium (a dedicated worker, OPFS). Chromium gets
+# --disable-web-security because the test page and the server are different origins (the
+# server sends no CORS headers).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+# SYNCHRO_TOOLS_ENV: another checkout's tools (a worktree shares the main one's).
+. "${SYNCHRO_TOOLS_ENV:-$ROOT/.tools/env.sh}"
+export CC_wasm32_unknown_unknown=${CC_wasm32_unknown_unknown:-clang-22} AR_wasm32_unknown_unknown=${AR_wasm32_unknown_unknown:-llvm-ar-22}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+cargo build -q -p synchro-tests --bin synchro-server-under-test --example live_stack
+exec 3< <(sleep infinity)
+FIFO=$(mktemp -u) && mkfifo "$FIFO"
+"$TARGET/debug/examples/live_stack" <&3 >"$FIFO" &
+STACK=$!
+trap 'kill $STACK 2>/dev/null; rm -f "$FIFO" "${WEBDRIVER:-}"' EXIT
+while read -r line; do
+    export "${line?}"
+    [ -n "${SYNCHRO_LIVE_TOKEN:-}" ] && break
+done <"$FIFO"
+WEBDRIVER=$(mktemp --suffix=.json)
+base=${WASM_BINDGEN_TEST_WEBDRIVER_JSON:-$ROOT/.tools/webdriver.json}
+python3 - "$base" "$WEBDRIVER" <<'PY'
+import json, sys, tempfile
+c = json.load(open(sys.argv[1]))
+c["goog:chromeOptions"]["args"] += ["--disable-web-security",
+                                    "--user-data-dir=" + tempfile.mkdtemp()]
+json.dump(c, open(sys.argv[2], "w"))
+PY
+WASM_BINDGEN_USE_BROWSER=1 WASM_BINDGEN_TEST_WEBDRIVER_JSON=$WEBDRIVER \
+    cargo test -p synchro-client --target wasm32-unknown-unknown --test live_browser

@@ -1,0 +1,410 @@
+//! The live session (`Client::run_live`) against the real server binary on real PostgreSQL:
+//! a change committed on the server arrives through the events stream long before the
+//! safety poll; the server restarted under an open stream, the session reconnects the
+//! stream (no fresh connect) and catches up; a local write while live is pushed and its
+//! outcome recorded; a 503 from the server backs off (seen through the status callback) and
+//! recovers; a replaced client generation makes the session connect again.
+
+mod common;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use common::{free_port, start_server_with, wait_ready, Env, Server};
+use synchro_client::engine::{Client, LiveConfig, LiveEnd, LiveHandle, LiveStatus};
+use synchro_client::http::HttpTransport;
+use synchro_client::queue::{LocalWrite, MutationState, Operation};
+use synchro_client::storage::Storage;
+use synchro_protocol::value::{Scalar, TypedValue};
+use synchro_server::auth::mint;
+
+const SECRET: &str = "live-session-secret-0123456789abc";
+
+/// The safety poll of every test: long, so only the stream can explain a quick arrival.
+const SAFETY_POLL_MS: u64 = 60_000;
+
+type Live = LiveHandle<HttpTransport>;
+type Statuses = Rc<RefCell<Vec<LiveStatus>>>;
+
+struct Stack {
+    env: Env,
+    port: u16,
+    base: String,
+    server: Option<Server>,
+    dir: std::path::PathBuf,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        let env = Env::installed().await;
+        common::docs_with_owner_and_team(
+            &env,
+            "INSERT INTO app.docs SELECT g, (ARRAY['alice', 'bob'])[1 + g % 2], 'red', 'seed ' || g
+               FROM generate_series(1, 20) g",
+        )
+        .await;
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let server = start_server_with(&env, port, SECRET, &[]);
+        wait_ready(&reqwest::Client::new(), &base).await;
+        let dir = std::env::temp_dir().join(format!("synchro-live-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Stack {
+            env,
+            port,
+            base,
+            server: Some(server),
+            dir,
+        }
+    }
+
+    fn client(&self) -> Client<HttpTransport> {
+        let token = mint(SECRET.as_bytes(), "alice", 3600);
+        let mut n = 0u8;
+        Client::open(
+            Storage::open(self.dir.join("alice.db")).unwrap(),
+            HttpTransport::new(self.base.clone(), move || token.clone()),
+            move || {
+                n = n.wrapping_add(1);
+                let mut r = [0x5a; 16];
+                r[15] = n;
+                r
+            },
+        )
+        .unwrap()
+    }
+
+    async fn sql(&self, sql: &str) {
+        self.env.admin.batch_execute(sql).await.unwrap();
+    }
+
+    async fn source_title(&self, id: i64) -> Option<String> {
+        self.env
+            .admin
+            .query_one("SELECT title FROM app.docs WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+fn config() -> LiveConfig {
+    LiveConfig::new()
+        .with_safety_poll_ms(SAFETY_POLL_MS)
+        .with_backoff_ms(50, 400)
+}
+
+fn recorder() -> (Statuses, impl FnMut(&LiveStatus)) {
+    let statuses: Statuses = Rc::default();
+    let sink = statuses.clone();
+    (statuses, move |s: &LiveStatus| {
+        sink.borrow_mut().push(s.clone())
+    })
+}
+
+/// Waits (up to 30 s) until `done` holds.
+async fn until<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn status_seen(statuses: &Statuses, from: usize, f: impl Fn(&LiveStatus) -> bool) {
+    until("a status", || {
+        let seen = statuses.borrow()[from.min(statuses.borrow().len())..]
+            .iter()
+            .any(&f);
+        async move { seen }
+    })
+    .await;
+}
+
+/// The local title of doc `id`, read between two requests of the session (no request).
+async fn local_title(live: &Live, id: i64) -> Option<String> {
+    live.with_client(move |c| {
+        c.storage()
+            .connection()
+            .query_row("SELECT title FROM docs WHERE id = ?", [id], |r| r.get(0))
+            .ok()
+    })
+    .await
+    .unwrap()
+}
+
+fn connects(statuses: &Statuses) -> usize {
+    statuses
+        .borrow()
+        .iter()
+        .filter(|s| **s == LiveStatus::Connecting)
+        .count()
+}
+
+#[tokio::test]
+async fn a_committed_change_arrives_through_the_stream_well_before_the_safety_poll() {
+    let stack = Stack::start().await;
+    let mut client = stack.client();
+    let live = Live::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        until("the seed", || async {
+            local_title(&live, 2).await.is_some()
+        })
+        .await;
+        stack
+            .sql("INSERT INTO app.docs VALUES (100, 'alice', 'red', 'pushed by the server')")
+            .await;
+        let committed = Instant::now();
+        until("the change", || async {
+            local_title(&live, 100).await.as_deref() == Some("pushed by the server")
+        })
+        .await;
+        let latency = committed.elapsed();
+        // Functional, not a benchmark: only the stream explains an arrival this early.
+        assert!(
+            latency < Duration::from_millis(SAFETY_POLL_MS / 4),
+            "{latency:?}"
+        );
+        eprintln!("commit to visible through the stream: {latency:?}");
+        live.stop();
+    };
+    let (ended, ()) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
+    assert_eq!(connects(&statuses), 1, "connected once");
+    assert_eq!(statuses.borrow().last(), Some(&LiveStatus::Stopped));
+    assert!(live.ended());
+    assert!(
+        live.with_client(|_| ()).await.is_err(),
+        "a stopped session runs nothing"
+    );
+    // Every page was verified: the scope's cursor is installed.
+    let unverified: i64 = client
+        .storage()
+        .connection()
+        .query_row(
+            r#"SELECT count(*) FROM "_synchro_scopes" WHERE "cursor" IS NULL OR "rebuild" = 1"#,
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(unverified, 0);
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_stream_reconnects_and_catches_up_without_a_new_connect() {
+    let mut stack = Stack::start().await;
+    let mut client = stack.client();
+    let live = Live::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        // The stream drops with the server; the session backs off while it is away.
+        let before = statuses.borrow().len();
+        stack.server = None;
+        status_seen(
+            &statuses,
+            before,
+            |s| matches!(s, LiveStatus::Offline { failures, .. } if *failures >= 2),
+        )
+        .await;
+        stack
+            .sql("UPDATE app.docs SET title = 'while the server was away' WHERE id = 2")
+            .await;
+        stack.server = Some(start_server_with(&stack.env, stack.port, SECRET, &[]));
+        until("the catch-up", || async {
+            local_title(&live, 2).await.as_deref() == Some("while the server was away")
+        })
+        .await;
+        status_seen(&statuses, before, |s| *s == LiveStatus::Live).await;
+        // And the new stream carries the next change.
+        stack
+            .sql("UPDATE app.docs SET title = 'after the restart' WHERE id = 4")
+            .await;
+        until("the next change", || async {
+            local_title(&live, 4).await.as_deref() == Some("after the restart")
+        })
+        .await;
+        live.stop();
+    };
+    let (ended, ()) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
+    assert_eq!(
+        connects(&statuses),
+        1,
+        "the stream reconnected; no fresh connect"
+    );
+    let codes: Vec<String> = statuses
+        .borrow()
+        .iter()
+        .filter_map(|s| match s {
+            LiveStatus::Offline { error, .. } => Some(error.code.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        codes
+            .iter()
+            .all(|c| c == "network_error" || c == "stream_dropped"),
+        "{codes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_local_write_while_live_is_pushed_at_once_and_its_outcome_recorded() {
+    let stack = Stack::start().await;
+    let mut client = stack.client();
+    let live = Live::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        let written = Instant::now();
+        let mutation = live
+            .with_client(|c| {
+                let docs = c.manifest().unwrap().tables[0].clone();
+                let title = docs.fields.iter().find(|f| f.name == "title").unwrap();
+                let pk = TypedValue::from_scalar(Scalar::Int64(2)).unwrap();
+                c.write(&LocalWrite {
+                    table_id: &docs.table_id,
+                    operation: Operation::Update,
+                    pk: &pk,
+                    columns: &[(
+                        title.field_id.clone(),
+                        TypedValue::from_scalar(Scalar::String("written live".into())).unwrap(),
+                    )],
+                })
+                .unwrap()
+            })
+            .await
+            .unwrap();
+        until("the outcome", || {
+            let mutation = mutation.clone();
+            let live = live.clone();
+            async move {
+                live.with_client(move |c| {
+                    c.storage()
+                        .mutations()
+                        .unwrap()
+                        .iter()
+                        .any(|m| m.mutation_id == mutation && m.state == MutationState::Applied)
+                })
+                .await
+                .unwrap()
+            }
+        })
+        .await;
+        assert!(written.elapsed() < Duration::from_millis(SAFETY_POLL_MS / 4));
+        assert_eq!(stack.source_title(2).await.as_deref(), Some("written live"));
+        live.with_client(move |c| {
+            assert!(c.storage().outcome(&mutation).unwrap().is_some());
+        })
+        .await
+        .unwrap();
+        live.stop();
+    };
+    let (ended, ()) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
+    assert_eq!(connects(&statuses), 1);
+}
+
+#[tokio::test]
+async fn a_503_backs_off_with_growing_jittered_waits_and_recovers() {
+    let stack = Stack::start().await;
+    let mut client = stack.client();
+    let live = Live::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        let before = statuses.borrow().len();
+        // Capture blocked: the real server answers pull with 503 temporary_unavailable.
+        stack
+            .sql("UPDATE synchro.capture_state SET blocked_reason = 'registered_relation_drift'")
+            .await;
+        live.sync_now();
+        status_seen(
+            &statuses,
+            before,
+            |s| matches!(s, LiveStatus::Offline { failures, .. } if *failures >= 4),
+        )
+        .await;
+        stack
+            .sql("UPDATE synchro.capture_state SET blocked_reason = NULL")
+            .await;
+        status_seen(&statuses, before, |s| *s == LiveStatus::Live).await;
+        live.stop();
+        before
+    };
+    let (ended, before) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
+    let offline: Vec<_> = statuses.borrow()[before..]
+        .iter()
+        .filter_map(|s| match s {
+            LiveStatus::Offline {
+                error,
+                retry_in_ms,
+                failures,
+            } => Some((error.clone(), *retry_in_ms, *failures)),
+            _ => None,
+        })
+        .collect();
+    assert!(offline.len() >= 4, "{offline:?}");
+    for (i, (error, wait, failures)) in offline.iter().enumerate() {
+        assert_eq!(
+            (error.code.as_str(), error.status, error.retryable),
+            ("temporary_unavailable", Some(503), true)
+        );
+        assert_eq!(*failures as usize, i + 1, "counted in a row");
+        let bound = (50u64 << i).min(400);
+        assert!(*wait >= bound / 2 && *wait <= bound, "wait {i}: {wait} ms");
+    }
+    // Recovered: the last statuses are Live then Stopped, and a fresh connect was not needed.
+    let all = statuses.borrow();
+    assert_eq!(
+        &all[all.len() - 2..],
+        &[LiveStatus::Live, LiveStatus::Stopped]
+    );
+    assert_eq!(connects(&statuses), 1);
+}
+
+#[tokio::test]
+async fn a_replaced_generation_makes_the_session_connect_again() {
+    let stack = Stack::start().await;
+    let mut client = stack.client();
+    let live = Live::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        stack
+            .sql("UPDATE synchro.clients SET client_generation = client_generation + 1")
+            .await;
+        stack
+            .sql("UPDATE app.docs SET title = 'after the new generation' WHERE id = 6")
+            .await;
+        until("the second connect", || {
+            let n = connects(&statuses);
+            async move { n >= 2 }
+        })
+        .await;
+        until("the change", || async {
+            local_title(&live, 6).await.as_deref() == Some("after the new generation")
+        })
+        .await;
+        live.stop();
+    };
+    let (ended, ()) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
+}
