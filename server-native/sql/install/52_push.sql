@@ -282,8 +282,12 @@ BEGIN
                          WHERE x.relation_id = u.rel AND x.pk = u.kw);
         PERFORM set_config('role', v_owner, true);
         RETURN QUERY EXECUTE format(
-            'SELECT a.i, coalesce(array_remove(array_agg(s::text), NULL), ''{}'')
-               FROM unnest($1, $2) AS a(i, k) LEFT JOIN LATERAL %s(a.k::%s) AS s ON true
+            -- One evaluation per key (OFFSET 0): inlined into a join, an underestimating
+            -- planner scanned and sorted the whole projection per batch (capture's
+            -- membership evaluation measured 113 ms against 1.3 ms for 1,000 keys).
+            'SELECT a.i, coalesce(array_remove(array_agg(e.s::text), NULL), ''{}'')
+               FROM unnest($1, $2) AS a(i, k)
+               LEFT JOIN LATERAL (SELECT f.s FROM %s(a.k::%s) AS f(s) OFFSET 0) AS e ON true
               GROUP BY a.i', v_function, v_key_type)
           USING v_same, v_same_keys;
         PERFORM set_config('role', 'synchro_worker', true);
