@@ -2,6 +2,7 @@
 # synchro against Rocicorp Zero 1.9.0 on the same workload, in one command:
 #   scripts/bench-vs-zero.sh            env: RUNS=1 ROWS=100000 N_UPDATES=100 BROWSER=1
 #                                            ZERO_DIR=../shared/peers/zero (run-zero.sh)
+#                                            PARSE_ONLY=1: print the table from the last run's logs
 # Each run starts ZERO_DIR/run-zero.sh (its own PostgreSQL 15, zero-cache, Zero's node client)
 # and then synchro's items benchmark (tests/examples/items_bench: a throwaway PostgreSQL with
 # the same settings, `synchro-server serve` as its own process, the native client; with
@@ -17,7 +18,9 @@ RUNS=${RUNS:-1}; ROWS=${ROWS:-100000}; N_UPDATES=${N_UPDATES:-100}; BROWSER=${BR
 ZERO_DIR=${ZERO_DIR:-$ROOT/../shared/peers/zero}
 [ -x "$ZERO_DIR/run-zero.sh" ] || ZERO_DIR=/work/shared/peers/zero
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-OUT=$TARGET/bench-vs-zero; rm -rf "$OUT"; mkdir -p "$OUT"
+OUT=$TARGET/bench-vs-zero
+PARSE_ONLY=${PARSE_ONLY:-0}
+[ "$PARSE_ONLY" = 1 ] || { rm -rf "$OUT"; mkdir -p "$OUT"; }
 
 # PostgreSQL: run-zero.sh's server settings, read from its pg_ctl line, for synchro's cluster
 # too (its harness adds full_page_writes=off and its own slot counts: overridden here).
@@ -37,6 +40,7 @@ export PGPORT=${PGPORT:-$(free_port 55432 1)} ZPORT=${ZPORT:-$(free_port 4848 3)
 CONTROL_PORT=$(free_port 8798 1)
 export SYNCHRO_BENCH_CONTROL_ADDR=127.0.0.1:$CONTROL_PORT SYNCHRO_ITEMS_CONTROL=http://127.0.0.1:$CONTROL_PORT
 
+if [ "$PARSE_ONLY" != 1 ]; then
 echo "=== building (before any measurement)"
 cargo build -q --release -p synchro-tests --example items_bench --bin synchro-server-under-test
 export SYNCHRO_BENCH_SERVER_BIN=$TARGET/release/synchro-server-under-test
@@ -55,6 +59,7 @@ EOF
     printf -v BROWSER_CMD 'cd %q && WASM_BINDGEN_USE_BROWSER=1 WASM_BINDGEN_TEST_TIMEOUT=900 WASM_BINDGEN_TEST_WEBDRIVER_JSON=%q %s test %s -- --nocapture' \
         "$ROOT" "$OUT/webdriver.json" "${SYNCHRO_WASM_TOOLCHAIN:+RUSTUP_TOOLCHAIN=$SYNCHRO_WASM_TOOLCHAIN }cargo" "${WASM_TEST[*]}"
     export SYNCHRO_BENCH_BROWSER_CMD=$BROWSER_CMD
+fi
 fi
 
 # --- resident memory, sampled from /proc every 0.2 s: a server's process tree (peak of its
@@ -116,7 +121,7 @@ run_synchro() {
     sed 's/^/  /' "$log"
     rss_line "$OUT/synchro-$1.rss" "synchro-server serve"
 }
-for r in $(seq "$RUNS"); do run_zero "$r"; run_synchro "$r"; done
+[ "$PARSE_ONLY" = 1 ] || for r in $(seq "$RUNS"); do run_zero "$r"; run_synchro "$r"; done
 
 # --- parsing: one value per run and side, then medians
 num() { grep -m1 -oE "$2" "$1" | grep -oE '[0-9][0-9,]*(\.[0-9]+)?' | head -1 | tr -d , ; }
@@ -152,7 +157,10 @@ for f in fresh p50 p99 copy push srss crss bfresh bp50 bp99 brss; do collect $f 
 for f in fresh p50 p99 copy srss crss; do collect $f z z_$f; done
 
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "—" }'; else echo "—"; fi; }
-row() { printf '| %s | %s | %s | %s |\n' "$1" "${2:-—}" "${3:-—}" "$(ratio "${2:-}" "${3:-}")"; }
+fmt() { if [ -n "${2:-}" ]; then awk -v v="$2" -v f="$1" 'BEGIN { printf f, v }'; else echo "—"; fi; }
+row() { # label format synchro zero
+    printf '| %s | %s | %s | %s |\n' "$1" "$(fmt "$2" "${3:-}")" "$(fmt "$2" "${4:-}")" "$(ratio "${3:-}" "${4:-}")"
+}
 goal() { # label figure limit
     local r; r=$(ratio "${S[$2]:-}" "${Z[$2]:-}"); r=${r%x}
     if [ "$r" = "—" ]; then echo "- $1: not measured"; return; fi
@@ -164,17 +172,17 @@ echo "PostgreSQL for both: $SYNCHRO_BENCH_PG_SETTINGS (synchronous_commit defaul
 echo
 echo "| figure | synchro | Zero | synchro/Zero |"
 echo "|---|---|---|---|"
-row "fresh client fully synced, $ROWS rows (s; synchro verified; Zero: node, in-memory store)" "${S[fresh]}" "${Z[fresh]}"
-row "commit → visible in the client, p50 (ms)" "${S[p50]}" "${Z[p50]}"
-row "commit → visible in the client, p99 (ms)" "${S[p99]}" "${Z[p99]}"
-row "server initial copy of the $ROWS rows (s; synchro: registration → active; Zero: its \"Synced … total\")" "${S[copy]}" "${Z[copy]}"
+row "fresh client fully synced, $ROWS rows (s; synchro verified; Zero: node, in-memory store)" %.2f "${S[fresh]}" "${Z[fresh]}"
+row "commit → visible in the client, p50 (ms)" %.1f "${S[p50]}" "${Z[p50]}"
+row "commit → visible in the client, p99 (ms)" %.1f "${S[p99]}" "${Z[p99]}"
+row "server initial copy of the $ROWS rows (s; synchro: registration → active; Zero: its \"Synced … total\")" %.2f "${S[copy]}" "${Z[copy]}"
 printf '| pushed mutations/s | %s | — | — |\n' "${S[push]:-—}"
-row "server memory, peak of the process tree's summed PSS (MB; sampled every 0.2 s; synchro: serve; Zero: zero-cache)" "${S[srss]}" "${Z[srss]}"
-row "client process peak RSS (MB; VmHWM; synchro: native clients + bench driver; Zero: node client)" "${S[crss]}" "${Z[crss]}"
+row "server memory, peak of the process tree's summed PSS (MB; sampled every 0.2 s; synchro: serve; Zero: zero-cache)" %.0f "${S[srss]}" "${Z[srss]}"
+row "client process peak RSS (MB; VmHWM; synchro: native clients + bench driver; Zero: node client)" %.0f "${S[crss]}" "${Z[crss]}"
 if [ "$BROWSER" = 1 ]; then
-    row "Chromium/OPFS: fresh client fully synced (s; Zero: its node client, no browser run)" "${S[bfresh]}" "${Z[fresh]}"
-    row "Chromium/OPFS: commit → visible p50 (ms; Zero: node client)" "${S[bp50]}" "${Z[p50]}"
-    row "Chromium/OPFS: commit → visible p99 (ms; Zero: node client)" "${S[bp99]}" "${Z[p99]}"
+    row "Chromium/OPFS: fresh client fully synced (s; Zero: its node client, no browser run)" %.2f "${S[bfresh]}" "${Z[fresh]}"
+    row "Chromium/OPFS: commit → visible p50 (ms; Zero: node client)" %.1f "${S[bp50]}" "${Z[p50]}"
+    row "Chromium/OPFS: commit → visible p99 (ms; Zero: node client)" %.1f "${S[bp99]}" "${Z[p99]}"
     printf '| Chromium processes, summed PSS after the fresh sync (MB) | %s | — | — |\n' "${S[brss]:-—}"
 fi
 echo
