@@ -139,6 +139,7 @@ s_fresh() { num "$OUT/synchro-$1.log" '^\(a\) fresh client fully synced and veri
 s_p50() { grep -m1 '^(b) commit-to-visible' "$OUT/synchro-$1.log" | grep -oE 'p50 [0-9.]+' | grep -oE '[0-9.]+$'; }
 s_p99() { grep -m1 '^(b) commit-to-visible' "$OUT/synchro-$1.log" | grep -oE 'p99 [0-9.]+' | grep -oE '[0-9.]+$'; }
 s_copy() { num "$OUT/synchro-$1.log" 'membership evaluated\): [0-9.]+ s'; }
+s_live() { num "$OUT/synchro-$1.log" 'membership rule live after [0-9.]+ s'; }
 s_push() { num "$OUT/synchro-$1.log" '= [0-9.]+ mutations/s'; }
 s_srss() { awk '{ printf "%.0f\n", $1 / 1024 }' "$OUT/synchro-$1.rss"; }
 s_crss() { grep -m1 '^rss client (' "$OUT/synchro-$1.log" | grep -oE 'peak [0-9]+' | grep -oE '[0-9]+$'; }
@@ -153,7 +154,7 @@ z_p99() { z_lat "$1" p99; }
 z_copy() { grep -m1 -oE '^Synced .*total: [0-9.]+ ms' "$OUT/zero-$1.log" | grep -oE '[0-9.]+ ms$' | awk '{ print $1 / 1000 }'; }
 z_srss() { awk '{ printf "%.0f\n", $1 / 1024 }' "$OUT/zero-$1.rss"; }
 z_crss() { awk '{ printf "%.0f\n", $4 / 1024 }' "$OUT/zero-$1.rss"; }
-for f in fresh p50 p99 copy push srss crss bfresh bp50 bp99 brss; do collect $f s s_$f; done
+for f in fresh p50 p99 copy live push srss crss bfresh bp50 bp99 brss; do collect $f s s_$f; done
 for f in fresh p50 p99 copy srss crss; do collect $f z z_$f; done
 
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "—" }'; else echo "—"; fi; }
@@ -176,6 +177,7 @@ row "fresh client fully synced, $ROWS rows (s; synchro verified; Zero: node, in-
 row "commit → visible in the client, p50 (ms)" %.1f "${S[p50]}" "${Z[p50]}"
 row "commit → visible in the client, p99 (ms)" %.1f "${S[p99]}" "${Z[p99]}"
 row "server initial copy of the $ROWS rows (s; synchro: registration → active; Zero: its \"Synced … total\")" %.2f "${S[copy]}" "${Z[copy]}"
+row "server: registration → its membership rule live (s; synchro.membership_functions.live; Zero: the same \"Synced … total\")" %.2f "${S[live]}" "${Z[copy]}"
 printf '| pushed mutations/s | %s | — | — |\n' "${S[push]:-—}"
 row "server memory, peak of the process tree's summed PSS (MB; sampled every 0.2 s; synchro: serve; Zero: zero-cache)" %.0f "${S[srss]}" "${Z[srss]}"
 row "client process peak RSS (MB; VmHWM; synchro: native clients + bench driver; Zero: node client)" %.0f "${S[crss]}" "${Z[crss]}"
