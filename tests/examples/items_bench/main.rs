@@ -12,10 +12,24 @@
 //! client (`Client::run_live`: connected once, it pulls when the events stream names its
 //! scope; the time is taken when the page carrying the row has committed); then (c) pushed
 //! mutations per second against a raw SQL update of the same rows in the same run, and
-//! (d) push-to-visible-in-another-client latency.
+//! (d) push-to-visible-in-another-client latency. Before them, the server's initial copy:
+//! from registration until the relation is `active` (bootstrap copy and membership
+//! evaluated), polled in `synchro.relation_capture`; at the end, resident memory.
 //!
 //! `cargo run --release -p synchro-tests --example items_bench -- [rows] [updates]`
-//! (or `scripts/bench-client.sh`).
+//! (or `scripts/bench-client.sh`, `scripts/bench-vs-zero.sh`). Environment:
+//! - `SYNCHRO_BENCH_SERVER_BIN`: run the server as its own process, this `synchro-server`
+//!   binary's `serve` with the capture worker (`server.rs`); without it the server runs in
+//!   this process and the memory figure covers server and client together;
+//! - `SYNCHRO_BENCH_PG_SETTINGS`: extra PostgreSQL settings for the throwaway cluster,
+//!   `name=value` separated by spaces (later ones override the harness's own);
+//! - `SYNCHRO_BENCH_BROWSER_CMD`: afterwards, a shell command that runs the browser client
+//!   against the same server (`browser.rs`), with its control endpoint on
+//!   `SYNCHRO_BENCH_CONTROL_ADDR` (default 127.0.0.1:8798).
+
+mod browser;
+mod rss;
+mod server;
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -60,13 +74,31 @@ fn local_count(c: &Client<HttpTransport>) -> i64 {
 async fn main() -> Result<()> {
     let rows = arg(1, 100_000);
     let updates = arg(2, 100);
-    let cluster = TempCluster::start()?;
+    let pg_settings = std::env::var("SYNCHRO_BENCH_PG_SETTINGS").unwrap_or_default();
+    let pg_settings: Vec<&str> = pg_settings.split_whitespace().collect();
+    let cluster = TempCluster::start_with(&pg_settings)?;
     connect_db(&cluster.admin_url())
         .await?
         .batch_execute("CREATE DATABASE bench")
         .await?;
     let url = |user: &str| cluster.url(user, "bench");
     let mut admin = connect_db(&url("postgres")).await?;
+    let mut shown = Vec::new();
+    for name in [
+        "server_version",
+        "wal_level",
+        "fsync",
+        "full_page_writes",
+        "synchronous_commit",
+        "shared_buffers",
+        "max_wal_senders",
+        "max_replication_slots",
+        "lc_collate",
+    ] {
+        let v: String = admin.query_one(&format!("SHOW {name}"), &[]).await?.get(0);
+        shown.push(format!("{name}={v}"));
+    }
+    println!("postgres: {}", shown.join(" "));
     install::install(&mut admin).await?;
     for (login, group) in dev::DEV_LOGINS {
         dev::ensure_login(&admin, login, group).await?;
@@ -87,6 +119,7 @@ async fn main() -> Result<()> {
         ))
         .await?;
     let mut op = connect_db(&url("synchro_dev_operator")).await?;
+    let registered = Instant::now();
     register(&op, &RegisterRequest::synced("app", "items", "multi_scope"))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -101,38 +134,32 @@ async fn main() -> Result<()> {
     )
     .await?;
     publish::publish(&mut op).await?;
-    tokio::spawn(synchro_server::capture::worker::run_forever(
-        url("synchro_dev_worker"),
-        Duration::from_millis(25),
-    ));
-
-    let mut pool = Vec::new();
-    for _ in 0..4 {
-        pool.push(connect_db(&url("synchro_dev_adapter")).await?);
-    }
-    let state = Arc::new(AppState {
-        db: connect_db(&url("synchro_dev_adapter")).await?,
-        snapshot_db: synchro_server::api::SnapshotPool::new(pool),
-        assignment_db: None,
-        auth: Authenticator::hs256(SECRET)?,
-        cursor_keys: Keyring::new("k1", &[7; 32])?,
-        config: Config::default(),
-        // As `serve` does: a LISTEN session wakes the events streams after each capture commit.
-        events: synchro_server::api::events::Notifier::listen(url("synchro_dev_adapter")),
-        membership_db: Some(synchro_server::api::ConnectionPool::new(vec![
-            connect_db(&url("synchro_dev_worker")).await?,
-            connect_db(&url("synchro_dev_worker")).await?,
-        ])),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
 
     let dir = std::env::temp_dir().join(format!("synchro-items-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let server_process = match std::env::var_os("SYNCHRO_BENCH_SERVER_BIN") {
+        Some(bin) => Some(server::ServerProcess::start(
+            std::path::Path::new(&bin),
+            &url("synchro_dev_adapter"),
+            &url("synchro_dev_worker"),
+            SECRET,
+            &dir.join("server.log"),
+        )?),
+        None => None,
+    };
+    let base = match &server_process {
+        Some(s) => {
+            println!(
+                "server: its own process (synchro-server serve with the capture worker, pid {})",
+                s.pid()
+            );
+            s.base.clone()
+        }
+        None => {
+            println!("server: in this process, with the client");
+            serve_in_process(&url).await?
+        }
+    };
     let client = |name: &str, id: u8| -> Result<Client<HttpTransport>> {
         let token = mint(SECRET, "bench", 3600);
         let _ = std::fs::remove_file(dir.join(name));
@@ -156,8 +183,54 @@ async fn main() -> Result<()> {
         )?)
     };
 
-    // Wait until the server has bootstrapped every row (a warm-up client sees them all).
+    // The server's initial copy: registration until the relation is active.
     let started = Instant::now();
+    let relation_id: String = admin
+        .query_one(
+            "SELECT relation_id FROM synchro.relations WHERE physical_schema = 'app' AND physical_relation = 'items'",
+            &[],
+        )
+        .await?
+        .get(0);
+    // The membership rule registered after the relation is staged and goes live on its own
+    // (`synchro.membership_functions.live`): timed too, after the relation is active.
+    let (mut copied, mut active, mut live) = (None, None, None);
+    while live.is_none() {
+        let row = admin
+            .query_one(
+                "SELECT c.status, coalesce(m.live, true) FROM synchro.relation_capture c
+                   LEFT JOIN synchro.membership_functions m USING (relation_id)
+                  WHERE c.relation_id = $1",
+                &[&relation_id],
+            )
+            .await?;
+        let (status, is_live): (String, bool) = (row.get(0), row.get(1));
+        let at = registered.elapsed().as_secs_f64();
+        if status == "copied" && copied.is_none() {
+            copied = Some(at);
+        }
+        if status == "active" && active.is_none() {
+            active = Some(at);
+        }
+        if active.is_some() && is_live {
+            live = Some(at);
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "the relation never became active"
+        );
+        if live.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    println!(
+        "server initial copy: {rows} rows, registration to relation active (bootstrap copy + membership evaluated): {:.2} s (status 'copied' seen after {}; membership rule live after {:.2} s; polled every 10 ms)",
+        active.unwrap_or_default(),
+        copied.map_or("-".into(), |s| format!("{s:.2} s")),
+        live.unwrap_or_default()
+    );
+
+    // Wait until the server has bootstrapped every row (a warm-up client sees them all).
     let mut warm = client("warm.db", 1)?;
     loop {
         warm.sync_once().await?;
@@ -399,6 +472,91 @@ async fn main() -> Result<()> {
     );
     drop(fresh);
     drop(other);
+
+    // Resident memory: the peak is the whole run so far (warm-up, fresh client, pushes).
+    let me = std::process::id();
+    match &server_process {
+        Some(s) => {
+            println!(
+                "rss server (synchro-server serve + capture worker, pid {}): {}",
+                s.pid(),
+                rss::describe(s.pid())
+            );
+            println!("rss client (this process: the native clients and the benchmark's PostgreSQL connections, pid {me}): {}", rss::describe(me));
+        }
+        None => println!(
+            "rss server + client (one process, pid {me}): {}",
+            rss::describe(me)
+        ),
+    }
+
+    if let Ok(cmd) = std::env::var("SYNCHRO_BENCH_BROWSER_CMD") {
+        let listen: std::net::SocketAddr = std::env::var("SYNCHRO_BENCH_CONTROL_ADDR")
+            .unwrap_or_else(|_| "127.0.0.1:8798".into())
+            .parse()?;
+        let token = mint(SECRET, "bench", 3600);
+        let log = dir.join("browser.log");
+        println!("browser: synchro-client (wasm32) in headless Chromium, dedicated worker, OPFS, against the same server");
+        let ok = browser::run(
+            &cmd,
+            listen,
+            format!("{base} {token} {rows} {updates}"),
+            rows,
+            connect_db(&url("postgres")).await?,
+            &log,
+        )
+        .await?;
+        if !ok {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            println!("browser: FAILED; the end of its log:");
+            for l in tail.into_iter().rev() {
+                println!("  {l}");
+            }
+        }
+        if let Some(s) = &server_process {
+            println!(
+                "rss server after the browser client (pid {}): {}",
+                s.pid(),
+                rss::describe(s.pid())
+            );
+        }
+    }
+    drop(server_process);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// The server in this process: the HTTP API and the capture worker polling every 25 ms, as
+/// `serve` does. Returns its base URL.
+async fn serve_in_process(url: &dyn Fn(&str) -> String) -> Result<String> {
+    tokio::spawn(synchro_server::capture::worker::run_forever(
+        url("synchro_dev_worker"),
+        Duration::from_millis(25),
+    ));
+    let mut pool = Vec::new();
+    for _ in 0..4 {
+        pool.push(connect_db(&url("synchro_dev_adapter")).await?);
+    }
+    let state = Arc::new(AppState {
+        db: connect_db(&url("synchro_dev_adapter")).await?,
+        snapshot_db: synchro_server::api::SnapshotPool::new(pool),
+        assignment_db: None,
+        auth: Authenticator::hs256(SECRET)?,
+        cursor_keys: Keyring::new("k1", &[7; 32])?,
+        config: Config::default(),
+        // As `serve` does: a LISTEN session wakes the events streams after each capture commit.
+        events: synchro_server::api::events::Notifier::listen(url("synchro_dev_adapter")),
+        membership_db: Some(synchro_server::api::ConnectionPool::new(vec![
+            connect_db(&url("synchro_dev_worker")).await?,
+            connect_db(&url("synchro_dev_worker")).await?,
+        ])),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    Ok(base)
 }

@@ -1,0 +1,140 @@
+//! The items workload's client in headless Chromium on OPFS (a dedicated worker) against a
+//! real server: `tests/examples/items_bench` (synchro-tests) starts the server and a control
+//! endpoint, then runs this test (`SYNCHRO_BENCH_BROWSER_CMD`, see
+//! `scripts/bench-vs-zero.sh`). It reports (a) a fresh client fully synced and verified and
+//! (b) commit-to-visible latency over single-row updates that the control endpoint commits on
+//! PostgreSQL. Needs `--features bench`; the control endpoint's address is compiled in
+//! (`SYNCHRO_ITEMS_CONTROL`, default `http://127.0.0.1:8798`). Chromium must run with
+//! `--disable-web-security`: the server answers no CORS preflight.
+#![cfg(all(target_arch = "wasm32", feature = "bench"))]
+
+use js_sys::Function;
+use synchro_client::engine::Client;
+use synchro_client::wasm::FetchTransport;
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use wasm_bindgen_test::wasm_bindgen_test;
+
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_dedicated_worker);
+
+const CONTROL: &str = match option_env!("SYNCHRO_ITEMS_CONTROL") {
+    Some(c) => c,
+    None => "http://127.0.0.1:8798",
+};
+
+fn global() -> web_sys::WorkerGlobalScope {
+    js_sys::global().unchecked_into()
+}
+
+/// A plain-text request to the control endpoint (a CORS "simple request").
+async fn control(method: &str, path: &str, body: Option<&str>) -> Result<String, JsValue> {
+    let init = web_sys::RequestInit::new();
+    init.set_method(method);
+    if let Some(b) = body {
+        init.set_body(&JsValue::from_str(b));
+    }
+    let request = web_sys::Request::new_with_str_and_init(&format!("{CONTROL}{path}"), &init)?;
+    let response: web_sys::Response = JsFuture::from(global().fetch_with_request(&request))
+        .await?
+        .unchecked_into();
+    Ok(JsFuture::from(response.text()?)
+        .await?
+        .as_string()
+        .unwrap_or_default())
+}
+
+async fn say(line: &str) {
+    let _ = control("POST", "/line", Some(line)).await;
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[wasm_bindgen_test]
+async fn items_against_the_real_server() {
+    let config = control("GET", "/config", None)
+        .await
+        .expect("the control endpoint");
+    let parts: Vec<&str> = config.split_whitespace().collect();
+    let (base, token) = (parts[0].to_owned(), parts[1].to_owned());
+    let rows: i64 = parts[2].parse().unwrap();
+    let updates: usize = parts[3].parse().unwrap();
+    let performance = global().performance().expect("performance");
+    let now = move || performance.now();
+
+    synchro_client::wasm::install_opfs().await.unwrap();
+    synchro_client::wasm::ensure_opfs_capacity(8).await.unwrap();
+    let name = format!("/items-{}.db", js_sys::Date::now() as u64);
+    let storage = synchro_client::wasm::open_opfs(&name).await.unwrap();
+    let provider = Function::new_no_args(&format!("return {token:?};"));
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ js_sys::Date::now() as u64;
+    let mut client = Client::open(storage, FetchTransport::new(&base, provider), move || {
+        let mut out = [0u8; 16];
+        for chunk in out.chunks_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+        }
+        out
+    })
+    .unwrap();
+    let count = |c: &Client<FetchTransport>| -> i64 {
+        c.storage()
+            .connection()
+            .query_row("SELECT count(*) FROM items", [], |r| r.get(0))
+            .unwrap_or(0)
+    };
+
+    // (a) A fresh client, fully synced and verified.
+    let started = now();
+    let report = client.sync_once().await.unwrap();
+    let secs = (now() - started) / 1000.0;
+    assert_eq!(count(&client), rows, "the fresh client is incomplete");
+    assert!(
+        report.verified.contains("items"),
+        "the scope did not verify"
+    );
+    say(&format!(
+        "browser (a) fresh client fully synced and verified: {secs:.2} s for {rows} rows ({:.0} rows/s)",
+        rows as f64 / secs
+    ))
+    .await;
+    let _ = control("POST", "/rss", Some("after (a)")).await;
+
+    // (b) Commit-to-visible latency: the control endpoint commits, then the client syncs in
+    // a loop until its SQLite shows the value.
+    let mut latencies = Vec::with_capacity(updates);
+    for i in 0..updates {
+        let answer = control("POST", "/update", Some(&i.to_string()))
+            .await
+            .unwrap();
+        let committed = now();
+        let mut it = answer.split_whitespace();
+        let id: i64 = it.next().unwrap().parse().expect(&answer);
+        let val: i64 = it.next().unwrap().parse().unwrap();
+        loop {
+            client.sync_once().await.unwrap();
+            let local: i64 = client
+                .storage()
+                .connection()
+                .query_row("SELECT val FROM items WHERE id = ?", [id], |r| r.get(0))
+                .unwrap();
+            if local == val {
+                break;
+            }
+            assert!(now() - committed < 60_000.0, "update never arrived");
+        }
+        latencies.push(now() - committed);
+    }
+    latencies.sort_by(f64::total_cmp);
+    say(&format!(
+        "browser (b) commit-to-visible latency over {updates} single-row updates: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (measured from the control endpoint's answer after the commit)",
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.9),
+        percentile(&latencies, 0.99)
+    ))
+    .await;
+    let _ = control("POST", "/rss", Some("after (b)")).await;
+}
