@@ -64,6 +64,8 @@ step test-wasm-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f was
 # dedicated worker of headless Chromium (OPFS has no node equivalent).
 CLIENT_WASM_TESTS=(-p synchro-client --target wasm32-unknown-unknown --test storage --test apply --test journal --test queue --test metadata_upgrade --test browser_api --test scope_index)
 step test-client-chromium env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${CLIENT_WASM_TESTS[*]}"
+# The worker's live session in Chromium against a real server on real PostgreSQL.
+step test-live-chromium scripts/test-live-browser.sh
 step build-wasm scripts/build-wasm.sh
 step test-parity-node node --test protocol/js-tests/
 step conformance cargo run -q --release -p synchro-protocol --bin synchro-conformance -- \
