@@ -10,17 +10,14 @@
 //! or a value its portable type cannot hold blocks capture durably with a bounded
 //! [`BlockReason`]; the transaction is neither applied nor acknowledged.
 //!
-//! Three sessions of the worker login (which has REPLICATION): `control` holds the leader
-//! lock, creates the slot and reads WAL positions; the replication stream (`stream`)
-//! receives the slot's changes through `START_REPLICATION` and confirms positions once they
-//! are applied; `materialize` runs `SET ROLE synchro_worker` and writes projections. Row
+//! Two sessions: `replication` (the worker login, which has REPLICATION) peeks and advances
+//! the slot; `materialize` runs `SET ROLE synchro_worker` and writes projections. Row
 //! versions come from the writer's source-trigger fence, allocated before the row changed;
 //! they are opaque to clients.
 //!
 //! | module | owns |
 //! |---|---|
-//! | `step` | one step: leader lock, blocked state, receive, confirmation, time budget, heartbeat |
-//! | `stream` | the replication stream: START_REPLICATION, transactions in commit order, confirmation |
+//! | `step` | one step: leader lock, blocked state, peek, slot advance, time budget, heartbeat |
 //! | `registry` | the registered relations, fields, membership rules and impacts; `load` |
 //! | `transaction` | slot messages → complete transactions → `TxChanges` (final rows, bootstraps) |
 //! | `materialize` | old images, projection writes, membership, progress + notify + commit |
@@ -48,7 +45,6 @@ mod row;
 mod staging;
 mod statements;
 mod step;
-mod stream;
 mod transaction;
 pub mod values;
 
@@ -83,11 +79,10 @@ pub enum StepOutcome {
 pub enum Failpoint {
     /// None.
     None,
-    /// Stop after committing the first transaction, before confirming it to the slot (the
-    /// stream is dropped, as a crash would).
+    /// Stop after committing the first transaction, before advancing the slot.
     AfterCommitBeforeAdvance,
     /// Stop after the first materialization commit, before confirming it: a batch of the
-    /// consecutive transactions the stream held, reduced to their final state.
+    /// consecutive transactions the peek returned, reduced to their final state.
     AfterBatchCommitBeforeAdvance,
 }
 
@@ -96,12 +91,7 @@ pub const COMPACTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The capture worker of one database.
 pub struct Worker {
-    /// The worker login's connection string (the replication stream opens its own session).
-    url: String,
-    /// The leader lock, the slot's creation and WAL positions.
-    control: Client,
-    /// The replication stream, open while this worker leads and capture is not blocked.
-    stream: Option<stream::Stream>,
+    replication: Client,
     materialize: Client,
     statements: Statements,
     /// Prepared membership and impact evaluations and the owners they run as.
@@ -112,12 +102,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Connects the control and materialization sessions (`url` is the worker login) and
-    /// ensures the slot exists; the replication stream opens at the first step that leads.
+    /// Connects both sessions (`url` is the worker login) and ensures the slot exists.
     pub async fn connect(url: &str) -> Result<Worker> {
-        let control = crate::connect_db(url).await?;
+        let replication = crate::connect_db(url).await?;
         let materialize = crate::connect_db(url).await?;
         materialize.batch_execute("SET ROLE synchro_worker").await?;
+        replication.batch_execute(SESSION_SETTINGS).await?;
         // The bootstrap copy reads output-function text through this session.
         materialize.batch_execute(SESSION_SETTINGS).await?;
         // Plan every execution with the tables' current sizes: a generic plan cached while
@@ -130,12 +120,10 @@ impl Worker {
             .query_one("SELECT slot_name::text FROM synchro.capture_state", &[])
             .await?
             .get(0);
-        ensure_slot(&control, &slot).await?;
+        ensure_slot(&replication, &slot).await?;
         let statements = Statements::prepare(&materialize).await?;
         Ok(Worker {
-            url: url.to_owned(),
-            control,
-            stream: None,
+            replication,
             materialize,
             statements,
             functions: Functions::default(),
@@ -145,24 +133,6 @@ impl Worker {
                 .checked_sub(step::HEARTBEAT_INTERVAL)
                 .unwrap_or_else(Instant::now),
         })
-    }
-
-    /// Waits up to `max` before the next step: until the replication stream delivers
-    /// something, or the whole time when no stream is open.
-    pub async fn idle(&mut self, max: Duration) -> Result<()> {
-        match self.stream.as_mut() {
-            Some(stream) => {
-                let waited = stream.wait(max).await;
-                if waited.is_err() {
-                    self.stream = None;
-                }
-                waited
-            }
-            None => {
-                tokio::time::sleep(max).await;
-                Ok(())
-            }
-        }
     }
 
     /// Compacts retention when [`COMPACTION_INTERVAL`] has passed since the last time.
@@ -186,8 +156,8 @@ impl Worker {
 }
 
 /// Creates the logical slot when it does not exist.
-async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
-    let exists = control
+async fn ensure_slot(replication: &Client, slot: &str) -> Result<()> {
+    let exists = replication
         .query_opt(
             "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
@@ -195,7 +165,7 @@ async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
         .await?
         .is_some();
     if !exists {
-        control
+        replication
             .query(
                 "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
                 &[&slot],
@@ -211,8 +181,7 @@ async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs the worker forever: reconnects after errors, idles while blocked or not leader; a
-/// caught-up leader steps again when its stream delivers, or after `interval`.
+/// Runs the worker forever: reconnects after errors, idles while blocked or not leader.
 /// Logs carry no row data (a failed step logs only that it failed).
 /// The leader also compacts retention every [`COMPACTION_INTERVAL`].
 pub async fn run_forever(url: String, interval: Duration) {
@@ -222,10 +191,7 @@ pub async fn run_forever(url: String, interval: Duration) {
                 match worker.step(Failpoint::None).await {
                     Ok(StepOutcome::Applied(0)) => {
                         worker.compact_if_due().await;
-                        if worker.idle(interval).await.is_err() {
-                            tracing::warn!("capture stream failed; reconnecting");
-                            break;
-                        }
+                        tokio::time::sleep(interval).await
                     }
                     Ok(StepOutcome::Applied(_)) => {}
                     Ok(StepOutcome::NotLeader | StepOutcome::Blocked(_)) => {

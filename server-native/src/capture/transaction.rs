@@ -23,6 +23,38 @@ pub(super) struct Transaction {
     pub(super) messages: Vec<Message>,
 }
 
+/// Groups decoded messages into complete transactions; a trailing incomplete one is left
+/// for the next peek.
+pub(super) fn complete_transactions(messages: Vec<Message>) -> Vec<Transaction> {
+    let mut out = Vec::new();
+    let mut current: Option<Vec<Message>> = None;
+    for m in messages {
+        match m {
+            Message::Begin { .. } => current = Some(Vec::new()),
+            Message::Commit {
+                commit_lsn,
+                end_lsn,
+                ..
+            } => {
+                if let Some(messages) = current.take() {
+                    out.push(Transaction {
+                        commit_lsn: PgLsn::from(commit_lsn),
+                        end_lsn: PgLsn::from(end_lsn),
+                        messages,
+                    });
+                }
+            }
+            // Relation messages may precede Begin's contents; keep them with the transaction.
+            other => {
+                if let Some(c) = current.as_mut() {
+                    c.push(other);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The source's relation shapes by OID, as the stream last described them.
 pub(super) type Shapes = HashMap<u32, RelationShape>;
 
