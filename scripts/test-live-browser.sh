@@ -12,11 +12,14 @@ cd "$ROOT"
 export CC_wasm32_unknown_unknown=${CC_wasm32_unknown_unknown:-clang-22} AR_wasm32_unknown_unknown=${AR_wasm32_unknown_unknown:-llvm-ar-22}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 cargo build -q -p synchro-tests --bin synchro-server-under-test --example live_stack
-exec 3< <(sleep infinity)
+# The stack runs until its stdin closes; this sleeper holds it open (its stderr off a caller's
+# pipe such as test.sh's tee, which would otherwise wait for it forever).
+exec 3< <(exec sleep infinity 2>/dev/null)
+SLEEPER=$!
 FIFO=$(mktemp -u) && mkfifo "$FIFO"
 "$TARGET/debug/examples/live_stack" <&3 >"$FIFO" &
 STACK=$!
-trap 'kill $STACK 2>/dev/null; rm -f "$FIFO" "${WEBDRIVER:-}"' EXIT
+trap 'kill $STACK $SLEEPER 2>/dev/null; rm -f "$FIFO" "${WEBDRIVER:-}"' EXIT
 while read -r line; do
     export "${line?}"
     [ -n "${SYNCHRO_LIVE_TOKEN:-}" ] && break
