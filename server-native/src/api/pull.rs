@@ -352,15 +352,7 @@ pub(crate) async fn scope_checksum(
     for (r, digest) in keys.iter().zip(&cached) {
         let (table_id, pk): (&str, &str) = (r.get(0), r.get(1));
         match digest {
-            Some(d) => {
-                let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
-                let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
-                    .map_err(|_| ApiError::integrity())?;
-                entries.push((
-                    RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?,
-                    *d,
-                ));
-            }
+            Some(d) => entries.push((key_identity(manifest, table_id, pk)?.1, *d)),
             None => {
                 missing_tables.push(table_id.to_owned());
                 missing_pks.push(pk.to_owned());
@@ -434,12 +426,7 @@ async fn advance_index(
     let (mut tables, mut pks) = (Vec::new(), Vec::new());
     for r in &touched {
         let (table_id, pk): (&str, &str) = (r.get(0), r.get(1));
-        let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
-        let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
-            .map_err(|_| ApiError::integrity())?;
-        index
-            .rows
-            .remove(&RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?);
+        index.rows.remove(&key_identity(manifest, table_id, pk)?.1);
         tables.push(table_id.to_owned());
         pks.push(pk.to_owned());
     }
@@ -473,16 +460,24 @@ fn row_entry(
         r.get(first + 2),
         r.get(first + 3),
     );
-    let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
-    let pk = TypedValue::from_wire_text(&table.primary_key().spec, pk)
-        .map_err(|_| ApiError::integrity())?;
+    let (pk, identity) = key_identity(manifest, table_id, pk)?;
     let row = Json::parse(row_json).map_err(|_| ApiError::integrity())?;
     let d = row_digest(manifest, table_id, &pk.to_wire(), &row, version)
         .map_err(|_| ApiError::integrity())?;
-    Ok((
-        RowIdentity::new(table, &pk).map_err(|_| ApiError::integrity())?,
-        d.digest,
-    ))
+    Ok((identity, d.digest))
+}
+
+/// A key (canonical wire text) of a table of `manifest` as its typed value and row identity.
+fn key_identity(
+    manifest: &synchro_protocol::manifest::Manifest,
+    table_id: &str,
+    pk: &str,
+) -> Result<(TypedValue, RowIdentity), ApiError> {
+    let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
+    let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
+        .map_err(|_| ApiError::integrity())?;
+    let identity = RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?;
+    Ok((key, identity))
 }
 
 /// The scope digest over rows whose columns `first..first + 4` are `(table_id, pk,
