@@ -414,3 +414,134 @@ async fn a_publish_while_a_reconfiguration_is_staged_builds_on_its_shape() {
     assert!(current.tables[0].fields.iter().any(|f| f.name == "note"));
     assert_eq!(current.tables[0].indexes.len(), 1);
 }
+
+/// A fresh connection's value of a setting (new sessions read the reloaded configuration).
+async fn setting(env: &Env, name: &str) -> String {
+    env.login("postgres")
+        .await
+        .query_one(&format!("SHOW {name}"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn alter_system(env: &Env, sql: &str, name: &str, want: &str) {
+    env.admin.batch_execute(sql).await.unwrap();
+    env.admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if setting(env, name).await == want {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{name} never became {want}");
+}
+
+/// Logical decoding hands out a transaction once its commit record is flushed, which is
+/// before the committing backend leaves the process array: for a moment its writes are not
+/// visible to the worker's queries. Held there by a synchronous-replication wait (for a
+/// standby that does not exist), the stage transaction is decoded while its generation is
+/// not visible yet; the activation must wait for it, not skip it (a skipped activation left
+/// the generation 'staged' forever).
+#[tokio::test]
+async fn a_stage_decoded_before_its_commit_is_visible_is_still_activated() {
+    let env = Env::installed().await;
+    // Only the stage's session waits for the standby: every other session commits locally.
+    env.admin
+        .batch_execute("SET synchronous_commit = local")
+        .await
+        .unwrap();
+    alter_system(
+        &env,
+        "ALTER SYSTEM SET synchronous_commit = local",
+        "synchronous_commit",
+        "local",
+    )
+    .await;
+    docs(&env).await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&url).await.unwrap();
+    drain(&mut worker).await;
+    env.as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
+        .await;
+    alter_system(
+        &env,
+        "ALTER SYSTEM SET synchronous_standby_names = 'synchro_test_absent_standby'",
+        "synchronous_standby_names",
+        "synchro_test_absent_standby",
+    )
+    .await;
+
+    let mut op = env.login("synchro_dev_operator").await;
+    op.batch_execute("SET synchronous_commit = on")
+        .await
+        .unwrap();
+    let stage = tokio::spawn(async move {
+        reconfigure(&mut op, &request("docs"), true).await.unwrap();
+    });
+    // The stage's commit is flushed and waits for the standby, not yet visible.
+    let mut waiting = false;
+    for _ in 0..1000 {
+        waiting = env
+            .admin
+            .query_opt(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .is_some();
+        if waiting {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(waiting, "the stage's commit never waited for the standby");
+    let visible: i64 = env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.registry_generations WHERE change = 'reconfiguration'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(visible, 0, "the stage is not visible yet");
+
+    // The wait ends (the standby requirement goes) while the worker steps.
+    let release = {
+        let admin = env.login("postgres").await;
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            admin
+                .batch_execute("SET synchronous_commit = local")
+                .await
+                .unwrap();
+            admin
+                .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
+                .await
+                .unwrap();
+            admin
+                .batch_execute("SELECT pg_reload_conf()")
+                .await
+                .unwrap();
+        })
+    };
+    drain(&mut worker).await;
+    release.await.unwrap();
+    stage.await.unwrap();
+    drain(&mut worker).await;
+    let state: String = env
+        .admin
+        .query_one(
+            "SELECT state FROM synchro.registry_generations WHERE change = 'reconfiguration'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "active");
+}

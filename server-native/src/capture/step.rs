@@ -28,6 +28,10 @@ const PEEK_CHANGES: i32 = 10_000;
 /// How long one step keeps applying once it has applied something.
 const STEP_BUDGET: Duration = Duration::from_secs(1);
 
+/// How long a step waits for decoded transactions to become visible before it fails (and
+/// the next step tries again).
+const VISIBILITY_WAIT: Duration = Duration::from_secs(10);
+
 /// How often an idle leader records its heartbeat.
 pub(super) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -125,6 +129,7 @@ impl Worker {
                 }
                 break;
             }
+            self.await_visible(&peek.transactions).await?;
             // (Each peek is a decoding session of its own: its relation messages come anew.)
             let mut shapes = Shapes::new();
             let done = self
@@ -151,6 +156,40 @@ impl Worker {
         }
         self.heartbeat(applied).await?;
         Ok(StepOutcome::Applied(applied))
+    }
+
+    /// Waits until every transaction of a batch is visible to new snapshots. Decoding hands
+    /// out a transaction once its commit record is flushed, before the committing backend
+    /// has left the process array (a synchronous-replication wait holds it there for as long
+    /// as the standby takes): until then the worker's queries would not see its writes — a
+    /// stage's generation, a reconfiguration's fields — and would apply it without them.
+    async fn await_visible(&self, transactions: &[Transaction]) -> Result<()> {
+        // 32-bit IDs widened to the epoch of the snapshot's xmax: live IDs lie within 2^31
+        // of it (wraparound protection), on either side.
+        const UNSEEN: &str = "WITH s AS (SELECT pg_current_snapshot() AS snap),
+                   m AS (SELECT snap, pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s),
+                   f AS (SELECT m.snap, m.xmax, ((m.xmax >> 32) << 32) | t.x AS wide
+                           FROM m, unnest($1::bigint[]) AS t(x))
+              SELECT count(*) FROM f
+               WHERE NOT pg_visible_in_snapshot(
+                         (CASE WHEN wide > xmax + 2147483648 THEN wide - 4294967296
+                               WHEN wide < xmax - 2147483648 THEN wide + 4294967296
+                               ELSE wide END)::text::xid8, snap)";
+        let xids: Vec<i64> = transactions.iter().map(|t| i64::from(t.xid)).collect();
+        let started = Instant::now();
+        loop {
+            let unseen: i64 = self.replication.query_one(UNSEEN, &[&xids]).await?.get(0);
+            if unseen == 0 {
+                return Ok(());
+            }
+            if started.elapsed() > VISIBILITY_WAIT {
+                anyhow::bail!(
+                    "{unseen} decoded source transaction(s) not visible after {VISIBILITY_WAIT:?} \
+                     (a synchronous standby holding the commit?)"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// Records a blocking condition durably, with where it was found (the WAL position now

@@ -18,6 +18,8 @@ use super::statements::Statements;
 
 /// One complete source transaction.
 pub(super) struct Transaction {
+    /// The source transaction's (32-bit) ID, as its Begin message gives it.
+    pub(super) xid: u32,
     pub(super) commit_lsn: PgLsn,
     pub(super) end_lsn: PgLsn,
     pub(super) messages: Vec<Message>,
@@ -27,17 +29,18 @@ pub(super) struct Transaction {
 /// for the next peek.
 pub(super) fn complete_transactions(messages: Vec<Message>) -> Vec<Transaction> {
     let mut out = Vec::new();
-    let mut current: Option<Vec<Message>> = None;
+    let mut current: Option<(u32, Vec<Message>)> = None;
     for m in messages {
         match m {
-            Message::Begin { .. } => current = Some(Vec::new()),
+            Message::Begin { xid, .. } => current = Some((xid, Vec::new())),
             Message::Commit {
                 commit_lsn,
                 end_lsn,
                 ..
             } => {
-                if let Some(messages) = current.take() {
+                if let Some((xid, messages)) = current.take() {
                     out.push(Transaction {
+                        xid,
                         commit_lsn: PgLsn::from(commit_lsn),
                         end_lsn: PgLsn::from(end_lsn),
                         messages,
@@ -46,7 +49,7 @@ pub(super) fn complete_transactions(messages: Vec<Message>) -> Vec<Transaction> 
             }
             // Relation messages may precede Begin's contents; keep them with the transaction.
             other => {
-                if let Some(c) = current.as_mut() {
+                if let Some((_, c)) = current.as_mut() {
                     c.push(other);
                 }
             }
