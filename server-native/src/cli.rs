@@ -696,7 +696,7 @@ async fn relation_command(
 }
 
 async fn capture_loop(url: String) {
-    // The slot is polled this often while idle: the floor of commit-to-pullable latency.
+    // An idle worker steps at least this often (and at once when its stream delivers).
     crate::capture::worker::run_forever(url, std::time::Duration::from_millis(25)).await
 }
 

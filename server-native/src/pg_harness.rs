@@ -204,6 +204,20 @@ impl TempCluster {
     pub fn stop(&mut self) -> Result<()> {
         if !self.stopped {
             let data = self.data_dir();
+            // A fast shutdown waits for each logical walsender's client to confirm the
+            // shutdown checkpoint, up to wal_sender_timeout: a capture stream of a test
+            // whose runtime is blocked in this drop cannot. End those sessions first
+            // (best effort: a failure leaves the wait).
+            let port = self.port.to_string();
+            let host = self.dir.to_string_lossy().into_owned();
+            let _ = self.run(
+                "psql",
+                &[
+                    "-X", "-q", "-h", &host, "-p", &port, "-U", "postgres", "-d", "postgres", "-c",
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'walsender'",
+                ],
+                None,
+            );
             self.run("pg_ctl", &["-m", "fast", "-w", "stop", "-D"], Some(&data))?;
             self.stopped = true;
         }

@@ -191,7 +191,7 @@ async fn concurrent_writers_are_captured_exactly_once_across_a_crash() {
     );
 }
 
-/// Consecutive transactions one peek of the slot returns are materialized in one commit from
+/// Consecutive transactions the stream holds at once are materialized in one commit from
 /// their final state: an unchanged TOAST value is taken from an earlier transaction of the
 /// batch (not yet in the projection), deletes and re-inserts fold in, every transaction
 /// is counted, and a crash after that commit but before the slot advance replays none.

@@ -141,7 +141,10 @@ fn interrupt(mut child: std::process::Child) {
 
 /// Issue 12.8: start-up (a first and a second start on the same database) and steady state
 /// (sync requests, captured writes, idle capture) emit no NOTICE, WARNING or ERROR into
-/// PostgreSQL's log, even with the log taking every NOTICE.
+/// PostgreSQL's log, even with the log taking every NOTICE. Issue 15.1: once capture runs,
+/// steady state starts no logical decoding session (the SQL peek interface logged "starting
+/// logical decoding for slot" twice per poll, every 25 ms; the replication stream logs it
+/// once when it opens).
 #[tokio::test]
 async fn dev_start_and_steady_state_leave_the_postgres_log_quiet() {
     let cluster =
@@ -155,6 +158,7 @@ async fn dev_start_and_steady_state_leave_the_postgres_log_quiet() {
     // What PostgreSQL logged while dev started and served (a stop may cut a connection in
     // the middle of a query, which PostgreSQL logs; stopping is not what this checks).
     let mut running = String::new();
+    let mut steady = String::new();
     let mut stopped_at = 0;
     for round in 0..2 {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -188,8 +192,12 @@ async fn dev_start_and_steady_state_leave_the_postgres_log_quiet() {
         ))
         .await
         .unwrap();
-        // Idle capture steps and pulls for a while.
-        for _ in 0..10 {
+        // Idle capture steps and pulls for a while; steady state from the third on.
+        let mut steady_from = 0;
+        for i in 0..10 {
+            if i == 2 {
+                steady_from = cluster.server_log().unwrap().len();
+            }
             let r = post(
                 "/sync/pull",
                 serde_json::json!({"protocol_version": 3, "client_id": client,
@@ -203,9 +211,29 @@ async fn dev_start_and_steady_state_leave_the_postgres_log_quiet() {
         }
         let log = cluster.server_log().unwrap();
         running.push_str(&log[stopped_at..]);
+        steady.push_str(&log[steady_from..]);
         interrupt(child);
         stopped_at = cluster.server_log().unwrap().len();
     }
+    let decoding: Vec<&str> = steady
+        .lines()
+        .filter(|l| l.contains("logical decoding"))
+        .collect();
+    assert!(
+        decoding.is_empty(),
+        "steady state started {} logical decoding sessions, e.g.:\n{}",
+        decoding.len(),
+        decoding
+            .iter()
+            .take(5)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        running.contains("starting logical decoding for slot"),
+        "the log records the stream's decoding session (so the check above could see one)"
+    );
     let log = running;
     let noisy: Vec<&str> = log
         .lines()

@@ -86,8 +86,8 @@ async fn rows_enter_move_between_and_leave_scopes() {
         .batch_execute("UPDATE app.docs SET team = 'blue' WHERE id = 1")
         .await
         .unwrap();
-    // (Applied before the next transaction commits: consecutive transactions one peek
-    // returns are materialized together, from their final state.)
+    // (Applied before the next transaction commits: consecutive transactions the stream
+    // holds at once are materialized together, from their final state.)
     drain(&mut worker).await;
     // Two changes of one row in one transaction: membership follows the final state only.
     env.admin

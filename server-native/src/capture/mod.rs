@@ -10,14 +10,17 @@
 //! or a value its portable type cannot hold blocks capture durably with a bounded
 //! [`BlockReason`]; the transaction is neither applied nor acknowledged.
 //!
-//! Two sessions: `replication` (the worker login, which has REPLICATION) peeks and advances
-//! the slot; `materialize` runs `SET ROLE synchro_worker` and writes projections. Row
+//! Three sessions of the worker login (which has REPLICATION): `control` holds the leader
+//! lock, creates the slot and reads WAL positions; the replication stream (`stream`)
+//! receives the slot's changes through `START_REPLICATION` and confirms positions once they
+//! are applied; `materialize` runs `SET ROLE synchro_worker` and writes projections. Row
 //! versions come from the writer's source-trigger fence, allocated before the row changed;
 //! they are opaque to clients.
 //!
 //! | module | owns |
 //! |---|---|
-//! | `step` | one step: leader lock, blocked state, peek, slot advance, time budget, heartbeat |
+//! | `step` | one step: leader lock, blocked state, receive, confirmation, time budget, heartbeat |
+//! | `stream` | the replication stream: START_REPLICATION, transactions in commit order, confirmation |
 //! | `registry` | the registered relations, fields, membership rules and impacts; `load` |
 //! | `transaction` | slot messages → complete transactions → `TxChanges` (final rows, bootstraps) |
 //! | `materialize` | old images, projection writes, membership, progress + notify + commit |
@@ -45,6 +48,7 @@ mod row;
 mod staging;
 mod statements;
 mod step;
+mod stream;
 mod transaction;
 pub mod values;
 
@@ -79,10 +83,11 @@ pub enum StepOutcome {
 pub enum Failpoint {
     /// None.
     None,
-    /// Stop after committing the first transaction, before advancing the slot.
+    /// Stop after committing the first transaction, before confirming it to the slot (the
+    /// stream is dropped, as a crash would).
     AfterCommitBeforeAdvance,
     /// Stop after the first materialization commit, before confirming it: a batch of the
-    /// consecutive transactions the peek returned, reduced to their final state.
+    /// consecutive transactions the stream held, reduced to their final state.
     AfterBatchCommitBeforeAdvance,
 }
 
@@ -91,7 +96,12 @@ pub const COMPACTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The capture worker of one database.
 pub struct Worker {
-    replication: Client,
+    /// The worker login's connection string (the replication stream opens its own session).
+    url: String,
+    /// The leader lock, the slot's creation and WAL positions.
+    control: Client,
+    /// The replication stream, open while this worker leads and capture is not blocked.
+    stream: Option<stream::Stream>,
     materialize: Client,
     statements: Statements,
     /// Prepared membership and impact evaluations and the owners they run as.
@@ -102,12 +112,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Connects both sessions (`url` is the worker login) and ensures the slot exists.
+    /// Connects the control and materialization sessions (`url` is the worker login) and
+    /// ensures the slot exists; the replication stream opens at the first step that leads.
     pub async fn connect(url: &str) -> Result<Worker> {
-        let replication = crate::connect_db(url).await?;
+        let control = crate::connect_db(url).await?;
         let materialize = crate::connect_db(url).await?;
         materialize.batch_execute("SET ROLE synchro_worker").await?;
-        replication.batch_execute(SESSION_SETTINGS).await?;
         // The bootstrap copy reads output-function text through this session.
         materialize.batch_execute(SESSION_SETTINGS).await?;
         // Plan every execution with the tables' current sizes: a generic plan cached while
@@ -120,10 +130,12 @@ impl Worker {
             .query_one("SELECT slot_name::text FROM synchro.capture_state", &[])
             .await?
             .get(0);
-        ensure_slot(&replication, &slot).await?;
+        ensure_slot(&control, &slot).await?;
         let statements = Statements::prepare(&materialize).await?;
         Ok(Worker {
-            replication,
+            url: url.to_owned(),
+            control,
+            stream: None,
             materialize,
             statements,
             functions: Functions::default(),
@@ -133,6 +145,24 @@ impl Worker {
                 .checked_sub(step::HEARTBEAT_INTERVAL)
                 .unwrap_or_else(Instant::now),
         })
+    }
+
+    /// Waits up to `max` before the next step: until the replication stream delivers
+    /// something, or the whole time when no stream is open.
+    pub async fn idle(&mut self, max: Duration) -> Result<()> {
+        match self.stream.as_mut() {
+            Some(stream) => {
+                let waited = stream.wait(max).await;
+                if waited.is_err() {
+                    self.stream = None;
+                }
+                waited
+            }
+            None => {
+                tokio::time::sleep(max).await;
+                Ok(())
+            }
+        }
     }
 
     /// Compacts retention when [`COMPACTION_INTERVAL`] has passed since the last time.
@@ -156,8 +186,8 @@ impl Worker {
 }
 
 /// Creates the logical slot when it does not exist.
-async fn ensure_slot(replication: &Client, slot: &str) -> Result<()> {
-    let exists = replication
+async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
+    let exists = control
         .query_opt(
             "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
@@ -165,7 +195,7 @@ async fn ensure_slot(replication: &Client, slot: &str) -> Result<()> {
         .await?
         .is_some();
     if !exists {
-        replication
+        control
             .query(
                 "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
                 &[&slot],
@@ -181,7 +211,8 @@ async fn ensure_slot(replication: &Client, slot: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs the worker forever: reconnects after errors, idles while blocked or not leader.
+/// Runs the worker forever: reconnects after errors, idles while blocked or not leader; a
+/// caught-up leader steps again when its stream delivers, or after `interval`.
 /// Logs carry no row data (a failed step logs only that it failed).
 /// The leader also compacts retention every [`COMPACTION_INTERVAL`].
 pub async fn run_forever(url: String, interval: Duration) {
@@ -191,7 +222,10 @@ pub async fn run_forever(url: String, interval: Duration) {
                 match worker.step(Failpoint::None).await {
                     Ok(StepOutcome::Applied(0)) => {
                         worker.compact_if_due().await;
-                        tokio::time::sleep(interval).await
+                        if worker.idle(interval).await.is_err() {
+                            tracing::warn!("capture stream failed; reconnecting");
+                            break;
+                        }
                     }
                     Ok(StepOutcome::Applied(_)) => {}
                     Ok(StepOutcome::NotLeader | StepOutcome::Blocked(_)) => {

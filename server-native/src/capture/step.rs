@@ -1,29 +1,30 @@
 //! One step of the worker: the leader lock, the durable blocked state, pending bootstraps,
-//! changed membership contracts and staged rules, then peeks of the slot applied in commit
-//! order within a time budget, each followed by the slot advance; an idle leader records
-//! its heartbeat. A blocking condition raised anywhere is recorded here and ends the step.
+//! changed membership contracts and staged rules, then the transactions the replication
+//! stream received applied in commit order within a time budget, each batch followed by its
+//! confirmation; an idle leader confirms what it received and records its heartbeat. A
+//! blocking condition raised anywhere is recorded here and ends the step.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
-use super::block::{
-    block_site, BlockReason, BlockSite, Blocked, Decoding, DriftDetail, Drifted, InTransaction,
-};
+use super::block::{block_site, BlockSite, Decoding, DriftDetail, Drifted, InTransaction};
 use super::materialize::Span;
-use super::pgoutput::decode;
 use super::registry::{Relations, Status};
-use super::transaction::{
-    complete_transactions, decode_changes, record_shapes, Shapes, Transaction, TxChanges,
-};
+use super::stream::Stream;
+use super::transaction::{decode_changes, record_shapes, Shapes, Transaction, TxChanges};
 use super::{Failpoint, StepOutcome, Worker};
 
 /// Advisory lock key of the capture leader ("synchro" in ASCII).
 pub const LEADER_LOCK: i64 = 0x73796e6368726f;
 
-/// Changes read per peek (whole transactions are always returned).
-const PEEK_CHANGES: i32 = 10_000;
+/// Messages handed out per batch (whole transactions are always handed out).
+const BATCH_MESSAGES: usize = 10_000;
+
+/// How long a step waits for the stream to deliver everything committed before the step
+/// began (the walsender usually needs a few milliseconds).
+const HORIZON_WAIT: Duration = Duration::from_millis(500);
 
 /// How long one step keeps applying once it has applied something.
 const STEP_BUDGET: Duration = Duration::from_secs(1);
@@ -35,23 +36,13 @@ const VISIBILITY_WAIT: Duration = Duration::from_secs(10);
 /// How often an idle leader records its heartbeat.
 pub(super) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// What one peek of the slot returned.
-struct Peek {
-    /// Everything committed before this position is in the peek.
-    horizon: PgLsn,
-    /// Whether the slot returned no messages at all.
-    empty: bool,
-    /// The complete transactions among them.
-    transactions: Vec<Transaction>,
-}
-
-/// How applying one peek's transactions ended.
+/// How applying one batch of transactions ended.
 struct Applied {
     /// Source transactions applied.
     count: usize,
-    /// End of the last transaction applied or skipped: where the slot advances to.
+    /// End of the last transaction applied or skipped: the position to confirm.
     last_end: Option<PgLsn>,
-    /// The failpoint stopped the step before the advance.
+    /// The failpoint stopped the step before the confirmation.
     stopped: bool,
 }
 
@@ -62,7 +53,7 @@ impl Worker {
     /// starved by a sustained write load.
     pub async fn step(&mut self, failpoint: Failpoint) -> Result<StepOutcome> {
         let leader: bool = self
-            .replication
+            .control
             .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK])
             .await?
             .get(0);
@@ -78,14 +69,21 @@ impl Worker {
             .await?;
         let confirmed: PgLsn = state.get(0);
         if let Some(reason) = state.get::<_, Option<String>>(1) {
+            // A blocked worker receives and confirms nothing.
+            self.stream = None;
             return Ok(StepOutcome::Blocked(reason));
         }
         match self.run(confirmed, failpoint).await {
             Ok(outcome) => Ok(outcome),
-            Err(e) => match block_site(&e) {
-                Some(site) => self.block(site).await,
-                None => Err(e),
-            },
+            Err(e) => {
+                // What the stream handed out was not applied: the next stream starts again
+                // at the slot's confirmed position.
+                self.stream = None;
+                match block_site(&e) {
+                    Some(site) => self.block(site).await,
+                    None => Err(e),
+                }
+            }
         }
     }
 
@@ -120,21 +118,31 @@ impl Worker {
         // Work done this step: source transactions applied plus staging batches, so
         // `Applied(0)` means caught up with both.
         let mut applied = self.stage_pending(&mut registry).await?;
+        // Everything committed before this point is received before the step goes idle.
+        let horizon: PgLsn = self
+            .control
+            .query_one("SELECT pg_current_wal_flush_lsn()", &[])
+            .await?
+            .get(0);
+        if self.stream.is_none() {
+            self.stream = Some(Stream::open(&self.url, &self.slot, &self.control).await?);
+        }
         let started = Instant::now();
         while applied == 0 || started.elapsed() < STEP_BUDGET {
-            let peek = self.peek().await?;
-            if peek.transactions.is_empty() {
-                if peek.empty {
-                    self.advance_idle(peek.horizon).await?;
-                }
+            let stream = self.stream.as_mut().expect("opened");
+            let transactions = stream
+                .receive(horizon, HORIZON_WAIT, BATCH_MESSAGES)
+                .await?;
+            if transactions.is_empty() {
+                stream.confirm_idle(&self.control, &self.slot).await?;
                 break;
             }
-            self.await_visible(&peek.transactions).await?;
-            // (Each peek is a decoding session of its own: its relation messages come anew.)
-            let mut shapes = Shapes::new();
+            self.await_visible(&transactions).await?;
+            let stream = self.stream.as_mut().expect("opened");
+            let mut shapes = std::mem::take(&mut stream.shapes);
             let done = self
                 .apply_all(
-                    &peek.transactions,
+                    &transactions,
                     confirmed,
                     &mut registry,
                     &mut shapes,
@@ -143,15 +151,14 @@ impl Worker {
                 .await?;
             applied += done.count;
             if done.stopped {
+                // As a crash would: nothing more is confirmed.
+                self.stream = None;
                 return Ok(StepOutcome::Applied(applied));
             }
+            let stream = self.stream.as_mut().expect("opened");
+            stream.shapes = shapes;
             if let Some(end) = done.last_end {
-                self.replication
-                    .query(
-                        "SELECT pg_replication_slot_advance($1, $2)",
-                        &[&self.slot, &end],
-                    )
-                    .await?;
+                stream.confirm(end);
             }
         }
         self.heartbeat(applied).await?;
@@ -178,7 +185,7 @@ impl Worker {
         let xids: Vec<i64> = transactions.iter().map(|t| i64::from(t.xid)).collect();
         let started = Instant::now();
         loop {
-            let unseen: i64 = self.replication.query_one(UNSEEN, &[&xids]).await?.get(0);
+            let unseen: i64 = self.control.query_one(UNSEEN, &[&xids]).await?.get(0);
             if unseen == 0 {
                 return Ok(());
             }
@@ -296,52 +303,8 @@ impl Worker {
         Ok(batches)
     }
 
-    /// Peeks the slot and decodes what it returned; an undecodable message blocks capture.
-    async fn peek(&self) -> Result<Peek> {
-        // Everything committed before this point is decoded by the peek below.
-        let horizon: PgLsn = self
-            .replication
-            .query_one("SELECT pg_current_wal_lsn()", &[])
-            .await?
-            .get(0);
-        let rows = self
-            .replication
-            .query(
-                "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2,
-                   'proto_version', '1', 'publication_names', 'synchro_publication', 'messages', 'true')",
-                &[&self.slot, &PEEK_CHANGES],
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("peeking the capture slot: {}", crate::install::describe(&e)))?;
-        let mut messages = Vec::with_capacity(rows.len());
-        for r in &rows {
-            match decode(r.get::<_, &[u8]>(0)) {
-                Ok(m) => messages.push(m),
-                Err(_) => return Err(Blocked(BlockReason::DecodeError).into()),
-            }
-        }
-        Ok(Peek {
-            horizon,
-            empty: rows.is_empty(),
-            transactions: complete_transactions(messages),
-        })
-    }
-
-    /// Nothing published committed before the horizon: confirms up to it so the slot does
-    /// not retain unrelated WAL (which readiness bounds).
-    async fn advance_idle(&self, horizon: PgLsn) -> Result<()> {
-        self.replication
-            .query(
-                "SELECT pg_replication_slot_advance(slot_name, $2) FROM pg_replication_slots
-                  WHERE slot_name = $1 AND confirmed_flush_lsn < $2",
-                &[&self.slot, &horizon],
-            )
-            .await?;
-        Ok(())
-    }
-
     /// Applies a batch of transactions in commit order, skipping those a crash left applied
-    /// but not acknowledged (end at or below `confirmed`); `shapes` are the peek's relation
+    /// but not confirmed (end at or below `confirmed`); `shapes` are the stream's relation
     /// descriptions, which its transactions extend. Consecutive plain transactions are
     /// reduced to their final row states and materialized together ([`Span`]); a bootstrap
     /// or an activation is applied on its own, after what precedes it.

@@ -25,39 +25,6 @@ pub(super) struct Transaction {
     pub(super) messages: Vec<Message>,
 }
 
-/// Groups decoded messages into complete transactions; a trailing incomplete one is left
-/// for the next peek.
-pub(super) fn complete_transactions(messages: Vec<Message>) -> Vec<Transaction> {
-    let mut out = Vec::new();
-    let mut current: Option<(u32, Vec<Message>)> = None;
-    for m in messages {
-        match m {
-            Message::Begin { xid, .. } => current = Some((xid, Vec::new())),
-            Message::Commit {
-                commit_lsn,
-                end_lsn,
-                ..
-            } => {
-                if let Some((xid, messages)) = current.take() {
-                    out.push(Transaction {
-                        xid,
-                        commit_lsn: PgLsn::from(commit_lsn),
-                        end_lsn: PgLsn::from(end_lsn),
-                        messages,
-                    });
-                }
-            }
-            // Relation messages may precede Begin's contents; keep them with the transaction.
-            other => {
-                if let Some((_, c)) = current.as_mut() {
-                    c.push(other);
-                }
-            }
-        }
-    }
-    out
-}
-
 /// The source's relation shapes by OID, as the stream last described them.
 pub(super) type Shapes = HashMap<u32, RelationShape>;
 
