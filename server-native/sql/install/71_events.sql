@@ -18,9 +18,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
           FROM synchro.synchro_client_state(p_user_id, p_client_id) s
     ), w AS (SELECT effect_position AS watermark FROM synchro.synchro_pull_watermark())
     SELECT w.watermark,
-           coalesce((SELECT array_agg(DISTINCT e.scope_id ORDER BY e.scope_id) FROM synchro.scope_effects e, c
-                      WHERE e.position > p_after AND e.position <= w.watermark
-                        AND e.scope_id = ANY (c.assigned_scopes)), '{}'),
+           -- One probe of (scope_id, position) per assigned scope: the planner knows neither
+           -- p_after nor the scopes, and joined it read a scope's whole effect history
+           -- (130-240 ms for 100,000 effects: most of a live client's commit-to-visible).
+           coalesce((SELECT array_agg(DISTINCT s.scope_id ORDER BY s.scope_id)
+                       FROM c, unnest(c.assigned_scopes) AS s(scope_id)
+                      WHERE EXISTS (SELECT FROM synchro.scope_effects e
+                                     WHERE e.scope_id = s.scope_id AND e.position > p_after
+                                       AND e.position <= w.watermark)), '{}'),
            coalesce((SELECT current_generation FROM c), false),
            coalesce((SELECT assigned_scopes FROM c), '{}')
       FROM w
