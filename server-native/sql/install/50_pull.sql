@@ -64,14 +64,26 @@ CREATE FUNCTION synchro.synchro_pull_page(p_scopes text[], p_positions bigint[],
 RETURNS TABLE (effect_position bigint, scope_id text, table_id text, pk text, kind text, server_version text,
                row_json text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    -- The page's effects first: at most p_limit per scope from (scope_id, position), then
+    -- the first p_limit of those. (Joined directly, with the positions unknown to the
+    -- planner, it walked every effect from the first in position order: O(all effects) per
+    -- pull, 5-11 ms at 12,000 effects for a page of one change.)
+    WITH page AS (
+        SELECT e.*
+          FROM unnest(p_scopes, p_positions) AS c(scope_id, after_position)
+         CROSS JOIN LATERAL (
+               SELECT * FROM synchro.scope_effects e
+                WHERE e.scope_id = c.scope_id AND e.position > c.after_position
+                ORDER BY e.position LIMIT p_limit) e
+         ORDER BY e.position
+         LIMIT p_limit)
     SELECT e.position, e.scope_id, r.table_id, e.pk,
            CASE WHEN e.kind = 'upsert' AND p.row_json IS NOT NULL AND m.scope_id IS NOT NULL
                 THEN 'upsert' ELSE 'delete' END,
            CASE WHEN e.kind = 'upsert' AND p.row_json IS NOT NULL AND m.scope_id IS NOT NULL
                 THEN p.server_version ELSE e.server_version END,
            CASE WHEN e.kind = 'upsert' AND m.scope_id IS NOT NULL THEN p.row_json END
-      FROM unnest(p_scopes, p_positions) AS c(scope_id, after_position)
-      JOIN synchro.scope_effects e ON e.scope_id = c.scope_id AND e.position > c.after_position
+      FROM page e
       JOIN synchro.relations r ON r.relation_id = e.relation_id
       LEFT JOIN synchro.projection_rows p ON p.relation_id = e.relation_id AND p.pk = e.pk
       LEFT JOIN synchro.membership_edges m ON m.scope_id = e.scope_id AND m.relation_id = e.relation_id AND m.pk = e.pk
