@@ -15,10 +15,12 @@
 //!
 //! Per run: open the N streams (64 opens in flight, progress on stderr), then
 //! - quiet window (11 s, no commits): server statements per second (fallback ticks);
-//! - K commits, one at a time: `INSERT` one row owned by the watched user, take the time
-//!   at the commit's acknowledgement, wait until every watched stream has received a
-//!   `changed` event naming the scope (10 s at most: otherwise counted as missed), then
-//!   100 ms before the next commit. Latency is commit → event decoded at the client.
+//! - K commits back to back: `INSERT` one row owned by the watched user, take the time at
+//!   the commit's acknowledgement, wait until every watched stream has received a `changed`
+//!   event naming the scope (10 s at most: otherwise counted as missed), then 100 ms before
+//!   the next commit. Latency is commit → event decoded at the client;
+//! - S sparse commits, 5.5 to 9 s apart (longer than the streams' 5 s fallback tick, at
+//!   varying phases of it), timed the same way: what a commit after a quiet spell sees.
 //!
 //! Counted (`stats.rs`): statements executed by the instances' logins
 //! (`pg_stat_statements.calls`, top-level statements), split into the dispatcher's query,
@@ -28,8 +30,8 @@
 //! resident memory after the commits. No timed assertions: the program prints figures.
 //!
 //! `cargo run --release -p synchro-tests --example events_bench -- [commits]
-//! [stream counts, one instance] [stream counts, two instances]` (defaults
-//! `50 1,1000,10000 1000,10000`), or `scripts/bench-events.sh`. The server binary is
+//! [stream counts, one instance] [stream counts, two instances] [sparse commits]` (defaults
+//! `50 1,1000,10000 1000,10000 10`), or `scripts/bench-events.sh`. The server binary is
 //! `SYNCHRO_BENCH_SERVER_BIN`, by default `synchro-server-under-test` beside the examples
 //! directory (`cargo build --release -p synchro-tests --bin synchro-server-under-test`).
 //! Output never contains tokens, ids or row values.
@@ -108,6 +110,13 @@ struct Run {
     /// Per watched stream (one per instance): latencies in ms.
     latencies: Vec<Vec<f64>>,
     missed: usize,
+    /// The sparse commits: latencies (ms, sorted, every watched stream), missed events,
+    /// the instances' statements and the window's length (s).
+    sparse: usize,
+    sparse_latencies: Vec<f64>,
+    sparse_missed: usize,
+    sparse_calls: Calls,
+    sparse_secs: f64,
     /// Per instance, over the commits.
     calls: Vec<Calls>,
     worker_calls: i64,
@@ -208,12 +217,16 @@ fn server_bin() -> Result<PathBuf> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let commits: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(50);
+    let number = |i: usize, default: usize| {
+        std::env::args()
+            .nth(i)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(default)
+    };
+    let commits = number(1, 50);
     let one = arg_list(2, "1,1000,10000");
     let two = arg_list(3, "1000,10000");
+    let sparse = number(4, 10);
     let open_files = raise_open_files();
     let bin = server_bin()?;
     let largest = one.iter().chain(&two).copied().max().unwrap_or(1);
@@ -342,7 +355,7 @@ async fn main() -> Result<()> {
             &logs,
             (instances, n),
             (watched, idle),
-            commits,
+            (commits, sparse),
             &mut next_id,
         )
         .await?;
@@ -398,7 +411,7 @@ async fn connect(
 }
 
 /// One run: `instances` fresh `serve` processes, `n` streams split between them, the
-/// quiet window, then the commits.
+/// quiet window, then `commits` back to back and `sparse` commits far apart.
 #[allow(clippy::too_many_arguments)]
 async fn run(
     bin: &std::path::Path,
@@ -407,7 +420,7 @@ async fn run(
     logs: &std::path::Path,
     (instances, n): (usize, usize),
     (watched, idle): (&[Client], &[Client]),
-    commits: usize,
+    (commits, sparse): (usize, usize),
     next_id: &mut i64,
 ) -> Result<Run> {
     eprintln!("run: {n} streams on {instances} instance(s)");
@@ -472,34 +485,22 @@ async fn run(
         quiet.add(&counted.get(*login).copied().unwrap_or_default());
     }
 
-    // The commits, one at a time.
-    eprintln!("  {commits} commits");
+    // The commits, one at a time, each right after the previous one's events.
+    eprintln!("  {commits} commits, {GAP:?} apart");
     stats::reset(admin).await?;
     let mut latencies = vec![Vec::new(); watchers];
     let mut missed = 0;
     for _ in 0..commits {
-        while events_rx.try_recv().is_ok() {}
-        *next_id += 1;
-        admin
-            .execute(
-                "INSERT INTO app.items (id, owner, note) VALUES ($1, $2, 'bench')",
-                &[&*next_id, &WATCHED_USER],
-            )
-            .await?;
-        let committed = Instant::now();
-        let deadline = tokio::time::Instant::from_std(committed + EVENT_TIMEOUT);
-        let mut got = vec![false; watchers];
-        while got.iter().any(|g| !g) {
-            match tokio::time::timeout_at(deadline, events_rx.recv()).await {
-                Ok(Some((w, at))) if !got[w] => {
-                    got[w] = true;
-                    latencies[w].push(at.saturating_duration_since(committed).as_secs_f64() * 1e3);
-                }
-                Ok(Some(_)) => {}
-                _ => break,
+        for (w, l) in commit(admin, next_id, &mut events_rx, watchers)
+            .await?
+            .into_iter()
+            .enumerate()
+        {
+            match l {
+                Some(ms) => latencies[w].push(ms),
+                None => missed += 1,
             }
         }
-        missed += got.iter().filter(|g| !**g).count();
         tokio::time::sleep(GAP).await;
     }
     let counted = stats::read(admin).await?;
@@ -508,6 +509,28 @@ async fn run(
         .map(|l| counted.get(*l).copied().unwrap_or_default())
         .collect();
     let worker_calls = counted.get(WORKER_LOGIN).map_or(0, Calls::total);
+
+    // Sparse commits: further apart than the 5 s fallback tick, at varying phases of it.
+    eprintln!("  {sparse} sparse commits");
+    stats::reset(admin).await?;
+    let sparse_started = Instant::now();
+    let (mut sparse_latencies, mut sparse_missed) = (Vec::new(), 0);
+    for i in 0..sparse {
+        tokio::time::sleep(sparse_gap(i)).await;
+        for l in commit(admin, next_id, &mut events_rx, watchers).await? {
+            match l {
+                Some(ms) => sparse_latencies.push(ms),
+                None => sparse_missed += 1,
+            }
+        }
+    }
+    let sparse_secs = sparse_started.elapsed().as_secs_f64();
+    let counted = stats::read(admin).await?;
+    let mut sparse_calls = Calls::default();
+    for login in &LOGINS[..instances] {
+        sparse_calls.add(&counted.get(*login).copied().unwrap_or_default());
+    }
+    sparse_latencies.sort_by(f64::total_cmp);
     let counters = &pool.counters;
     let run = Run {
         instances,
@@ -518,6 +541,11 @@ async fn run(
         commits,
         latencies,
         missed,
+        sparse,
+        sparse_latencies,
+        sparse_missed,
+        sparse_calls,
+        sparse_secs,
         calls,
         worker_calls,
         quiet,
@@ -534,6 +562,44 @@ async fn run(
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(servers);
     Ok(run)
+}
+
+/// The pause before sparse commit `i`: 5.5 s to 9 s in steps of 0.5 s, so the commits
+/// land at different phases of the streams' 5 s fallback tick.
+fn sparse_gap(i: usize) -> Duration {
+    Duration::from_millis(5500 + 500 * (i % 8) as u64)
+}
+
+/// Commits one row owned by the watched user and waits for the `changed` event at each of
+/// the `watchers` watched streams: commit → event in ms per stream, `None` if it did not
+/// arrive within [`EVENT_TIMEOUT`].
+async fn commit(
+    admin: &tokio_postgres::Client,
+    next_id: &mut i64,
+    events: &mut mpsc::UnboundedReceiver<(usize, Instant)>,
+    watchers: usize,
+) -> Result<Vec<Option<f64>>> {
+    while events.try_recv().is_ok() {}
+    *next_id += 1;
+    admin
+        .execute(
+            "INSERT INTO app.items (id, owner, note) VALUES ($1, $2, 'bench')",
+            &[&*next_id, &WATCHED_USER],
+        )
+        .await?;
+    let committed = Instant::now();
+    let deadline = tokio::time::Instant::from_std(committed + EVENT_TIMEOUT);
+    let mut got = vec![None; watchers];
+    while got.iter().any(Option::is_none) {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some((w, at))) if got[w].is_none() => {
+                got[w] = Some(at.saturating_duration_since(committed).as_secs_f64() * 1e3);
+            }
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    Ok(got)
 }
 
 fn print_run(r: &Run) {
@@ -591,28 +657,52 @@ fn print_run(r: &Run) {
         q.other,
         r.worker_calls as f64 / k,
     );
+    let c = &r.sparse_calls;
+    println!(
+        "  {} sparse commits over {:.0} s: commit → event {} ms (p50 / p99); {} statements by the instances \
+         ({:.2}/s; dispatcher {}, streams' own {}, other {})",
+        r.sparse,
+        r.sparse_secs,
+        latency_cell(&r.sparse_latencies, r.sparse_missed),
+        c.total(),
+        c.total() as f64 / r.sparse_secs,
+        c.dispatch,
+        c.per_client,
+        c.other,
+    );
+}
+
+/// `p50 / p99`, and the missed events if any.
+fn latency_cell(sorted: &[f64], missed: usize) -> String {
+    let mut cell = format!(
+        "{:.1} / {:.1}",
+        percentile(sorted, 0.5),
+        percentile(sorted, 0.99)
+    );
+    if missed > 0 {
+        cell += &format!(" ({missed} missed)");
+    }
+    cell
 }
 
 fn print_table(runs: &[Run]) {
     println!(
-        "\n| instances | streams open | commit → event p50 (ms) | p99 (ms) | events missed | \
-         server statements / commit (dispatcher + streams' own + other) | idle streams woken | \
-         idle streams' queries / commit | quiet: statements / s | server RSS (MB) |"
+        "\n| instances | streams open | commit → event p50 / p99 (ms), back to back | \
+         statements / commit (dispatcher + streams' own + other) | idle streams woken | \
+         idle streams' queries / commit | quiet: statements / s | sparse commits: p50 / p99 (ms) | \
+         sparse: statements / s | server RSS (MB) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in runs {
-        let all = r.all_latencies();
         let t = r.total_calls();
         let k = r.commits as f64;
         let rss: Vec<String> = r.rss_mb.iter().map(|m| format!("{m:.0}")).collect();
         println!(
-            "| {} | {}/{} | {:.1} | {:.1} | {} | {:.2} ({:.2} + {:.2} + {:.2}) | {}/{} | {:.2} | {:.2} | {} |",
+            "| {} | {}/{} | {} | {:.2} ({:.2} + {:.2} + {:.2}) | {}/{} | {:.2} | {:.1} | {} | {:.1} | {} |",
             r.instances,
             r.opened,
             r.asked,
-            percentile(&all, 0.5),
-            percentile(&all, 0.99),
-            r.missed,
+            latency_cell(&r.all_latencies(), r.missed),
             t.total() as f64 / k,
             t.dispatch as f64 / k,
             t.per_client as f64 / k,
@@ -621,14 +711,18 @@ fn print_table(runs: &[Run]) {
             r.idle_streams,
             r.idle_queries() as f64 / k,
             r.quiet.total() as f64 / QUIET.as_secs_f64(),
+            latency_cell(&r.sparse_latencies, r.sparse_missed),
+            r.sparse_calls.total() as f64 / r.sparse_secs,
             rss.join(" + "),
         );
     }
     println!(
         "\nstatements: executions by the serve instances' logins (pg_stat_statements, top level); \
          dispatcher = synchro_changed_scopes_since (one per notification per instance), streams' own = \
-         synchro_changed_scopes (a stream whose client's scopes were named); idle streams' queries = \
-         streams' own minus the watched streams' events; latency: INSERT acknowledged → changed event \
-         decoded at the watched client (capture polls every 25 ms)"
+         synchro_changed_scopes (a stream whose client's scopes were named, or its fallback tick); \
+         idle streams' queries = streams' own minus the watched streams' events; latency: INSERT \
+         acknowledged → changed event decoded at the watched client (capture polls every 25 ms); \
+         back to back: {GAP:?} after the previous commit's events; sparse: 5.5–9 s apart, longer \
+         than the streams' 5 s fallback tick"
     );
 }
