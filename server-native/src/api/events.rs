@@ -9,9 +9,10 @@
 //! effects since its last answer (`synchro_changed_scopes_since`) and hands that set to every
 //! stream, which intersects it with its client's assigned scopes in memory: a notification
 //! costs one query per server plus one per client it concerns, not one per connected client.
-//! That client's own query (`synchro_changed_scopes`, also on the slow fallback tick and for a
-//! stream that missed an answer) names its scopes, re-reads its assigned scopes and checks its
-//! generation. The fallback tick covers notifications lost while the listener reconnects.
+//! That client's own query (`synchro_changed_scopes`, also for a stream that missed an answer
+//! and on a slow per-stream safety tick) names its scopes, re-reads its assigned scopes and
+//! checks its generation. The dispatcher's own fallback tick covers notifications lost while
+//! the listener reconnects.
 //!
 //! Stream events (each `data` is a JSON object):
 //! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
@@ -40,8 +41,14 @@ use synchro_protocol::wire::{EventsRequest, StreamEvent};
 
 use super::{ApiError, AppState};
 
-/// How often a stream re-checks without a notification.
+/// How often the dispatcher asks without a notification (covers notifications lost while
+/// the listener reconnects).
 const FALLBACK_TICK: Duration = Duration::from_secs(5);
+/// How often a stream runs its own query without a notification: a safety net for a
+/// dispatcher that cannot answer. Each stream's first tick comes at a random point of the
+/// interval, so 10,000 streams do not query at once (with a shared 5 s tick restarted at
+/// every dispatcher answer, they all did, ahead of the queries commits needed).
+const STREAM_TICK: Duration = Duration::from_secs(60);
 /// Quiet time after which a keepalive comment is sent.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A stream's lifetime; the client reconnects (and re-authenticates) after it.
@@ -56,7 +63,7 @@ pub struct Notifier {
 }
 
 impl Default for Notifier {
-    /// A notifier nothing bumps: streams rely on their fallback tick.
+    /// A notifier nothing bumps: streams rely on the dispatcher's fallback tick.
     fn default() -> Self {
         Notifier {
             tx: Arc::new(watch::channel(0).0),
@@ -234,6 +241,15 @@ async fn dispatch(
     }
 }
 
+/// A random duration below `max` (std's per-map random keys: no RNG dependency needed).
+fn jitter(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    Duration::from_millis(r % (max.as_millis() as u64).max(1))
+}
+
 fn event(e: &StreamEvent) -> Bytes {
     Bytes::from(e.to_sse())
 }
@@ -280,6 +296,8 @@ pub(crate) async fn events(
         let mut after = first.watermark;
         let mut assigned: std::collections::HashSet<String> = first.assigned.into_iter().collect();
         let mut last_sent = tokio::time::Instant::now();
+        let mut own_tick = tokio::time::interval_at(last_sent + jitter(STREAM_TICK), STREAM_TICK);
+        own_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         if tx.send(event(&StreamEvent::Ready)).await.is_err() {
             return;
         }
@@ -292,7 +310,14 @@ pub(crate) async fn events(
                     let u = updates.borrow_and_update().clone();
                     (u.from <= after && u.to != i64::MAX).then_some(u)
                 }
-                _ = tokio::time::sleep(FALLBACK_TICK) => None,
+                _ = own_tick.tick() => None,
+                _ = tokio::time::sleep_until(last_sent + KEEPALIVE) => {
+                    if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
+                        break;
+                    }
+                    last_sent = tokio::time::Instant::now();
+                    continue;
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     let _ = tx.send(end("lifetime")).await;
                     break;
@@ -306,16 +331,6 @@ pub(crate) async fn events(
                 Some(u) if u.to <= after => continue, // nothing new for this stream
                 Some(u) if !u.scopes.iter().any(|s| assigned.contains(s)) => {
                     after = u.to;
-                    if last_sent.elapsed() >= KEEPALIVE {
-                        if tx
-                            .send(Bytes::from_static(b": keepalive\n\n"))
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
-                        last_sent = tokio::time::Instant::now();
-                    }
                     continue;
                 }
                 _ => {
@@ -332,21 +347,15 @@ pub(crate) async fn events(
                 }
             };
             after = c.watermark;
-            let sent = if !c.scopes.is_empty() {
-                tx.send(event(&StreamEvent::Changed { scopes: c.scopes }))
+            if !c.scopes.is_empty() {
+                if tx
+                    .send(event(&StreamEvent::Changed { scopes: c.scopes }))
                     .await
-                    .map(|_| true)
-            } else if last_sent.elapsed() >= KEEPALIVE {
-                tx.send(Bytes::from_static(b": keepalive\n\n"))
-                    .await
-                    .map(|_| true)
-            } else {
-                Ok(false)
-            };
-            match sent {
-                Ok(true) => last_sent = tokio::time::Instant::now(),
-                Ok(false) => {}
-                Err(_) => break, // the client went away
+                    .is_err()
+                {
+                    break; // the client went away
+                }
+                last_sent = tokio::time::Instant::now();
             }
         }
     });
