@@ -44,11 +44,12 @@ use super::{ApiError, AppState};
 /// How often the dispatcher asks without a notification (covers notifications lost while
 /// the listener reconnects).
 const FALLBACK_TICK: Duration = Duration::from_secs(5);
-/// How often a stream runs its own query without a notification: a safety net for a
-/// dispatcher that cannot answer. Each stream's first tick comes at a random point of the
-/// interval, so 10,000 streams do not query at once (with a shared 5 s tick restarted at
-/// every dispatcher answer, they all did, ahead of the queries commits needed).
-const STREAM_TICK: Duration = Duration::from_secs(60);
+/// How long a stream waits for a dispatcher answer (one comes at least every
+/// [`FALLBACK_TICK`] while the database answers) before it runs its own query; each stream
+/// adds a random part of as much again, so 10,000 streams never query at once. (A 5 s
+/// per-stream tick restarted at every dispatcher answer fired for all of them together:
+/// ~N/10 queries/s, ahead of the queries commits needed.)
+const DISPATCHER_SILENCE: Duration = Duration::from_secs(30);
 /// Quiet time after which a keepalive comment is sent.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A stream's lifetime; the client reconnects (and re-authenticates) after it.
@@ -296,21 +297,25 @@ pub(crate) async fn events(
         let mut after = first.watermark;
         let mut assigned: std::collections::HashSet<String> = first.assigned.into_iter().collect();
         let mut last_sent = tokio::time::Instant::now();
-        let mut own_tick = tokio::time::interval_at(last_sent + jitter(STREAM_TICK), STREAM_TICK);
-        own_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let silence = DISPATCHER_SILENCE + jitter(DISPATCHER_SILENCE);
+        let mut heard = last_sent;
         if tx.send(event(&StreamEvent::Ready)).await.is_err() {
             return;
         }
         loop {
             // The dispatcher's answer when it continues where this stream is; otherwise (a
-            // missed answer, the fallback tick) this client's own query.
+            // missed answer, a silent dispatcher) this client's own query.
             let shared = tokio::select! {
                 r = updates.changed() => {
                     if r.is_err() { break }
+                    heard = tokio::time::Instant::now();
                     let u = updates.borrow_and_update().clone();
                     (u.from <= after && u.to != i64::MAX).then_some(u)
                 }
-                _ = own_tick.tick() => None,
+                _ = tokio::time::sleep_until(heard + silence) => {
+                    heard = tokio::time::Instant::now();
+                    None
+                }
                 _ = tokio::time::sleep_until(last_sent + KEEPALIVE) => {
                     if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
                         break;
