@@ -5,7 +5,7 @@
 //!
 //! Set-up: a throwaway PostgreSQL with `pg_stat_statements` preloaded, synchro installed,
 //! a table `app.items (id, owner, note)` registered with the membership rule `user:<owner>`,
-//! `synchro-server capture` as its own process (polling the slot every 25 ms), and for each
+//! `synchro-server capture` as its own process (streaming the slot), and for each
 //! run fresh `synchro-server serve` processes without a worker, each as its own adapter
 //! login. Every client is its own user (so its only assigned scope is `user:<id>`) with its
 //! own client ID, connected once (`POST /sync/connect`) before the runs. In a run of N
@@ -19,7 +19,7 @@
 //!   the commit's acknowledgement, wait until every watched stream has received a `changed`
 //!   event naming the scope (10 s at most: otherwise counted as missed), then 100 ms before
 //!   the next commit. Latency is commit → event decoded at the client;
-//! - S sparse commits, 5.5 to 9 s apart (longer than the streams' 5 s fallback tick, at
+//! - S sparse commits, 5.5 to 9 s apart (longer than the dispatcher's 5 s fallback tick, at
 //!   varying phases of it), timed the same way: what a commit after a quiet spell sees.
 //!
 //! Counted (`stats.rs`): statements executed by the instances' logins
@@ -565,7 +565,7 @@ async fn run(
 }
 
 /// The pause before sparse commit `i`: 5.5 s to 9 s in steps of 0.5 s, so the commits
-/// land at different phases of the streams' 5 s fallback tick.
+/// land at different phases of the dispatcher's 5 s fallback tick.
 fn sparse_gap(i: usize) -> Duration {
     Duration::from_millis(5500 + 500 * (i % 8) as u64)
 }
@@ -719,10 +719,10 @@ fn print_table(runs: &[Run]) {
     println!(
         "\nstatements: executions by the serve instances' logins (pg_stat_statements, top level); \
          dispatcher = synchro_changed_scopes_since (one per notification per instance), streams' own = \
-         synchro_changed_scopes (a stream whose client's scopes were named, or its fallback tick); \
+         synchro_changed_scopes (a stream whose client's scopes were named, or whose dispatcher was silent); \
          idle streams' queries = streams' own minus the watched streams' events; latency: INSERT \
-         acknowledged → changed event decoded at the watched client (capture polls every 25 ms); \
+         acknowledged → changed event decoded at the watched client (capture streams the slot); \
          back to back: {GAP:?} after the previous commit's events; sparse: 5.5–9 s apart, longer \
-         than the streams' 5 s fallback tick"
+         than the dispatcher's 5 s fallback tick"
     );
 }
