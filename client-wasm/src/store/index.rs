@@ -39,6 +39,12 @@ use crate::error::StorageError;
 /// A row's canonical identity octets, shared by the digest map and every scope holding it.
 type Key = Arc<[u8]>;
 
+/// Row digests by identity. A terminal digest looks up every row of its scope, so the
+/// hasher matters: std's SipHash was about a sixth of a 100,000-row scope digest (profile in
+/// docs/protocol-decisions.md, "Terminal digests"); foldhash (hashbrown's) is several
+/// times cheaper. Keys are row identities the server sent and this client verified.
+type Digests = HashMap<Key, [u8; 32], foldhash::fast::RandomState>;
+
 /// What the connection has written and seen: when it moves without the store knowing, the
 /// index may be stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +87,7 @@ enum Undo {
 
 struct Built {
     schema_hash: [u8; 32],
-    digests: HashMap<Key, [u8; 32]>,
+    digests: Digests,
     scopes: HashMap<Arc<str>, Scope>,
     /// Bumped by every digest change: cached scope digests older than it are recomputed.
     epoch: u64,
@@ -403,7 +409,7 @@ fn digest_rows(
     schema_hash: &[u8; 32],
     scope: &str,
     rows: &BTreeSet<Key>,
-    digests: &HashMap<Key, [u8; 32]>,
+    digests: &Digests,
 ) -> Result<[u8; 32], StorageError> {
     let fail = |_| StorageError::Verification("the scope digest cannot be computed");
     let mut d = ScopeDigester::new(schema_hash, scope, rows.len() as u64).map_err(fail)?;
@@ -420,7 +426,7 @@ fn digest_rows(
 fn build(conn: &Connection, manifest: &Manifest) -> Result<Built, StorageError> {
     let mut b = Built {
         schema_hash: manifest.schema_hash(),
-        digests: HashMap::new(),
+        digests: Digests::default(),
         scopes: HashMap::new(),
         epoch: 0,
         undo: Vec::new(),
