@@ -3,6 +3,9 @@
 //! the final cursor. A `rebuild_restart_required` answer restarts the scope (three times at
 //! most).
 
+use std::future::Future;
+
+use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::state::ClientState;
 use synchro_protocol::wire::{Message, RebuildEnd, RebuildRequest, RebuildResponse};
 
@@ -32,7 +35,10 @@ impl<T: Transport> Client<T> {
         Ok(true)
     }
 
-    /// Rebuilds one scope from the server; returns the rows received.
+    /// Rebuilds one scope from the server; returns the rows received. The next page is
+    /// asked for before the current one is verified and applied (the server reads it while
+    /// this client writes); pages are still applied one after the other, in order, and a
+    /// page that fails leaves the answer to the next request unread.
     async fn rebuild_scope(&mut self, scope: &str) -> Result<u64, ClientError> {
         let manifest = self.active()?;
         let generation = self.connected_generation()?;
@@ -44,21 +50,37 @@ impl<T: Transport> Client<T> {
             rows: 0,
         };
         let mut restarts = 0;
+        let (client_id, schema, limit) = (
+            self.client_id.clone(),
+            self.schema_json(),
+            self.page_limit as u64,
+        );
+        let request = |continuation: Option<String>| RebuildRequest {
+            client_id: client_id.clone(),
+            client_generation: generation,
+            schema: schema.clone(),
+            scope_id: scope.to_owned(),
+            limit,
+            continuation,
+        };
+        let mut next = Some(request(None).to_json());
+        let mut prefetched = None;
         loop {
-            let request = RebuildRequest {
-                client_id: self.client_id.clone(),
-                client_generation: generation,
-                schema: self.schema_json(),
-                scope_id: scope.to_owned(),
-                limit: self.page_limit as u64,
-                continuation: continuation.clone(),
+            let r = match prefetched.take() {
+                Some(r) => r,
+                None => {
+                    let body = next.take().expect("a request to send");
+                    self.transport
+                        .post("/sync/rebuild", to_output_string(&body))
+                        .await?
+                }
             };
-            let r = self.post("/sync/rebuild", &request).await?;
             if r.status != 200 {
                 let e = ClientError::from_response(&r);
                 if e.is_server("rebuild_restart_required") && restarts < 3 {
                     restarts += 1;
                     continuation = None;
+                    next = Some(request(None).to_json());
                     continue;
                 }
                 return Err(e);
@@ -66,20 +88,43 @@ impl<T: Transport> Client<T> {
             let first = continuation.is_none();
             let page = RebuildResponse::from_json(&r.body)
                 .map_err(|e| StorageError::Verification(e.message))?;
-            let done = self
-                .storage
-                .apply_rebuild_page(&manifest, scope, &page, first)?;
+            let following = match &page.end {
+                RebuildEnd::More { continuation: c } => Some(c.clone()),
+                RebuildEnd::Final { .. } => None,
+            };
+            let done = match &following {
+                Some(c) => {
+                    let body = to_output_string(&request(Some(c.clone())).to_json());
+                    let mut asked = std::pin::pin!(self.transport.post("/sync/rebuild", body));
+                    // Polled once, the request is on its way while the page is applied
+                    // (an answer ready at once is kept: a finished future is not polled again).
+                    let early = asked
+                        .as_mut()
+                        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+                    let done = self
+                        .storage
+                        .apply_rebuild_page(&manifest, scope, &page, first)?;
+                    prefetched = Some(match early {
+                        std::task::Poll::Ready(answer) => answer?,
+                        std::task::Poll::Pending => asked.await?,
+                    });
+                    done
+                }
+                None => self
+                    .storage
+                    .apply_rebuild_page(&manifest, scope, &page, first)?,
+            };
             progress.pages += 1;
             progress.rows += page.records.len() as u64;
             self.report(progress.clone());
             self.fail(Failpoint::InsideRebuild)?;
-            match page.end {
-                RebuildEnd::Final { .. } => {
+            match following {
+                None => {
                     debug_assert!(done);
                     self.notify(Self::table_names(&manifest));
                     return Ok(progress.rows);
                 }
-                RebuildEnd::More { continuation: next } => continuation = Some(next),
+                Some(c) => continuation = Some(c),
             }
         }
     }
