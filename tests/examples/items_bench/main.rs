@@ -311,7 +311,7 @@ async fn main() -> Result<()> {
     }
     latencies.sort_by(f64::total_cmp);
     println!(
-        "(b, before) commit-to-visible latency over {updates} single-row updates, sync_once in a loop: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (capture polls every 25 ms; connect + pull per round; each terminal page digests the {rows}-row scope on both sides)",
+        "(b, before) commit-to-visible latency over {updates} single-row updates, sync_once in a loop: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (capture streams the slot; connect + pull per round; each changed terminal page digests the {rows}-row scope on both sides)",
         percentile(&latencies, 0.5),
         percentile(&latencies, 0.9),
         percentile(&latencies, 0.99)
@@ -376,7 +376,7 @@ async fn main() -> Result<()> {
     let mut latencies = latencies?;
     latencies.sort_by(f64::total_cmp);
     println!(
-        "(b) commit-to-visible latency over {updates} single-row updates, live client: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (capture polls every 25 ms; NOTIFY -> events stream -> one pull, no connect; every page verified as in sync_once)",
+        "(b) commit-to-visible latency over {updates} single-row updates, live client: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (NOTIFY -> events stream -> one pull, no connect; every page verified as in sync_once)",
         percentile(&latencies, 0.5),
         percentile(&latencies, 0.9),
         percentile(&latencies, 0.99)
