@@ -10,8 +10,8 @@
 //! stream, which intersects it with its client's assigned scopes in memory: a notification
 //! costs one query per server plus one per client it concerns, not one per connected client.
 //! That client's own query (`synchro_changed_scopes`, also for a stream that missed an answer
-//! and on a slow per-stream safety tick) names its scopes, re-reads its assigned scopes and
-//! checks its generation. The dispatcher's own fallback tick covers notifications lost while
+//! and for one whose dispatcher has been silent for 30–60 s) names its scopes, re-reads its
+//! assigned scopes and checks its generation. The dispatcher's own fallback tick covers notifications lost while
 //! the listener reconnects.
 //!
 //! Stream events (each `data` is a JSON object):
