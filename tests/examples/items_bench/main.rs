@@ -63,6 +63,42 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// "p50 … ms, p90 … ms, p99 … ms" of `latencies` (sorted here).
+fn spread(latencies: &mut [f64]) -> String {
+    latencies.sort_by(f64::total_cmp);
+    format!(
+        "p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms",
+        percentile(latencies, 0.5),
+        percentile(latencies, 0.9),
+        percentile(latencies, 0.99)
+    )
+}
+
+/// Syncs `c` in a loop until its row `id` has `val` (at most 60 s after `since`).
+async fn sync_until(
+    c: &mut Client<HttpTransport>,
+    id: i64,
+    val: i32,
+    since: Instant,
+    what: &str,
+) -> Result<()> {
+    loop {
+        c.sync_once().await?;
+        let local: i32 = c.storage().connection().query_row(
+            "SELECT val FROM items WHERE id = ?",
+            [id],
+            |r| r.get(0),
+        )?;
+        if local == val {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            since.elapsed() < Duration::from_secs(60),
+            "{what} never arrived"
+        );
+    }
+}
+
 fn local_count(c: &Client<HttpTransport>) -> i64 {
     c.storage()
         .connection()
@@ -292,29 +328,12 @@ async fn main() -> Result<()> {
             .await?
             .get(0);
         let committed = Instant::now();
-        loop {
-            fresh.sync_once().await?;
-            let local: i32 = fresh.storage().connection().query_row(
-                "SELECT val FROM items WHERE id = ?",
-                [id as i64],
-                |r| r.get(0),
-            )?;
-            if local == val {
-                break;
-            }
-            anyhow::ensure!(
-                committed.elapsed() < Duration::from_secs(60),
-                "update never arrived"
-            );
-        }
+        sync_until(&mut fresh, id as i64, val, committed, "update").await?;
         latencies.push(committed.elapsed().as_secs_f64() * 1000.0);
     }
-    latencies.sort_by(f64::total_cmp);
     println!(
-        "(b, before) commit-to-visible latency over {updates} single-row updates, sync_once in a loop: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (capture streams the slot; connect + pull per round; each changed terminal page digests the {rows}-row scope on both sides)",
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.9),
-        percentile(&latencies, 0.99)
+        "(b, before) commit-to-visible latency over {updates} single-row updates, sync_once in a loop: {} (capture streams the slot; connect + pull per round; each changed terminal page digests the {rows}-row scope on both sides)",
+        spread(&mut latencies)
     );
 
     // (b) The same with a live client: connected once, it pulls when the events stream names
@@ -374,12 +393,9 @@ async fn main() -> Result<()> {
     let (ended, latencies) = tokio::join!(session, measure);
     anyhow::ensure!(ended? == LiveEnd::Stopped, "the live session ended early");
     let mut latencies = latencies?;
-    latencies.sort_by(f64::total_cmp);
     println!(
-        "(b) commit-to-visible latency over {updates} single-row updates, live client: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (NOTIFY -> events stream -> one pull, no connect; every page verified as in sync_once)",
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.9),
-        percentile(&latencies, 0.99)
+        "(b) commit-to-visible latency over {updates} single-row updates, live client: {} (NOTIFY -> events stream -> one pull, no connect; every page verified as in sync_once)",
+        spread(&mut latencies)
     );
     println!(
         "    client scope index rebuilt from the tables {} time(s) during (b) (0: every terminal digest came from the kept index)",
@@ -450,30 +466,13 @@ async fn main() -> Result<()> {
         })?;
         let started = Instant::now();
         fresh.push().await?;
-        loop {
-            other.sync_once().await?;
-            let local: i32 = other.storage().connection().query_row(
-                "SELECT val FROM items WHERE id = ?",
-                [i64::from(id)],
-                |r| r.get(0),
-            )?;
-            if local == value {
-                break;
-            }
-            anyhow::ensure!(
-                started.elapsed() < Duration::from_secs(60),
-                "push never arrived"
-            );
-        }
+        sync_until(&mut other, i64::from(id), value, started, "push").await?;
         latencies.push(started.elapsed().as_secs_f64() * 1000.0);
     }
-    latencies.sort_by(f64::total_cmp);
     println!(
-        "(d) push-to-visible in another client over {} writes: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms",
+        "(d) push-to-visible in another client over {} writes: {}",
         latencies.len(),
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.9),
-        percentile(&latencies, 0.99)
+        spread(&mut latencies)
     );
     drop(fresh);
     drop(other);
