@@ -100,6 +100,9 @@ pub struct Worker {
     url: String,
     /// The leader lock, the slot's creation and WAL positions.
     control: Client,
+    /// On `control`: how many of a batch's transactions are not visible yet
+    /// (`step.rs::await_visible`), prepared once.
+    unseen: tokio_postgres::Statement,
     /// The replication stream, open while this worker leads and capture is not blocked.
     stream: Option<stream::Stream>,
     materialize: Client,
@@ -131,10 +134,12 @@ impl Worker {
             .await?
             .get(0);
         ensure_slot(&control, &slot).await?;
+        let unseen = control.prepare(step::UNSEEN).await?;
         let statements = Statements::prepare(&materialize).await?;
         Ok(Worker {
             url: url.to_owned(),
             control,
+            unseen,
             stream: None,
             materialize,
             statements,

@@ -33,6 +33,19 @@ const STEP_BUDGET: Duration = Duration::from_secs(1);
 /// the next step tries again).
 const VISIBILITY_WAIT: Duration = Duration::from_secs(10);
 
+/// How many of the transactions `$1` (32-bit IDs) a new snapshot does not see yet. The IDs
+/// are widened to the epoch of the snapshot's xmax: live IDs lie within 2^31 of it
+/// (wraparound protection), on either side.
+pub(super) const UNSEEN: &str = "WITH s AS (SELECT pg_current_snapshot() AS snap),
+                   m AS (SELECT snap, pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s),
+                   f AS (SELECT m.snap, m.xmax, ((m.xmax >> 32) << 32) | t.x AS wide
+                           FROM m, unnest($1::bigint[]) AS t(x))
+              SELECT count(*) FROM f
+               WHERE NOT pg_visible_in_snapshot(
+                         (CASE WHEN wide > xmax + 2147483648 THEN wide - 4294967296
+                               WHEN wide < xmax - 2147483648 THEN wide + 4294967296
+                               ELSE wide END)::text::xid8, snap)";
+
 /// How often an idle leader records its heartbeat.
 pub(super) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -171,21 +184,10 @@ impl Worker {
     /// as the standby takes): until then the worker's queries would not see its writes — a
     /// stage's generation, a reconfiguration's fields — and would apply it without them.
     async fn await_visible(&self, transactions: &[Transaction]) -> Result<()> {
-        // 32-bit IDs widened to the epoch of the snapshot's xmax: live IDs lie within 2^31
-        // of it (wraparound protection), on either side.
-        const UNSEEN: &str = "WITH s AS (SELECT pg_current_snapshot() AS snap),
-                   m AS (SELECT snap, pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s),
-                   f AS (SELECT m.snap, m.xmax, ((m.xmax >> 32) << 32) | t.x AS wide
-                           FROM m, unnest($1::bigint[]) AS t(x))
-              SELECT count(*) FROM f
-               WHERE NOT pg_visible_in_snapshot(
-                         (CASE WHEN wide > xmax + 2147483648 THEN wide - 4294967296
-                               WHEN wide < xmax - 2147483648 THEN wide + 4294967296
-                               ELSE wide END)::text::xid8, snap)";
         let xids: Vec<i64> = transactions.iter().map(|t| i64::from(t.xid)).collect();
         let started = Instant::now();
         loop {
-            let unseen: i64 = self.control.query_one(UNSEEN, &[&xids]).await?.get(0);
+            let unseen: i64 = self.control.query_one(&self.unseen, &[&xids]).await?.get(0);
             if unseen == 0 {
                 return Ok(());
             }
