@@ -17,6 +17,7 @@ use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::value::TypedValue;
+use synchro_protocol::wire::PullResponse;
 
 fn docs() -> Manifest {
     manifest(
@@ -199,6 +200,75 @@ async fn a_verified_page_applies_and_installs_cursors_after_the_terminal_digests
     let applied = db.apply_pull(&m, p4, &assigned()).unwrap();
     assert_eq!(applied.verified, assigned());
     assert_eq!(titles(&db), [(2, "two".into())]);
+}
+
+/// A terminal page applies in two steps: its rows (visible at once), then its digests and
+/// cursors. A client that stops between them, reopened, still has its old cursors, so the
+/// next pull repeats the page and verifies it.
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_client_stopped_between_rows_and_digests_repeats_the_page() {
+    let m = docs();
+    let path = target::fresh_path("t").await;
+    let mut db = target::open(&path);
+    db.install(&m).unwrap();
+    let sums = || {
+        vec![
+            (
+                "user:a",
+                scope_hex(&m, "user:a", &[(1, "one", "v1"), (2, "two", "v2")]),
+            ),
+            ("user:b", scope_hex(&m, "user:b", &[])),
+        ]
+    };
+    let terminal = || {
+        let sums = sums();
+        let p = page(
+            &[
+                upsert(&m, "user:a", 1, "one", "v1"),
+                upsert(&m, "user:a", 2, "two", "v2"),
+            ],
+            Some(&sums),
+            &[("user:a", "ca1"), ("user:b", "cb1")],
+        );
+        PullResponse::from_json_owned(p).unwrap()
+    };
+    let (applied, _unverified) = db.apply_pull_rows(&m, terminal(), &assigned()).unwrap();
+    assert_eq!(applied.changes, 2);
+    assert!(applied.verified.is_empty(), "no digest checked yet");
+    assert_eq!(titles(&db), [(1, "one".into()), (2, "two".into())]);
+    assert_eq!(db.scope_state("user:a").unwrap(), Some((None, true)));
+    drop(db);
+
+    let mut db = target::open(&path);
+    assert_eq!(
+        db.scope_state("user:a").unwrap(),
+        Some((None, true)),
+        "no cursor was installed"
+    );
+    let (mut applied, unverified) = db.apply_pull_rows(&m, terminal(), &assigned()).unwrap();
+    db.verify_terminal(&m, unverified, &mut applied).unwrap();
+    assert_eq!(applied.verified, assigned());
+    assert_eq!(
+        db.scope_state("user:a").unwrap(),
+        Some((Some("ca1".into()), false))
+    );
+    assert_eq!(titles(&db), [(1, "one".into()), (2, "two".into())]);
+    // A wrong digest found in the second step marks only its scope, rows kept.
+    let mut wrong = sums();
+    let flip = if wrong[1].1.starts_with("00") { "11" } else { "00" };
+    wrong[1].1.replace_range(0..2, flip);
+    let p = page(&[], Some(&wrong), &[("user:a", "ca2"), ("user:b", "cb2")]);
+    let (mut applied, unverified) = db
+        .apply_pull_rows(&m, PullResponse::from_json_owned(p).unwrap(), &assigned())
+        .unwrap();
+    db.verify_terminal(&m, unverified, &mut applied).unwrap();
+    assert_eq!(applied.verified, ["user:a".to_owned()].into());
+    assert_eq!(applied.rebuild, ["user:b".to_owned()].into());
+    assert_eq!(db.scope_state("user:b").unwrap(), Some((None, true)));
+    assert_eq!(titles(&db).len(), 2);
+    drop(db);
+    target::remove(&path);
 }
 
 #[cfg_attr(not(target_arch = "wasm32"), tokio::test)]

@@ -1,6 +1,6 @@
 //! Step 10: pull (spec 003 `POST /sync/pull`). Pages through every assigned scope that is
-//! not rebuilding until the terminal page; the store verifies and applies each page
-//! (terminal digests included).
+//! not rebuilding until the terminal page; the store verifies and applies each page, then
+//! checks a terminal page's scope digests before installing its cursors.
 
 use std::collections::BTreeSet;
 
@@ -50,14 +50,19 @@ impl<T: Transport> Client<T> {
                 .filter_map(|c| manifest.table(&c.table_id).map(|t| t.name.clone()))
                 .collect();
             let has_more = page.has_more;
-            let applied = self.storage.apply_pull_page(&manifest, page, &assigned)?;
+            // The page's rows are visible (and listeners told) as soon as they are applied;
+            // a terminal page's digests are checked next, before any cursor is installed.
+            let (mut applied, terminal) =
+                self.storage.apply_pull_rows(&manifest, page, &assigned)?;
+            self.notify(tables);
+            self.storage
+                .verify_terminal(&manifest, terminal, &mut applied)?;
             progress.pages += 1;
             progress.rows += applied.changes as u64;
             report.pull_pages += 1;
             report.pulled_changes += applied.changes as u64;
             report.verified.extend(applied.verified);
             self.report(progress.clone());
-            self.notify(tables);
             if !has_more {
                 return Ok(());
             }

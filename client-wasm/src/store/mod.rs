@@ -45,7 +45,7 @@ pub use crate::error::StorageError;
 pub use enums::{parse_operation, MigrationAction, MutationState, OutcomeStatus, Phase};
 pub use journal::JOURNAL_VERSION;
 pub(crate) use journal::{DdlPoint, JournalError, NewJournal};
-pub use pull::Applied;
+pub use pull::{Applied, Terminal};
 pub use queue::{LocalWrite, Mutation, Operation, MAX_BATCH};
 pub use values::{from_sql, to_sql};
 

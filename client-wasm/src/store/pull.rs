@@ -37,6 +37,14 @@ fn integrity(what: &'static str) -> StorageError {
     StorageError::Verification(what)
 }
 
+/// A terminal page's checksum map and cursors, between [`Storage::apply_pull_rows`] and
+/// [`Storage::verify_terminal`] (empty for a page that is not terminal).
+#[derive(Debug, Default)]
+pub struct Terminal {
+    checksums: BTreeMap<String, [u8; 32]>,
+    cursors: BTreeMap<String, String>,
+}
+
 /// A verified upsert: its values in field order, server version and row digest.
 type Upsert = (Vec<TypedValue>, String, [u8; 32]);
 
@@ -105,13 +113,33 @@ impl Storage {
         self.apply_pull_page(manifest, page, assigned)
     }
 
-    /// [`Storage::apply_pull`] for a page already read by [`PullResponse`]'s parser.
+    /// [`Storage::apply_pull`] for a page already read by [`PullResponse`]'s parser: its rows
+    /// ([`Storage::apply_pull_rows`]), then its terminal digests
+    /// ([`Storage::verify_terminal`]).
     pub fn apply_pull_page(
         &mut self,
         manifest: &Manifest,
         page: PullResponse,
         assigned: &BTreeSet<String>,
     ) -> Result<Applied, StorageError> {
+        let (mut applied, terminal) = self.apply_pull_rows(manifest, page, assigned)?;
+        self.verify_terminal(manifest, terminal, &mut applied)?;
+        Ok(applied)
+    }
+
+    /// Applies a page's rows, scope updates, waiting cursors and listed rebuilds in one
+    /// transaction, after verifying every row (nothing is written if one fails). Its rows are
+    /// visible once this returns; no cursor is installed: that is [`Storage::verify_terminal`]'s
+    /// step, which the caller runs next with the returned [`Terminal`] (spec 001: "after
+    /// atomically applying a terminal page, clients recompute each applicable local scope
+    /// digest"). Stopping between the two leaves what a non-terminal page leaves: rows applied,
+    /// cursors waiting, the next pull starting from the installed cursors.
+    pub fn apply_pull_rows(
+        &mut self,
+        manifest: &Manifest,
+        page: PullResponse,
+        assigned: &BTreeSet<String>,
+    ) -> Result<(Applied, Terminal), StorageError> {
         // Verify everything before writing anything.
         let changes = verify(manifest, page.changes)?;
         // Terminal rule 3: the terminal map is keyed by exactly the assigned scopes.
@@ -130,7 +158,7 @@ impl Storage {
         }
         let cursors = &page.scope_cursor_updates;
         let listed_rebuild: BTreeSet<&String> = page.rebuild_scopes.iter().collect();
-        self.with_index_tx(|tx, ix| {
+        let applied = self.with_index_tx(|tx, ix| {
             // The index is kept through the page, so that the terminal digests need no
             // query (built from the tables on first need).
             ix.ensure(tx, manifest)?;
@@ -182,19 +210,44 @@ impl Storage {
                 mark_rebuild(tx, scope)?;
                 out.rebuild.insert(scope.clone());
             }
-            for (scope, expected) in &checksums {
+            Ok(out)
+        })?;
+        let cursors = page.scope_cursor_updates;
+        Ok((applied, Terminal { checksums, cursors }))
+    }
+
+    /// A terminal page's second step, after [`Storage::apply_pull_rows`]: every scope of its
+    /// checksum map is recomputed from the local rows (the scope index); a scope that matches
+    /// gets its cursor installed, one that does not is marked for rebuild. One transaction;
+    /// nothing to do for a page that is not terminal.
+    pub fn verify_terminal(
+        &mut self,
+        manifest: &Manifest,
+        terminal: Terminal,
+        applied: &mut Applied,
+    ) -> Result<(), StorageError> {
+        if terminal.checksums.is_empty() {
+            return Ok(());
+        }
+        let Terminal { checksums, cursors } = terminal;
+        let (verified, rebuild) = self.with_index_tx(|tx, ix| {
+            let (mut verified, mut rebuild) = (BTreeSet::new(), BTreeSet::new());
+            for (scope, expected) in checksums {
                 // The scope's local rows (every provenance edge of the scope, with the
                 // verified digest stored when its row was applied), from the index.
-                let local = ix.scope_digest(tx, manifest, scope)?;
-                if local == *expected {
-                    install_verified(tx, scope, cursors.get(scope).map(String::as_str))?;
-                    out.verified.insert(scope.clone());
+                let local = ix.scope_digest(tx, manifest, &scope)?;
+                if local == expected {
+                    install_verified(tx, &scope, cursors.get(&scope).map(String::as_str))?;
+                    verified.insert(scope);
                 } else {
-                    mark_rebuild(tx, scope)?;
-                    out.rebuild.insert(scope.clone());
+                    mark_rebuild(tx, &scope)?;
+                    rebuild.insert(scope);
                 }
             }
-            Ok(out)
-        })
+            Ok((verified, rebuild))
+        })?;
+        applied.verified.extend(verified);
+        applied.rebuild.extend(rebuild);
+        Ok(())
     }
 }
