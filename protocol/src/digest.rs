@@ -23,6 +23,12 @@ use crate::value::TypedValue;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RowIdentity(Vec<u8>);
 
+impl AsRef<[u8]> for RowIdentity {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl RowIdentity {
     /// Builds the identity of a row of `table` with primary key `pk`, which must be a
     /// non-null value of the table's primary-key type.

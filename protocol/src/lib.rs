@@ -58,6 +58,7 @@ pub mod json;
 pub mod lineage;
 pub mod manifest;
 pub mod migration;
+pub mod scope_entries;
 pub mod semver;
 pub mod state;
 pub mod temporal;

@@ -97,30 +97,23 @@ pub const MAX_INDEXED_ROWS: usize = 2_000_000;
 
 /// A scope's rows in row-identity order with their digests, as of a stream fingerprint:
 /// a later terminal digest of the scope replaces just the rows the scope's effects since
-/// then name, and hashes the index in order (spec 001: "maintain an ordered index").
+/// then name, and hashes from the first changed entry on (spec 001: "maintain an ordered
+/// index"; see [`synchro_protocol::scope_entries`]).
 pub struct ScopeIndex {
     /// The scope's fingerprint (see [`scope_get`]) this index reflects.
     pub fingerprint: i64,
-    /// Row identity octets → row digest.
-    pub rows: std::collections::BTreeMap<synchro_protocol::digest::RowIdentity, [u8; 32]>,
+    /// Row identity octets → row digest, with the hasher states kept along them.
+    pub rows: synchro_protocol::scope_entries::ScopeEntries,
 }
 
 impl ScopeIndex {
     /// The scope digest of the indexed rows.
     pub fn digest(
-        &self,
+        &mut self,
         schema_hash: &[u8; 32],
         scope: &str,
     ) -> synchro_protocol::Result<[u8; 32]> {
-        let mut d = synchro_protocol::digest::ScopeDigester::new(
-            schema_hash,
-            scope,
-            self.rows.len() as u64,
-        )?;
-        for (identity, digest) in &self.rows {
-            d.add(identity, digest)?;
-        }
-        Ok(d.finish()?.digest)
+        self.rows.digest(schema_hash, scope)
     }
 }
 

@@ -381,14 +381,17 @@ pub(crate) async fn scope_checksum(
         }
         crate::digest_cache::put_many(fresh);
     }
-    let count = entries.len();
-    let index = crate::digest_cache::ScopeIndex {
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut index = crate::digest_cache::ScopeIndex {
         fingerprint,
-        rows: entries.into_iter().collect(),
+        // (Refuses a duplicate row identity.)
+        rows: synchro_protocol::scope_entries::ScopeEntries::from_sorted(
+            entries
+                .iter()
+                .map(|(identity, digest)| (identity.as_bytes(), *digest)),
+        )
+        .map_err(|_| ApiError::integrity())?,
     };
-    if index.rows.len() != count {
-        return Err(ApiError::integrity()); // a duplicate row identity
-    }
     crate::digest_cache::INDEX_BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let d = index
         .digest(&schema_hash, scope)
@@ -423,10 +426,12 @@ async fn advance_index(
             &[&scope, &index.fingerprint],
         )
         .await?;
-    let (mut tables, mut pks) = (Vec::new(), Vec::new());
+    // Every named row leaves the index, and comes back with its digest if it is still in
+    // the scope (one merged change per row).
+    let (mut tables, mut pks, mut changes) = (Vec::new(), Vec::new(), Vec::new());
     for r in &touched {
         let (table_id, pk): (&str, &str) = (r.get(0), r.get(1));
-        index.rows.remove(&key_identity(manifest, table_id, pk)?.1);
+        changes.push((key_identity(manifest, table_id, pk)?.1, None));
         tables.push(table_id.to_owned());
         pks.push(pk.to_owned());
     }
@@ -439,9 +444,10 @@ async fn advance_index(
             .await?;
         for r in &rows {
             let (identity, digest) = row_entry(manifest, r, 0)?;
-            index.rows.insert(identity, digest);
+            changes.push((identity, Some(digest)));
         }
     }
+    index.rows.apply(changes);
     index.fingerprint = fingerprint;
     crate::digest_cache::INDEX_ADVANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(true)
