@@ -354,9 +354,10 @@ async fn a_write_the_store_did_not_make_is_seen_and_a_failed_page_changes_nothin
     check(&mut db, &m, &model, 1);
     assert_eq!(db.scope_index_builds(), builds);
 
-    // A page that fails inside its transaction (a provenance edge whose row has no stored
-    // digest, planted through the connection) rolls back; the index is rebuilt because of
-    // the outside write, and the rolled-back page left nothing behind.
+    // A terminal page whose digest check fails inside its transaction (a provenance edge
+    // whose row has no stored digest, planted through the connection): its rows were applied
+    // in the step before (they are visible), the check's transaction rolls back and installs
+    // nothing; the index is rebuilt because of the outside write and agrees with the tables.
     db.connection()
         .execute(
             r#"INSERT INTO "_synchro_provenance:tbl_docs" ("pk", "scope_id") VALUES (9, 'user:b')"#,
@@ -374,6 +375,7 @@ async fn a_write_the_store_did_not_make_is_seen_and_a_failed_page_changes_nothin
             [],
         )
         .unwrap();
+    model.rows.insert(1, ("changed".into(), "v3".into()));
     check(&mut db, &m, &model, 2);
 
     // A stored digest changed through the connection: the index is built again and the

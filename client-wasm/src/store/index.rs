@@ -2,7 +2,10 @@
 //! and the verified row digest of each row, mirroring what the provenance tables and
 //! `_synchro_rows` hold. A terminal page's scope digests are computed from it (spec 001
 //! allows "maintain an ordered index, or cache a complete scope digest while its inputs are
-//! unchanged"): no query, no sort, and an unchanged scope answers from its cached digest.
+//! unchanged"): no query, no sort, and an unchanged scope answers from its cached digest. A
+//! changed scope's digest comes from its [`ScopeEntries`] (the hashed octets with kept
+//! hasher states), brought forward by the keys changed since its last digest (a log of
+//! them), so it hashes from the first changed entry on instead of walking every row.
 //!
 //! Correctness comes first, so the index is only ever a copy it can prove current:
 //!
@@ -29,6 +32,7 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use synchro_protocol::digest::{RowIdentity, ScopeDigester};
 use synchro_protocol::manifest::{Manifest, Table};
+use synchro_protocol::scope_entries::ScopeEntries;
 use synchro_protocol::value::TypedValue;
 
 use super::rows::stored_digests;
@@ -44,6 +48,9 @@ type Key = Arc<[u8]>;
 /// docs/protocol-decisions.md, "Terminal digests"); foldhash (hashbrown's) is several
 /// times cheaper. Keys are row identities the server sent and this client verified.
 type Digests = HashMap<Key, [u8; 32], foldhash::fast::RandomState>;
+
+/// Most changes logged between two digests before every scope's entries are dropped.
+const MAX_LOG: usize = 1 << 20;
 
 /// What the connection has written and seen: when it moves without the store knowing, the
 /// index may be stale.
@@ -75,6 +82,10 @@ struct Scope {
     rows: BTreeSet<Key>,
     /// `(epoch, digest)`: valid while the digest map's epoch is unchanged.
     cached: Option<(u64, [u8; 32])>,
+    /// The scope's entries as the digest hashes them, with kept hasher states
+    /// ([`ScopeEntries`]), as of a position in the change log: a later digest brings them
+    /// forward by the keys logged since, and hashes from the first changed entry on.
+    entries: Option<(u64, ScopeEntries)>,
 }
 
 /// How to take back one change when a transaction rolls back.
@@ -95,6 +106,33 @@ struct Built {
     undo: Vec<Undo>,
     /// Built inside the open transaction (from its uncommitted state): a rollback drops it.
     in_tx: bool,
+    /// Every key whose digest or edges changed, in order, from position `log_base` on (see
+    /// [`Scope::entries`]); trimmed to what the scope entries still need.
+    log: Vec<Key>,
+    log_base: u64,
+}
+
+impl Built {
+    fn logged(&mut self, key: &Key) {
+        self.log.push(key.clone());
+        self.cap_log();
+    }
+
+    /// A log longer than [`MAX_LOG`] costs more than building the entries again.
+    fn cap_log(&mut self) {
+        if self.log.len() > MAX_LOG {
+            self.drop_entries();
+        }
+    }
+
+    /// Drops every scope's entries and the log (they are built again when needed).
+    fn drop_entries(&mut self) {
+        for s in self.scopes.values_mut() {
+            s.entries = None;
+        }
+        self.log_base += self.log.len() as u64;
+        self.log.clear();
+    }
 }
 
 /// The index and the stamp it is current at (see the module docs).
@@ -195,6 +233,7 @@ impl ScopeIndex {
         for s in b.scopes.values_mut() {
             s.cached = None;
         }
+        b.drop_entries();
         b.epoch += 1;
     }
 
@@ -263,6 +302,7 @@ impl ScopeIndex {
         let old = b.digests.insert(key.clone(), digest);
         if old != Some(digest) {
             b.epoch += 1;
+            b.logged(&key);
             b.undo.push(Undo::Digest(key, old));
         }
         Ok(())
@@ -276,6 +316,7 @@ impl ScopeIndex {
         let key = ScopeIndex::key(table, pk)?;
         if let Some((key, old)) = b.digests.remove_entry(&key) {
             b.epoch += 1;
+            b.logged(&key);
             b.undo.push(Undo::Digest(key, Some(old)));
         }
         Ok(())
@@ -302,8 +343,10 @@ impl ScopeIndex {
         let (name, s) = scope_entry(&mut b.scopes, scope);
         if s.rows.insert(key.clone()) {
             s.cached = None;
+            b.log.push(key.clone());
             b.undo.push(Undo::Edge(name, key, true));
         }
+        b.cap_log();
         Ok(())
     }
 
@@ -324,8 +367,10 @@ impl ScopeIndex {
         let s = b.scopes.get_mut(&name).expect("just found");
         if let Some(key) = s.rows.take(&key) {
             s.cached = None;
+            b.log.push(key.clone());
             b.undo.push(Undo::Edge(name, key, false));
         }
+        b.cap_log();
         Ok(())
     }
 
@@ -348,6 +393,7 @@ impl ScopeIndex {
         if gone.is_empty() {
             return;
         }
+        s.entries = None;
         b.undo.push(Undo::Scope(name, Some(s.clone())));
         for k in &gone {
             s.rows.remove(k);
@@ -373,9 +419,44 @@ impl ScopeIndex {
                 return Ok(d);
             }
         }
-        let digest = digest_rows(&b.schema_hash, scope, &s.rows, &b.digests)?;
-        if let Some(s) = b.scopes.get_mut(scope) {
-            s.cached = Some((epoch, digest));
+        let Some(s) = b.scopes.get_mut(scope) else {
+            return digest_rows(&b.schema_hash, scope, &empty.rows, &b.digests);
+        };
+        let now = b.log_base + b.log.len() as u64;
+        let mut entries = match s.entries.take() {
+            Some((at, mut entries)) if at >= b.log_base => {
+                // Every key logged since: in the scope with its digest, or not in it.
+                let mut changes = Vec::new();
+                for key in &b.log[(at - b.log_base) as usize..] {
+                    let change = if s.rows.contains(key) {
+                        Some(*b.digests.get(key).ok_or(StorageError::Verification(
+                            "a provenance edge without its row",
+                        ))?)
+                    } else {
+                        None
+                    };
+                    changes.push((key.clone(), change));
+                }
+                entries.apply(changes);
+                entries
+            }
+            _ => entries_of(&s.rows, &b.digests)?,
+        };
+        let digest = entries
+            .digest(&b.schema_hash, scope)
+            .map_err(|_| StorageError::Verification("the scope digest cannot be computed"))?;
+        s.entries = Some((now, entries));
+        s.cached = Some((epoch, digest));
+        // The log is kept from the oldest position a scope's entries stand at.
+        let oldest = b
+            .scopes
+            .values()
+            .filter_map(|s| s.entries.as_ref().map(|(at, _)| *at))
+            .min()
+            .unwrap_or(now);
+        if oldest > b.log_base {
+            b.log.drain(..(oldest - b.log_base) as usize);
+            b.log_base = oldest;
         }
         Ok(digest)
     }
@@ -402,6 +483,19 @@ fn table_prefix(table: &Table) -> Vec<u8> {
     synchro_protocol::binary::put_text(&mut out, &table.table_id);
     synchro_protocol::binary::put_text(&mut out, &table.primary_key().field_id);
     out
+}
+
+/// A scope's entries from its rows (already in identity order) and their digests.
+fn entries_of(rows: &BTreeSet<Key>, digests: &Digests) -> Result<ScopeEntries, StorageError> {
+    let mut out = Vec::with_capacity(rows.len());
+    for key in rows {
+        let digest = digests.get(key).ok_or(StorageError::Verification(
+            "a provenance edge without its row",
+        ))?;
+        out.push((key, *digest));
+    }
+    ScopeEntries::from_sorted(out)
+        .map_err(|_| StorageError::Verification("the scope digest cannot be computed"))
 }
 
 /// The streaming scope digest over `rows` (already in identity order).
@@ -431,6 +525,8 @@ fn build(conn: &Connection, manifest: &Manifest) -> Result<Built, StorageError> 
         epoch: 0,
         undo: Vec::new(),
         in_tx: !conn.is_autocommit(),
+        log: Vec::new(),
+        log_base: 0,
     };
     // Scope IDs, shared.
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
