@@ -56,11 +56,17 @@ pub struct Storage {
 }
 
 impl Storage {
-    /// Opens (or creates) the database at `path`. Nothing is written until the engine opens
-    /// it ([`crate::engine::Client::open`]) or a manifest is installed.
+    /// Opens (or creates) the database at `path`. Nothing but the journal mode is written
+    /// until the engine opens it ([`crate::engine::Client::open`]) or a manifest is installed.
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Storage, StorageError> {
+        let conn = Connection::open(path)?;
+        // Natively, write-ahead logging: a commit is one append and one sync of the log (with
+        // the default synchronous = FULL, as durable as the rollback journal, which syncs the
+        // journal and the database each time). The browser's OPFS VFS keeps its own journal.
+        #[cfg(not(target_arch = "wasm32"))]
+        conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
         Ok(Storage {
-            conn: Connection::open(path)?,
+            conn,
             index: ScopeIndex::default(),
         })
     }
