@@ -107,6 +107,8 @@ pub struct Worker {
     stream: Option<stream::Stream>,
     materialize: Client,
     statements: Statements,
+    /// On `materialize`: the registry's queries, prepared once.
+    registry_queries: registry::Queries,
     /// Prepared membership and impact evaluations and the owners they run as.
     functions: Functions,
     slot: String,
@@ -136,6 +138,7 @@ impl Worker {
         ensure_slot(&control, &slot).await?;
         let unseen = control.prepare(step::UNSEEN).await?;
         let statements = Statements::prepare(&materialize).await?;
+        let registry_queries = registry::Queries::prepare(&materialize).await?;
         Ok(Worker {
             url: url.to_owned(),
             control,
@@ -143,6 +146,7 @@ impl Worker {
             stream: None,
             materialize,
             statements,
+            registry_queries,
             functions: Functions::default(),
             slot,
             last_compaction: Instant::now(),

@@ -1,4 +1,4 @@
-//! The registered relations as the worker sees them, loaded once per step: identity, fields,
+//! The registered relations as the worker sees them, loaded once per step (prepared queries): identity, fields,
 //! bootstrap status, the membership rule (live and staged) with its contract generations, the
 //! dependencies whose changes can move rows of a target, and the owner of every function
 //! the worker runs.
@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
 use synchro_protocol::types::{DecimalSpec, FieldSpec, PortableType};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 /// A registered field, by its source column.
 #[derive(Clone)]
@@ -134,19 +134,40 @@ pub(super) struct Registry {
 }
 
 /// Reads the registry (three queries, in the materialization session).
-pub(super) async fn load(db: &Client) -> Result<Registry> {
-    let mut relations = load_relations(db).await?;
+pub(super) async fn load(db: &Client, queries: &Queries) -> Result<Registry> {
+    // The three queries go out together (one round trip on the session).
+    let (relations, memberships, impacts) = futures_util::try_join!(
+        db.query(&queries.relations, &[]),
+        db.query(&queries.memberships, &[]),
+        db.query(&queries.impacts, &[]),
+    )?;
+    let mut relations = load_relations(relations)?;
     let mut owners = Owners::new();
-    load_memberships(db, &mut relations, &mut owners).await?;
-    load_impacts(db, &mut relations, &mut owners).await?;
+    load_memberships(memberships, &mut relations, &mut owners)?;
+    load_impacts(impacts, &mut relations, &mut owners)?;
     Ok(Registry { relations, owners })
 }
 
-/// Relations and their fields.
-async fn load_relations(db: &Client) -> Result<Relations> {
-    let rows = db
-        .query(
-            "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
+/// The registry's queries, prepared once per session (a step loads the registry each time:
+/// parsing and planning them was most of a step's cost before a transaction applied).
+pub(super) struct Queries {
+    relations: Statement,
+    memberships: Statement,
+    impacts: Statement,
+}
+
+impl Queries {
+    /// Prepares them on `db`.
+    pub(super) async fn prepare(db: &Client) -> Result<Queries> {
+        Ok(Queries {
+            relations: db.prepare(RELATIONS).await?,
+            memberships: db.prepare(MEMBERSHIPS).await?,
+            impacts: db.prepare(IMPACTS).await?,
+        })
+    }
+}
+
+const RELATIONS: &str = "SELECT r.relation_id, r.physical_schema::text, r.physical_relation::text, r.physical_relation_oid,
                     r.replica_identity::text, f.field_id, f.column_name::text, f.portable_type, f.nullable,
                     f.is_key, f.decimal_precision, f.decimal_scale, c.status, r.table_id,
                     c.membership_evaluated, f.type_oid, f.type_modifier, r.kind = 'synced',
@@ -155,10 +176,29 @@ async fn load_relations(db: &Client) -> Result<Relations> {
                           JOIN synchro.registry_generations g USING (generation)
                          WHERE p.relation_id = r.relation_id AND g.state IN ('pending', 'staged'))
                FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
-               JOIN synchro.relation_capture c USING (relation_id)",
-            &[],
-        )
-        .await?;
+               JOIN synchro.relation_capture c USING (relation_id)";
+
+const MEMBERSHIPS: &str = "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
+                    r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
+                    m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
+                                                         WHERE d.target_relation_id = m.relation_id), 0)::bigint,
+                    pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
+                    m.live
+               FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
+               LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
+               LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid";
+
+const IMPACTS: &str =
+    "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
+                    m.max_impact_rows::bigint,
+                    (SELECT pg_catalog.pg_get_userbyid(p.proowner)::text FROM pg_catalog.pg_proc p
+                      WHERE p.oid = m.impact_function_oid)
+               FROM synchro.membership_dependencies m
+               JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
+               JOIN synchro.relations t ON t.relation_id = m.target_relation_id";
+
+/// Relations and their fields.
+fn load_relations(rows: Vec<tokio_postgres::Row>) -> Result<Relations> {
     let mut out = Relations::new();
     for r in rows {
         let oid: u32 = r.get(3);
@@ -236,26 +276,12 @@ pub(super) async fn generation_fields(
 }
 
 /// Membership functions (live and pending), contract generations and function owners.
-async fn load_memberships(
-    db: &Client,
+fn load_memberships(
+    rows: Vec<tokio_postgres::Row>,
     relations: &mut Relations,
     owners: &mut Owners,
 ) -> Result<()> {
-    for r in db
-        .query(
-            "SELECT r.physical_relation_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text,
-                    r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
-                    m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
-                                                         WHERE d.target_relation_id = m.relation_id), 0)::bigint,
-                    pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
-                    m.live
-               FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
-               LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
-               LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid",
-            &[],
-        )
-        .await?
-    {
+    for r in rows {
         if let Some(reg) = relations.get_mut(&r.get::<_, u32>(0)) {
             reg.membership = Some(Membership {
                 function: r.get(1),
@@ -283,20 +309,12 @@ async fn load_memberships(
 }
 
 /// Dependencies (impact functions), seen from the dependency relation, and their owners.
-async fn load_impacts(db: &Client, relations: &mut Relations, owners: &mut Owners) -> Result<()> {
-    for r in db
-        .query(
-            "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
-                    m.max_impact_rows::bigint,
-                    (SELECT pg_catalog.pg_get_userbyid(p.proowner)::text FROM pg_catalog.pg_proc p
-                      WHERE p.oid = m.impact_function_oid)
-               FROM synchro.membership_dependencies m
-               JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
-               JOIN synchro.relations t ON t.relation_id = m.target_relation_id",
-            &[],
-        )
-        .await?
-    {
+fn load_impacts(
+    rows: Vec<tokio_postgres::Row>,
+    relations: &mut Relations,
+    owners: &mut Owners,
+) -> Result<()> {
+    for r in rows {
         if let Some(owner) = r.get::<_, Option<String>>(4) {
             owners.insert(r.get(2), owner);
         }

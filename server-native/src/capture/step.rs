@@ -237,7 +237,7 @@ impl Worker {
 
     /// Loads the registry and records its function owners.
     async fn registry(&self) -> Result<Relations> {
-        let loaded = super::registry::load(&self.materialize).await?;
+        let loaded = super::registry::load(&self.materialize, &self.registry_queries).await?;
         self.functions.record_owners(loaded.owners);
         Ok(loaded.relations)
     }
