@@ -40,7 +40,12 @@ INSERT INTO synchro.capture_state (slot_name) VALUES ('synchro_capture');
 -- and an opaque server version. Deleted rows are removed. The worker materializes
 -- projections and progress; nothing else writes them.
 CREATE TABLE synchro.projection_rows (
-    relation_id text NOT NULL REFERENCES synchro.relations,
+    -- No foreign key to synchro.relations here: this is one of the worker's high-volume
+    -- tables, and its session plans every statement afresh (plan_cache_mode =
+    -- force_custom_plan, capture/mod.rs), under which PostgreSQL re-plans the referential
+    -- check of every inserted row (43% of a bootstrap copy's time in a profile). Rows of a
+    -- relation are deleted with it (a retirement, synchro_activate_generation, 33_reconfigure).
+    relation_id text NOT NULL,
     pk text NOT NULL,
     row_json text NOT NULL,
     server_version text NOT NULL,

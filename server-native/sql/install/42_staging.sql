@@ -17,7 +17,12 @@
 INSERT INTO synchro.settings (key, value) VALUES ('backfill_batch_size', '1000');
 
 CREATE TABLE synchro.membership_staged_edges (
-    relation_id text NOT NULL REFERENCES synchro.relations,
+    -- No foreign key to synchro.relations here: this is one of the worker's high-volume
+    -- tables, and its session plans every statement afresh (plan_cache_mode =
+    -- force_custom_plan, capture/mod.rs), under which PostgreSQL re-plans the referential
+    -- check of every inserted row (43% of a bootstrap copy's time in a profile). Rows of a
+    -- relation are deleted with it (a retirement, synchro_activate_generation, 33_reconfigure).
+    relation_id text NOT NULL,
     pk text NOT NULL,
     scope_id text NOT NULL CHECK (scope_id <> ''),
     PRIMARY KEY (relation_id, pk, scope_id)
