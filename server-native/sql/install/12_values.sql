@@ -46,19 +46,33 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_value_check_kind(text, oid) FROM PUBLIC;
 
 -- Whether the JSON text of a scalar (as to_jsonb gives it, with TimeZone = UTC) is a value of
--- kind p_kind that its portable type cannot hold. to_jsonb writes NaN and infinities as
--- strings, dates and times in XSD form: 'infinity', '0044-03-15 BC', '10000-01-01',
+-- kind p_kind that its portable type cannot hold, as a boolean SQL expression over the text
+-- expression p_expr (the registration's scan inlines it: one call per row of a function with
+-- a SET clause was most of that scan). to_jsonb writes NaN and infinities as strings, dates
+-- and times in XSD form: 'infinity', '0044-03-15 BC', '10000-01-01',
 -- '2024-01-01T00:00:00+00:00 BC', '24:00:00'.
-CREATE FUNCTION synchro.synchro_scalar_refused(p_kind text, p_text text) RETURNS boolean
+CREATE FUNCTION synchro.synchro_scalar_refused_sql(p_kind text, p_expr text) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT coalesce(CASE p_kind
-        WHEN 'float' THEN p_text IN ('NaN', 'Infinity', '-Infinity')
-        WHEN 'decimal' THEN p_text IN ('NaN', 'Infinity', '-Infinity')
-        WHEN 'date' THEN length(p_text) <> 10
-        WHEN 'datetime' THEN substr(p_text, 5, 1) <> '-' OR p_text LIKE '% BC'
-        WHEN 'time' THEN left(p_text, 2) = '24'
-    END, false)
+    SELECT format('coalesce(%s, false)', CASE p_kind
+        WHEN 'float' THEN format('%s IN (''NaN'', ''Infinity'', ''-Infinity'')', p_expr)
+        WHEN 'decimal' THEN format('%s IN (''NaN'', ''Infinity'', ''-Infinity'')', p_expr)
+        WHEN 'date' THEN format('length(%s) <> 10', p_expr)
+        WHEN 'datetime' THEN format('substr(%1$s, 5, 1) <> ''-'' OR %1$s LIKE ''%% BC''', p_expr)
+        WHEN 'time' THEN format('left(%s, 2) = ''24''', p_expr)
+        ELSE 'NULL'
+    END)
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_scalar_refused_sql(text, text) FROM PUBLIC;
+
+-- The same test of one value: synchro_scalar_refused_sql evaluated over p_text.
+CREATE FUNCTION synchro.synchro_scalar_refused(p_kind text, p_text text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_refused boolean;
+BEGIN
+    EXECUTE 'SELECT ' || synchro.synchro_scalar_refused_sql(p_kind, '$1') INTO v_refused USING p_text;
+    RETURN v_refused;
+END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_scalar_refused(text, text) FROM PUBLIC;
 
 -- Whether a JSON number token (already valid JSON grammar) is outside the I-JSON domain of
@@ -329,7 +343,8 @@ BEGIN
     v_predicate := CASE v_kind
         WHEN 'json' THEN format('synchro.synchro_json_text_refused(t.%I::text)', NEW.column_name)
         WHEN 'jsonb' THEN format('synchro.synchro_jsonb_refused(t.%I)', NEW.column_name)
-        ELSE format('synchro.synchro_scalar_refused(%L, to_jsonb(t.%I) #>> ''{}'')', v_kind, NEW.column_name) END;
+        -- Inline (synchro_scalar_refused_sql): a function call per row was most of the scan.
+        ELSE synchro.synchro_scalar_refused_sql(v_kind, format('(to_jsonb(t.%I) #>> ''{}'')', NEW.column_name)) END;
     -- A partitioned table's rows are in its partitions; a plain table's inheritance children
     -- are not registered.
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s%I.%I t WHERE %s)',
