@@ -65,21 +65,19 @@ impl Worker {
     /// time budget of about a second is spent, so bootstraps and heartbeats are never
     /// starved by a sustained write load.
     pub async fn step(&mut self, failpoint: Failpoint) -> Result<StepOutcome> {
-        let leader: bool = self
-            .control
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK])
-            .await?
-            .get(0);
-        if !leader {
-            return Ok(StepOutcome::NotLeader);
-        }
-        let state = self
-            .materialize
-            .query_one(
+        // The leader lock (on the control session) and the state (on the materialization
+        // session) are asked for together; the state is used only by the leader.
+        let (leader, state) = futures_util::try_join!(
+            self.control
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK]),
+            self.materialize.query_one(
                 "SELECT confirmed_lsn, blocked_reason FROM synchro.capture_state",
                 &[],
-            )
-            .await?;
+            ),
+        )?;
+        if !leader.get::<_, bool>(0) {
+            return Ok(StepOutcome::NotLeader);
+        }
         let confirmed: PgLsn = state.get(0);
         if let Some(reason) = state.get::<_, Option<String>>(1) {
             // A blocked worker receives and confirms nothing.
@@ -125,8 +123,10 @@ impl Worker {
 
     /// The step of a leader that is not blocked.
     async fn run(&mut self, confirmed: PgLsn, failpoint: Failpoint) -> Result<StepOutcome> {
-        self.catalog_drift().await?;
-        let mut registry = self.bootstrap_pending().await?;
+        // The drift check and the registry load go out together (both only read).
+        let (drift, registry) = futures_util::join!(self.catalog_drift(), self.registry());
+        drift?;
+        let mut registry = self.bootstrap_pending(registry?).await?;
         self.reevaluate_stale(&mut registry).await?;
         // Work done this step: source transactions applied plus staging batches, so
         // `Applied(0)` means caught up with both.
@@ -242,9 +242,9 @@ impl Worker {
         Ok(loaded.relations)
     }
 
-    /// Bootstraps every pending relation; returns the registry as it then is.
-    async fn bootstrap_pending(&mut self) -> Result<Relations> {
-        let registry = self.registry().await?;
+    /// Bootstraps every pending relation of `registry` (just loaded); returns the registry
+    /// as it then is.
+    async fn bootstrap_pending(&mut self, registry: Relations) -> Result<Relations> {
         let pending: Vec<String> = registry
             .values()
             .filter(|r| r.status == Status::Pending)
