@@ -59,11 +59,15 @@ pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
 /// connect never asks a client to rebuild from projections that lack that table's rows. The
 /// manifest becomes current with the worker commit that completes it.
 pub async fn load_serving_lineage(db: &impl GenericClient) -> Result<Lineage> {
-    let lineage = load_lineage(db).await?;
+    // The three reads go out together (one round trip).
+    let (lineage, unactivated, unready) = futures_util::join!(
+        load_lineage(db),
+        db.query("SELECT * FROM synchro.synchro_unactivated_manifests()", &[]),
+        db.query("SELECT * FROM synchro.synchro_unready_tables()", &[]),
+    );
+    let lineage = lineage?;
     // A manifest whose registry generation is not active yet (33_reconfigure), and all after it.
-    let unactivated: std::collections::BTreeSet<i64> = db
-        .query("SELECT * FROM synchro.synchro_unactivated_manifests()", &[])
-        .await
+    let unactivated: std::collections::BTreeSet<i64> = unactivated
         .context("reading reconfigurations in flight")?
         .iter()
         .map(|r| r.get(0))
@@ -75,9 +79,7 @@ pub async fn load_serving_lineage(db: &impl GenericClient) -> Result<Lineage> {
         Some(i) => Lineage::from_history(lineage.manifests().take(i).cloned().collect::<Vec<_>>())?,
         None => lineage,
     };
-    let unready: std::collections::BTreeSet<String> = db
-        .query("SELECT * FROM synchro.synchro_unready_tables()", &[])
-        .await
+    let unready: std::collections::BTreeSet<String> = unready
         .context("reading table readiness")?
         .iter()
         .map(|r| r.get(0))

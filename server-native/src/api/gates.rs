@@ -29,7 +29,18 @@ pub(crate) async fn gates(
     schema: &Json,
 ) -> Result<Gates, ApiError> {
     let db = &state.db;
-    let lineage = serving_lineage(db).await?;
+    // Every read of the gates goes out at once (one round trip); they are checked in order.
+    let who: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user_id, &client_id];
+    let (lineage, stored, blocked, stream) = futures_util::join!(
+        serving_lineage(db),
+        db.query_opt(
+            "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
+            &who,
+        ),
+        db.query_one("SELECT synchro.synchro_capture_blocked()", &[]),
+        db.query_one("SELECT * FROM synchro.synchro_stream_state()", &[]),
+    );
+    let lineage = lineage?;
     let current = lineage.current().ok_or_else(ApiError::unavailable)?;
     let exact = synchro_protocol::lineage::PresentedSchema::from_json(schema).ok()
         == Some(synchro_protocol::lineage::PresentedSchema::Exact(
@@ -38,29 +49,17 @@ pub(crate) async fn gates(
     if !exact {
         return Err(ApiError::schema_mismatch(current.schema_ref(), schema));
     }
-    let stored = db
-        .query_opt(
-            "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
-            &[&user_id, &client_id],
-        )
-        .await
-        ?
-        .ok_or(ApiError::generation_expired(None))?;
+    let stored = stored?.ok_or(ApiError::generation_expired(None))?;
     let stored_generation = stored.get::<_, i64>(0) as u64;
     if stored_generation != client_generation || stored.get::<_, bool>(2) {
         return Err(ApiError::generation_expired(Some(stored_generation)));
     }
     // Spec 000 error table: while capture is blocked nothing is served as current.
-    let blocked: bool = db
-        .query_one("SELECT synchro.synchro_capture_blocked()", &[])
-        .await?
-        .get(0);
+    let blocked: bool = blocked?.get(0);
     if blocked {
         return Err(ApiError::unavailable_because("capture_blocked"));
     }
-    let stream = db
-        .query_one("SELECT * FROM synchro.synchro_stream_state()", &[])
-        .await?;
+    let stream = stream?;
     let stream = ScopeStreamState {
         stream_generation: stream.get::<_, i64>(0) as u64,
         membership_generation: stream.get::<_, i64>(1) as u64,

@@ -51,18 +51,23 @@ pub(crate) async fn pull(
     req: PullRequest,
 ) -> Result<PullResponse, ApiError> {
     let db = &state.db;
+    // The assignment is read alongside the gates (both only read); it is used only once
+    // the gates and every presented cursor passed.
+    let (gated, assigned) = futures_util::join!(
+        gates(
+            state,
+            user_id,
+            &req.client_id,
+            req.client_generation,
+            &req.schema,
+        ),
+        super::assigned_scopes(state, user_id),
+    );
     let Gates {
         lineage,
         stored_assigned,
         stream: scope_state,
-    } = gates(
-        state,
-        user_id,
-        &req.client_id,
-        req.client_generation,
-        &req.schema,
-    )
-    .await?;
+    } = gated?;
     let current = lineage
         .current()
         .expect("gates checked the current manifest");
@@ -104,7 +109,7 @@ pub(crate) async fn pull(
         }
     }
     // Reconcile the assignment (writes happen only after validation passed).
-    let assigned = super::assigned_scopes(state, user_id).await?;
+    let assigned = assigned?;
     let previous = stored_assigned;
     let row = db
         .query_one(
