@@ -15,6 +15,7 @@
 //! | [`binary`] | the typed binary grammar primitives and domain prefixes |
 //! | [`manifest`] | schema manifests: validation, canonical body, schema hash |
 //! | [`digest`] | row identity, row digest, streaming scope digest |
+//! | [`scope_entries`] | a scope's ordered entries with kept SHA-256 states (incremental scope digests) |
 //! | [`checksum`] | the strict wire checksum object |
 //! | [`lineage`] | manifest history, parent links, presented schema references |
 //! | [`classify`] | schema change classes 1-4 |
