@@ -256,7 +256,11 @@ async fn a_client_stopped_between_rows_and_digests_repeats_the_page() {
     assert_eq!(titles(&db), [(1, "one".into()), (2, "two".into())]);
     // A wrong digest found in the second step marks only its scope, rows kept.
     let mut wrong = sums();
-    let flip = if wrong[1].1.starts_with("00") { "11" } else { "00" };
+    let flip = if wrong[1].1.starts_with("00") {
+        "11"
+    } else {
+        "00"
+    };
     wrong[1].1.replace_range(0..2, flip);
     let p = page(&[], Some(&wrong), &[("user:a", "ca2"), ("user:b", "cb2")]);
     let (mut applied, unverified) = db
