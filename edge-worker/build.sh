@@ -18,4 +18,9 @@ if [ -z "${WASM_OPT_BIN:-}" ] && [ -n "${WASM_OPT:-}" ]; then
     WASM_OPT_BIN=$WASM_OPT
     export WASM_OPT_BIN
 fi
+# The Debian wasm route (scripts/setup-toolchain.sh) names a rustup toolchain for wasm32.
+if [ -n "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
+    RUSTUP_TOOLCHAIN=$SYNCHRO_WASM_TOOLCHAIN
+    export RUSTUP_TOOLCHAIN
+fi
 exec worker-build --release
