@@ -167,7 +167,8 @@ pub fn declared_too_large(content_length: Option<&str>, limit: usize) -> bool {
 }
 
 /// Checks one POST request's whole body (already within the size limit) and its
-/// `Authorization` value at `now_secs`, as the server's preamble does.
+/// `Authorization` value at `now_secs`, as the server's preamble does, and a push's bounds
+/// (the server's default [`gate::PushLimits`]) as its push handler does first.
 pub fn check(
     endpoint: Endpoint,
     body: &[u8],
@@ -192,7 +193,8 @@ pub fn check(
     let parsed = match endpoint {
         Endpoint::Connect => gate::parse_request::<ConnectRequest>(&req).map(drop),
         Endpoint::Pull => gate::parse_request::<PullRequest>(&req).map(drop),
-        Endpoint::Push => gate::parse_request::<PushRequest>(&req).map(drop),
+        Endpoint::Push => gate::parse_request::<PushRequest>(&req)
+            .and_then(|push| gate::PushLimits::default().check(&push)),
         Endpoint::Rebuild => gate::parse_request::<RebuildRequest>(&req).map(drop),
         Endpoint::Events => gate::parse_request::<EventsRequest>(&req).map(drop),
         Endpoint::Ready => Ok(()),

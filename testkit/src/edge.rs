@@ -106,6 +106,19 @@ impl Edge {
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The output once it contains `needle` (wrangler prints the worker's lines a little
+    /// after the response), or whatever it is after 10 s.
+    pub async fn output_containing(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = self.output();
+            if out.contains(needle) || Instant::now() >= deadline {
+                return out;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for Edge {

@@ -7,6 +7,7 @@
 //! - every malformed request class is refused at the edge with exactly the server's status
 //!   and body, and the origin's request counter (`GET /metrics`) shows it never arrived
 //!   (the same request sent direct moves the counter, so the check can fail);
+//! - a push over its bounds (mutations, columns, bytes per mutation) is refused likewise;
 //! - a missing, wrong, expired or too long-lived token never reaches the origin;
 //! - a request that passes is forwarded (the counter moves) with the correlation ID;
 //! - the events stream is streamed through: `ready`, then `changed` after a commit;
@@ -38,6 +39,11 @@ struct Stack {
 
 impl Stack {
     async fn start() -> Stack {
+        Stack::start_with_body_limit(MAX_BODY).await
+    }
+
+    /// A stack whose server and edge both accept bodies up to `max_body` bytes.
+    async fn start_with_body_limit(max_body: usize) -> Stack {
         let env = Env::installed().await;
         common::docs_with_owner_and_team(
             &env,
@@ -51,14 +57,14 @@ impl Stack {
             &env,
             port,
             SECRET,
-            &["--max-body-bytes".into(), MAX_BODY.to_string()],
+            &["--max-body-bytes".into(), max_body.to_string()],
         );
         let http = reqwest::Client::new();
         wait_ready(&http, &origin).await;
         let edge = Edge::start(
             &origin,
             SECRET,
-            &[("MAX_BODY_BYTES", &MAX_BODY.to_string())],
+            &[("MAX_BODY_BYTES", &max_body.to_string())],
         )
         .await;
         wait_ready(&http, &edge.base).await;
@@ -330,12 +336,63 @@ async fn every_malformed_request_is_refused_at_the_edge_as_the_server_refuses_it
         "the pull reached the origin"
     );
     let id = a.request_id.unwrap();
+    let line = format!("request_id={id} endpoint=pull status=422");
     assert!(
-        s.edge
-            .output()
-            .contains(&format!("request_id={id} endpoint=pull status=422")),
+        s.edge.output_containing(&line).await.contains(&line),
         "the edge logged the forwarded request"
     );
+}
+
+#[tokio::test]
+async fn push_bounds_are_refused_at_the_edge_as_the_server_refuses_them() {
+    let s = Stack::start_with_body_limit(1_048_576).await;
+    let (client, generation) = s.connect("alice", "edge-client-3").await;
+    let auth = bearer("alice");
+    let schema = r#"{"version":1,"hash":"0000000000000000000000000000000000000000000000000000000000000000"}"#;
+    let mutation = |i: usize, columns: &str| {
+        format!(
+            r#"{{"mutation_id":"m{i}","table_id":"t","pk":"{i}","operation":"update","base_version":null,"client_version":1,"local_order":{},"columns":[{columns}],"authored_schema":{schema}}}"#,
+            i + 1
+        )
+    };
+    let push = |mutations: Vec<String>| {
+        format!(
+            r#"{{"protocol_version":3,"client_id":"{client}","client_generation":{generation},"schema":{schema},"batch_id":"b1","mutations":[{}]}}"#,
+            mutations.join(",")
+        )
+    };
+    let column = |i: usize, value: &str| format!(r#"{{"field_id":"f{i}","value":"{value}"}}"#);
+    let cases = [
+        (
+            "1001 mutations",
+            push((0..1001).map(|i| mutation(i, &column(0, "x"))).collect()),
+        ),
+        (
+            "257 columns",
+            push(vec![mutation(
+                0,
+                &(0..257)
+                    .map(|i| column(i, "x"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )]),
+        ),
+        (
+            "a mutation over 64 KiB",
+            push(vec![mutation(0, &column(0, &"x".repeat(65_536)))]),
+        ),
+    ];
+    for (what, body) in &cases {
+        refused_at_the_edge(&s, what, "/sync/push", Some(&auth), body.as_bytes()).await;
+    }
+    // At the bounds the batch goes through (the stale schema is the origin's to judge).
+    let before = s.counts().await;
+    let at = push((0..1000).map(|i| mutation(i, &column(0, "x"))).collect());
+    let a = s
+        .post(&s.edge.base, "/sync/push", Some(&auth), at.as_bytes())
+        .await;
+    assert_eq!(a.status, 422, "{a:?}");
+    assert_eq!(s.counts().await["push"], before["push"] + 1);
 }
 
 #[tokio::test]
@@ -495,7 +552,10 @@ async fn origin_failures_become_the_opaque_503() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    assert!(edge.output().contains("outcome=origin_unreachable"));
+    assert!(edge
+        .output_containing("outcome=origin_unreachable")
+        .await
+        .contains("outcome=origin_unreachable"));
 }
 
 #[tokio::test]
@@ -576,7 +636,10 @@ async fn the_worker_logs_no_token_value_key_or_id() {
         )
         .await;
     assert_eq!(a.status, 400);
-    let out = s.edge.output();
+    // The last request's line is there, so everything before it is too.
+    let last = format!("request_id={}", a.request_id.as_deref().unwrap());
+    let out = s.edge.output_containing(&last).await;
+    assert!(out.contains(&last), "the last request was logged:\n{out}");
     assert!(
         out.contains("synchro-edge request_id="),
         "the worker's lines are in the output:\n{out}"

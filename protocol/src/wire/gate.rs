@@ -5,7 +5,8 @@
 //! verified by the caller with [`crate::jwt`]), then the request's members through its
 //! `wire` type ([`parse_request`]).
 
-use super::{ErrorBody, ErrorCode, Message};
+use super::{ErrorBody, ErrorCode, Message, PushRequest};
+use crate::jcs::to_output_string;
 use crate::json::Json;
 
 /// 400 `invalid_request` with a bounded diagnostic.
@@ -71,6 +72,48 @@ pub fn read_request(body: &[u8]) -> Result<Json, ErrorBody> {
 /// The request's members read strictly as `R` (400 `invalid_request` naming the member).
 pub fn parse_request<R: Message>(req: &Json) -> Result<R, ErrorBody> {
     R::from_json(req).map_err(|e| invalid_request(e.message))
+}
+
+/// Push bounds, checked right after the request is read (400 before any work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushLimits {
+    /// Mutations per batch.
+    pub mutations: usize,
+    /// Bytes of one mutation in canonical JSON.
+    pub mutation_bytes: usize,
+    /// Columns per mutation.
+    pub columns: usize,
+}
+
+impl Default for PushLimits {
+    /// The original project's defaults (spec-gaps).
+    fn default() -> Self {
+        PushLimits {
+            mutations: 1000,
+            mutation_bytes: 65_536,
+            columns: 256,
+        }
+    }
+}
+
+impl PushLimits {
+    /// Refuses a batch over a bound (400 `invalid_request`): mutations, then each
+    /// mutation's columns, then each mutation's canonical size.
+    pub fn check(&self, r: &PushRequest) -> Result<(), ErrorBody> {
+        if r.mutations.len() > self.mutations {
+            return Err(invalid_request("the batch has too many or no mutations"));
+        }
+        if r.mutations.iter().any(|m| m.columns.len() > self.columns) {
+            return Err(invalid_request("a mutation has too many columns"));
+        }
+        if r.mutations
+            .iter()
+            .any(|m| to_output_string(&m.to_json()).len() > self.mutation_bytes)
+        {
+            return Err(invalid_request("a mutation exceeds the configured size"));
+        }
+        Ok(())
+    }
 }
 
 /// Whether any string or member name in `v` contains NUL.
