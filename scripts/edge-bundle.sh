@@ -6,6 +6,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${1:-${CARGO_TARGET_DIR:-$ROOT/target}/edge-dist}
+mkdir -p "$(dirname "$OUT")"
+OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
 rm -rf "$OUT"
 cd "$ROOT/edge-worker"
 SYNCHRO_EDGE_PREBUILT=1 WRANGLER_SEND_METRICS=false NO_COLOR=1 \
