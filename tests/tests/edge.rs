@@ -9,7 +9,8 @@
 //!   (the same request sent direct moves the counter, so the check can fail);
 //! - a push over its bounds (mutations, columns, bytes per mutation) is refused likewise;
 //! - a missing, wrong, expired or too long-lived token never reaches the origin;
-//! - a request that passes is forwarded (the counter moves) with the correlation ID;
+//! - a request that passes is forwarded (the counter moves) with the correlation ID, which
+//!   the edge's log line and the origin's log both carry;
 //! - the events stream is streamed through: `ready`, then `changed` after a commit;
 //! - origin failures become the spec's opaque 503 body;
 //! - a canary: nothing the worker printed contains a token, row value, key, or a user,
@@ -20,7 +21,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{start_server_with, wait_ready, Env, Server};
+use common::{wait_ready, Env, Server};
 use synchro_protocol::json::Json;
 use synchro_server::auth::{mint, mint_claims};
 use synchro_testkit::edge::Edge;
@@ -32,6 +33,8 @@ const MAX_BODY: usize = 4096;
 struct Stack {
     env: Env,
     origin: String,
+    /// The server's log.
+    origin_log: std::path::PathBuf,
     _server: Server,
     edge: Edge,
     http: reqwest::Client,
@@ -53,11 +56,20 @@ impl Stack {
         .await;
         let port = common::free_port();
         let origin = format!("http://127.0.0.1:{port}");
-        let server = start_server_with(
-            &env,
-            port,
-            SECRET,
-            &["--max-body-bytes".into(), max_body.to_string()],
+        // The server program with its log kept (the correlation ID must reach it).
+        let origin_log = std::env::temp_dir().join(format!(
+            "synchro-edge-origin-{}-{port}.log",
+            std::process::id()
+        ));
+        let server = Server(
+            std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server-under-test"))
+                .args(common::serve_args(&env, port, SECRET))
+                .args(["--max-body-bytes", &max_body.to_string()])
+                .env("SYNCHRO_LOG", "info")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&origin_log).unwrap())
+                .spawn()
+                .unwrap(),
         );
         let http = reqwest::Client::new();
         wait_ready(&http, &origin).await;
@@ -71,6 +83,7 @@ impl Stack {
         Stack {
             env,
             origin,
+            origin_log,
             _server: server,
             edge,
             http,
@@ -161,6 +174,12 @@ fn now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.origin_log);
+    }
 }
 
 /// Sends `body` to `path` through the edge, then direct, checking that the edge answered
@@ -341,6 +360,18 @@ async fn every_malformed_request_is_refused_at_the_edge_as_the_server_refuses_it
         s.edge.output_containing(&line).await.contains(&line),
         "the edge logged the forwarded request"
     );
+    // The origin logged it under the same correlation ID.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&s.origin_log)
+        .unwrap_or_default()
+        .contains(&id)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the origin's log never named the correlation ID"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
