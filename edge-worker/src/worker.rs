@@ -142,19 +142,20 @@ async fn forward(
             .with_headers(out)
             .body(body));
     }
+    // An error answer is a small body: read it to judge a 5xx and to log its code.
     let text = resp.text().await.unwrap_or_default();
-    if status >= 500 {
-        let Some(text) = origin::server_error_body(status, &text) else {
-            line.outcome = "origin_error";
-            line.code = Some(ErrorCode::TemporaryUnavailable);
-            return error_response(&origin::opaque(), rid);
-        };
-        line.code = ErrorBody::parse(&text).ok().map(|b| b.code);
-        return Ok(ResponseBuilder::new()
-            .with_status(status)
-            .with_headers(out)
-            .fixed(text.into_bytes()));
-    }
+    let text = if status >= 500 {
+        match origin::server_error_body(status, &text) {
+            Some(text) => text,
+            None => {
+                line.outcome = "origin_error";
+                line.code = Some(ErrorCode::TemporaryUnavailable);
+                return error_response(&origin::opaque(), rid);
+            }
+        }
+    } else {
+        text
+    };
     line.code = ErrorBody::parse(&text).ok().map(|b| b.code);
     Ok(ResponseBuilder::new()
         .with_status(status)

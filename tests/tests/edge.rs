@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::{wait_ready, Env, Server};
 use synchro_protocol::json::Json;
+use synchro_protocol::wire::{ErrorBody, Message};
 use synchro_server::auth::{mint, mint_claims};
 use synchro_testkit::edge::Edge;
 
@@ -587,6 +588,89 @@ async fn origin_failures_become_the_opaque_503() {
         .output_containing("outcome=origin_unreachable")
         .await
         .contains("outcome=origin_unreachable"));
+}
+
+/// A broken origin: answers every request by its path, then closes the connection.
+async fn broken_origin() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let (status, extra, body) = if head.starts_with("POST /sync/pull") {
+                    (
+                        "502 Bad Gateway",
+                        "",
+                        "<html>upstream connect error</html>".to_owned(),
+                    )
+                } else if head.starts_with("POST /sync/connect") {
+                    // A spec body whose code does not match the status.
+                    (
+                        "500 Internal Server Error",
+                        "",
+                        ErrorBody::unavailable(None).to_json_string(),
+                    )
+                } else {
+                    (
+                        "503 Service Unavailable",
+                        "retry-after: 7\r\n",
+                        ErrorBody::unavailable(Some("push_busy")).to_json_string(),
+                    )
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    base
+}
+
+#[tokio::test]
+async fn an_origin_5xx_passes_only_as_a_spec_error_body_of_its_status() {
+    let origin = broken_origin().await;
+    let edge = Edge::start(&origin, SECRET, &[]).await;
+    let http = reqwest::Client::new();
+    let post = |path: &'static str, body: &'static str| {
+        http.post(format!("{}{path}", edge.base))
+            .header("authorization", bearer("alice"))
+            .body(body)
+            .send()
+    };
+    let opaque = ErrorBody::unavailable(None).to_json_string();
+    let pull = r#"{"protocol_version":3,"client_id":"c","client_generation":1,"schema":null,"scope_cursors":{},"limit":10}"#;
+    let r = post("/sync/pull", pull).await.unwrap();
+    assert_eq!(r.status(), 503, "a proxy's 502 page");
+    assert_eq!(r.text().await.unwrap(), opaque);
+    let connect = r#"{"protocol_version":3,"client_id":"c","schema":{"version":0,"hash":""}}"#;
+    let r = post("/sync/connect", connect).await.unwrap();
+    assert_eq!(r.status(), 503, "a spec body under another status");
+    assert_eq!(r.text().await.unwrap(), opaque);
+    let push = r#"{"protocol_version":3,"client_id":"c","client_generation":1,"schema":null,"batch_id":"b","mutations":[{"mutation_id":"m","table_id":"t","pk":"1","operation":"delete","base_version":null,"client_version":1,"local_order":1,"columns":[],"authored_schema":{"version":1,"hash":"0000000000000000000000000000000000000000000000000000000000000000"}}]}"#;
+    let r = post("/sync/push", push).await.unwrap();
+    assert_eq!(r.status(), 503, "the origin's own 503");
+    assert_eq!(r.headers().get("retry-after").unwrap(), "7");
+    assert_eq!(
+        r.text().await.unwrap(),
+        ErrorBody::unavailable(Some("push_busy")).to_json_string()
+    );
+    let out = edge.output_containing("outcome=origin_error").await;
+    assert_eq!(out.matches("outcome=origin_error").count(), 2, "{out}");
 }
 
 #[tokio::test]
