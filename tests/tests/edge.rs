@@ -590,6 +590,30 @@ async fn origin_failures_become_the_opaque_503() {
         .contains("outcome=origin_unreachable"));
 }
 
+#[tokio::test]
+async fn a_bad_setting_answers_the_opaque_503_and_logs_only_its_name() {
+    let origin = format!("http://127.0.0.1:{}", common::free_port());
+    let edge = Edge::start(&origin, SECRET, &[("MAX_BODY_BYTES", "-58213")]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/sync/pull", edge.base))
+        .header("authorization", bearer("alice"))
+        .body(r#"{"protocol_version":3}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.text().await.unwrap(),
+        ErrorBody::unavailable(None).to_json_string()
+    );
+    let out = edge.output_containing("outcome=config").await;
+    assert!(
+        out.contains("configuration error: the setting MAX_BODY_BYTES must be a positive integer"),
+        "{out}"
+    );
+    assert!(!out.contains("58213"), "the value is not logged:\n{out}");
+}
+
 /// A broken origin: answers every request by its path, then closes the connection.
 async fn broken_origin() -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
