@@ -12,7 +12,8 @@
 //! - a request that passes is forwarded (the counter moves) with the correlation ID, which
 //!   the edge's log line and the origin's log both carry;
 //! - the events stream is streamed through: `ready`, then `changed` after a commit;
-//! - origin failures become the spec's opaque 503 body;
+//! - origin failures (no answer, a proxy's 5xx page, a 5xx body not of its status) and a bad
+//!   setting become the spec's opaque 503 body; the origin's own spec 503 passes;
 //! - a canary: nothing the worker printed contains a token, row value, key, or a user,
 //!   client or scope ID.
 
@@ -689,11 +690,17 @@ async fn an_origin_5xx_passes_only_as_a_spec_error_body_of_its_status() {
     let r = post("/sync/push", push).await.unwrap();
     assert_eq!(r.status(), 503, "the origin's own 503");
     assert_eq!(r.headers().get("retry-after").unwrap(), "7");
+    let last = format!(
+        "request_id={} endpoint=push status=503 code=temporary_unavailable outcome=forwarded",
+        r.headers().get("x-request-id").unwrap().to_str().unwrap()
+    );
     assert_eq!(
         r.text().await.unwrap(),
         ErrorBody::unavailable(Some("push_busy")).to_json_string()
     );
-    let out = edge.output_containing("outcome=origin_error").await;
+    // Once the last request's line is there, the two before it are too.
+    let out = edge.output_containing(&last).await;
+    assert!(out.contains(&last), "{out}");
     assert_eq!(out.matches("outcome=origin_error").count(), 2, "{out}");
 }
 
