@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The edge gateway's checks and tests under real workerd (`wrangler dev`, no account, no
 # network): installs what is missing (scripts/setup-edge.sh), lints the worker crate for
-# wasm32, builds it with worker-build, checks a deployable bundle with
+# wasm32 and the edge tests natively, builds it with worker-build, checks a deployable bundle with
 # `wrangler deploy --dry-run --outdir` and prints its compressed size, then runs
 # tests/edge.rs in front of a real server on real PostgreSQL, and the whole-stack,
 # schema-evolution and live-session scenarios again with every client request through the
@@ -55,6 +55,9 @@ if [ -z "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
     # pure modules then.
     step clippy-wasm32 cargo clippy -p synchro-edge --target wasm32-unknown-unknown -- -D warnings
 fi
+# The edge tests and benchmark are behind synchro-tests' `edge` feature, which
+# scripts/test.sh's lint does not turn on.
+step clippy-edge-tests cargo clippy -p synchro-tests --features edge --all-targets -- -D warnings
 step build sh edge-worker/build.sh || finish
 step bundle scripts/edge-bundle.sh "$TARGET/edge-dist"
 export SYNCHRO_TEST_EDGE_LOGS=$LOGS/wrangler SYNCHRO_TEST_SERVER_LOGS=$LOGS/servers
