@@ -24,7 +24,8 @@
 //! | [`semver`] | SemVer 2.0.0 precedence |
 //! | [`state`] | the client state machine |
 //! | [`token`] | HMAC scope cursors and rebuild continuation tokens |
-//! | [`wire`] | the HTTP messages of connect, pull, rebuild, push and events, and error bodies |
+//! | [`jwt`] | HS256 bearer JWT verification (the server's and the edge's one verifier) |
+//! | [`wire`] | the HTTP messages of connect, pull, rebuild, push and events, error bodies, and the request gate |
 //! | [`conformance`] | the cross-language conformance command set |
 //!
 //! ```
@@ -56,6 +57,7 @@ pub mod dispatch;
 mod error;
 pub mod jcs;
 pub mod json;
+pub mod jwt;
 pub mod lineage;
 pub mod manifest;
 pub mod migration;

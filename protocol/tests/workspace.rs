@@ -29,18 +29,20 @@ fn toml_value(text: &str, section: &str, key: &str) -> Option<String> {
 fn wasm_pin_matches_wasm_pack_toml() {
     let pinned = toml_value(&read("wasm-pack.toml"), "wasm-bindgen", "version")
         .expect("wasm-pack.toml pins a version");
-    let cargo = read("protocol/Cargo.toml");
-    let dep = toml_value(
-        &cargo,
-        "target.'cfg(target_arch = \"wasm32\")'.dependencies",
-        "wasm-bindgen",
-    )
-    .expect("protocol/Cargo.toml has a wasm-bindgen dependency");
-    assert_eq!(
-        dep,
-        format!("={pinned}"),
-        "protocol/Cargo.toml must pin wasm-bindgen exactly to wasm-pack.toml's version"
-    );
+    for manifest in ["protocol/Cargo.toml", "edge-worker/Cargo.toml"] {
+        let cargo = read(manifest);
+        let dep = toml_value(
+            &cargo,
+            "target.'cfg(target_arch = \"wasm32\")'.dependencies",
+            "wasm-bindgen",
+        )
+        .unwrap_or_else(|| panic!("{manifest} has a wasm-bindgen dependency"));
+        assert_eq!(
+            dep,
+            format!("={pinned}"),
+            "{manifest} must pin wasm-bindgen exactly to wasm-pack.toml's version"
+        );
+    }
     // The lock file resolves exactly that version, once.
     let lock = read("Cargo.lock");
     let locked: Vec<&str> = lock

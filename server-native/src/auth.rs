@@ -1,35 +1,23 @@
-//! Bearer JWT authentication (HS256 with a configured secret). The `sub` claim is the
+//! Bearer JWT authentication (HS256 with a configured secret) through the shared verifier
+//! [`synchro_protocol::jwt`] (the edge gateway runs the same one). The `sub` claim is the
 //! canonical user id; `exp` is required, `nbf` is honoured when present, and a token may not
 //! live longer than the configured maximum from now. Failures carry no token or claim in
-//! any message.
+//! any message. Minting (development and tests) stays on `jsonwebtoken`, so tests check the
+//! verifier against an independent encoder.
 
 use axum::http::HeaderMap;
-use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
-use serde::{Deserialize, Serialize};
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use synchro_protocol::jwt::Hs256;
 
-/// Longest accepted user id (`sub`), in bytes (the same bound as a client id).
-pub const MAX_USER_ID_BYTES: usize = 256;
+pub use synchro_protocol::jwt::{
+    valid_user_id, DEFAULT_MAX_TOKEN_LIFETIME_SECS, MAX_USER_ID_BYTES,
+};
 
-/// Default bound on a token's remaining lifetime (`exp` at most this far from now): 30 days.
-pub const DEFAULT_MAX_TOKEN_LIFETIME_SECS: u64 = 30 * 24 * 3600;
-
-/// Clock skew tolerated for `exp` and `nbf`, in seconds.
-const LEEWAY_SECS: u64 = 30;
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Claims {
-    sub: String,
-    exp: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    nbf: Option<u64>,
-}
-
-/// Verifies `Authorization: Bearer <jwt>` headers.
+/// Verifies `Authorization: Bearer <jwt>` headers with [`synchro_protocol::jwt`], the
+/// verifier the edge gateway runs too.
 #[derive(Clone)]
 pub struct Authenticator {
-    key: DecodingKey,
-    validation: Validation,
-    max_lifetime_secs: u64,
+    verifier: Hs256,
 }
 
 fn now_secs() -> u64 {
@@ -37,12 +25,6 @@ fn now_secs() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// Whether `sub` can be a canonical user id: 1..=256 bytes, not blank, no control
-/// characters (NUL among them: PostgreSQL text cannot hold it).
-pub fn valid_user_id(sub: &str) -> bool {
-    !sub.trim().is_empty() && sub.len() <= MAX_USER_ID_BYTES && !sub.chars().any(char::is_control)
 }
 
 impl Authenticator {
@@ -56,21 +38,8 @@ impl Authenticator {
         secret: &[u8],
         max_lifetime_secs: u64,
     ) -> anyhow::Result<Authenticator> {
-        if secret.len() < 16 {
-            anyhow::bail!("the JWT secret must be at least 16 bytes");
-        }
-        if max_lifetime_secs == 0 {
-            anyhow::bail!("the maximum token lifetime must be positive");
-        }
-        let mut validation = Validation::new(Algorithm::HS256);
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        validation.validate_nbf = true;
-        validation.leeway = LEEWAY_SECS;
         Ok(Authenticator {
-            key: DecodingKey::from_secret(secret)
-                .map_err(|_| anyhow::anyhow!("unusable JWT secret"))?,
-            validation,
-            max_lifetime_secs,
+            verifier: Hs256::new(secret, max_lifetime_secs)?,
         })
     }
 
@@ -86,14 +55,7 @@ impl Authenticator {
 
     /// The canonical user id of one `Authorization` header value, or `None`.
     pub fn user_id_of(&self, authorization: Option<&str>) -> Option<String> {
-        let token = authorization?.strip_prefix("Bearer ")?.trim();
-        let claims = decode::<Claims>(token, &self.key, &self.validation)
-            .ok()?
-            .claims;
-        if claims.exp > now_secs().saturating_add(self.max_lifetime_secs + LEEWAY_SECS) {
-            return None;
-        }
-        valid_user_id(&claims.sub).then_some(claims.sub)
+        self.verifier.user_id(authorization, now_secs())
     }
 }
 

@@ -8,6 +8,7 @@
 //! | `fake_server` | `client` | a scripted server on `synchro_protocol::wire` for the client's durability tests |
 //! | `target` | `client` | fresh database locations natively and on OPFS in Chromium |
 //! | `pg` | `server` | throwaway PostgreSQL clusters with synchro installed, the server binary, the docs fixtures |
+//! | `edge` | `server` | the edge gateway under `wrangler dev` (real workerd) in front of an origin |
 
 pub mod manifests;
 
@@ -16,5 +17,7 @@ pub mod fake_server;
 #[cfg(feature = "client")]
 pub mod target;
 
+#[cfg(all(feature = "server", not(target_arch = "wasm32")))]
+pub mod edge;
 #[cfg(all(feature = "server", not(target_arch = "wasm32")))]
 pub mod pg;

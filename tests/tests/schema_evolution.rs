@@ -57,6 +57,8 @@ struct Stack {
     /// The server's port (names its kept log, see `server_log_tail`).
     port: u16,
     _server: Server,
+    /// The edge gateway in front of the server when the run goes through it.
+    _edge: Option<synchro_testkit::edge::Edge>,
     dir: std::path::PathBuf,
 }
 
@@ -81,6 +83,7 @@ impl Stack {
         let base = format!("http://127.0.0.1:{port}");
         let server = start_server(&env, port, SECRET);
         wait_ready(&reqwest::Client::new(), &base).await;
+        let (base, edge) = common::client_base(&base, SECRET).await;
         let dir = std::env::temp_dir().join(format!(
             "synchro-schema-evolution-{name}-{}-{port}",
             std::process::id()
@@ -92,6 +95,7 @@ impl Stack {
             base,
             port,
             _server: server,
+            _edge: edge,
             dir,
         }
     }

@@ -116,6 +116,8 @@ struct Stack {
     /// The server's flags beyond `serve_args`.
     args: Vec<String>,
     server: Option<Server>,
+    /// The edge gateway in front of the server when the run goes through it.
+    _edge: Option<synchro_testkit::edge::Edge>,
     tamper: Rc<RefCell<Tamper>>,
     dir: std::path::PathBuf,
 }
@@ -140,6 +142,7 @@ impl Stack {
         let base = format!("http://127.0.0.1:{port}");
         let server = start_server_with(&env, port, SECRET, &args);
         wait_ready(&reqwest::Client::new(), &base).await;
+        let (base, edge) = common::client_base(&base, SECRET).await;
         let dir = std::env::temp_dir().join(format!(
             "synchro-client-engine-{}-{port}",
             std::process::id()
@@ -152,6 +155,7 @@ impl Stack {
             base,
             args,
             server: Some(server),
+            _edge: edge,
             tamper: Rc::default(),
             dir,
         }
@@ -333,11 +337,17 @@ async fn two_scopes_restart_reopen_and_tampering() {
     .await;
     converge(&s, &mut c).await;
 
-    // The server goes away: a retryable network error, nothing lost.
+    // The server goes away: a retryable network error (through the edge gateway, its opaque
+    // 503 for an unreachable origin), nothing lost.
     s.server = None;
     let before = local_rows(&c);
     let e = c.sync_once().await.unwrap_err();
-    assert_eq!((e.code(), e.retryable()), ("network_error", true));
+    let away = if common::via_edge() {
+        "temporary_unavailable"
+    } else {
+        "network_error"
+    };
+    assert_eq!((e.code(), e.retryable()), (away, true));
     assert_eq!(c.state(), ClientState::Idle);
     assert_eq!(local_rows(&c), before);
     s.sql("UPDATE app.docs SET title = 'while down' WHERE id = 8")

@@ -16,6 +16,7 @@
 mod connect;
 mod error;
 mod events;
+pub mod gate;
 mod pull;
 mod push;
 mod rebuild;

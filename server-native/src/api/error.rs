@@ -54,12 +54,12 @@ impl ApiError {
 
     /// 400 `invalid_request`.
     pub(crate) fn invalid_request(message: &'static str) -> ApiError {
-        ApiError::new(ErrorCode::InvalidRequest, message)
+        synchro_protocol::wire::gate::invalid_request(message).into()
     }
 
     /// 401 `unauthorized`.
     pub(crate) fn unauthorized() -> ApiError {
-        ApiError::new(ErrorCode::Unauthorized, "a valid bearer token is required")
+        synchro_protocol::wire::gate::unauthorized().into()
     }
 
     /// 503 `temporary_unavailable`.
@@ -130,23 +130,7 @@ impl ApiError {
         received_protocol_version: Option<u64>,
         runtime: bool,
     ) -> ApiError {
-        ErrorBody::new(
-            ErrorCode::UpgradeRequired,
-            if runtime {
-                "the client runtime is below the minimum supported version"
-            } else {
-                "protocol version 3 is required"
-            },
-        )
-        .with(
-            "required_protocol_version",
-            Json::Number(synchro_protocol::PROTOCOL_VERSION.to_string()),
-        )
-        .with(
-            "received_protocol_version",
-            received_protocol_version.map_or(Json::Null, |v| Json::Number(v.to_string())),
-        )
-        .into()
+        synchro_protocol::wire::gate::upgrade_required(received_protocol_version, runtime).into()
     }
 
     /// 400 `invalid_schema_reference` echoing the presented reference.

@@ -15,12 +15,14 @@
 //! | `error.rs` | [`ApiError`]; a database error converted once (SQLSTATE logged, 503) |
 //! | `preamble.rs` | the shared request preamble |
 //! | `gates.rs` | schema and generation gates, the assigned scope set |
+//! | `metrics.rs` | request counts per endpoint (`GET /metrics`), the correlation ID's log span |
 //! | `connect.rs` `pull.rs` `rebuild.rs` `push.rs` `events.rs` `ready.rs` | one endpoint each |
 
 mod connect;
 mod error;
 pub mod events;
 mod gates;
+mod metrics;
 mod preamble;
 pub mod pull;
 pub mod push;
@@ -47,6 +49,7 @@ pub(crate) use preamble::has_nul;
 
 /// The router.
 pub fn router(state: Arc<AppState>) -> Router {
+    let counts = Arc::new(metrics::RequestCounts::default());
     Router::new()
         .route("/sync/connect", post(connect))
         .route("/sync/pull", post(pull))
@@ -55,6 +58,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sync/events", post(events))
         .route("/ready", get(ready::ready))
         .with_state(state)
+        .merge(
+            Router::new()
+                .route("/metrics", get(metrics::metrics))
+                .with_state(counts.clone()),
+        )
+        .layer(axum::middleware::from_fn_with_state(counts, metrics::count))
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Json) -> Response {

@@ -34,26 +34,8 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::{ApiError, AppState};
 
-/// Push bounds (spec-gaps: the original project's defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PushLimits {
-    /// Mutations per batch.
-    pub mutations: usize,
-    /// Bytes of one mutation in canonical JSON.
-    pub mutation_bytes: usize,
-    /// Columns per mutation.
-    pub columns: usize,
-}
-
-impl Default for PushLimits {
-    fn default() -> Self {
-        PushLimits {
-            mutations: 1000,
-            mutation_bytes: 65_536,
-            columns: 256,
-        }
-    }
-}
+/// Push bounds (spec-gaps: the original project's defaults), shared with the edge gateway.
+pub use synchro_protocol::wire::gate::PushLimits;
 
 fn bad(message: &'static str) -> ApiError {
     ApiError::invalid_request(message)
@@ -63,21 +45,8 @@ fn bad(message: &'static str) -> ApiError {
 /// the SHA-256 of the canonical `{batch_id, mutations, schema}` (not the generation, so a
 /// replay after a generation change is still exact).
 fn check_limits(r: &PushRequest, limits: &PushLimits) -> Result<String, ApiError> {
-    if r.mutations.len() > limits.mutations {
-        return Err(bad("the batch has too many or no mutations"));
-    }
+    limits.check(r)?;
     let mutations: Vec<Json> = r.mutations.iter().map(Mutation::to_json).collect();
-    for m in &r.mutations {
-        if m.columns.len() > limits.columns {
-            return Err(bad("a mutation has too many columns"));
-        }
-    }
-    if mutations
-        .iter()
-        .any(|m| to_output_string(m).len() > limits.mutation_bytes)
-    {
-        return Err(bad("a mutation exceeds the configured size"));
-    }
     let content = Json::Object(vec![
         ("batch_id".into(), Json::String(r.batch_id.clone())),
         ("mutations".into(), Json::Array(mutations)),

@@ -23,3 +23,24 @@ pub fn start_server_with(env: &Env, port: u16, secret: &str, extra: &[String]) -
         extra,
     )
 }
+
+/// Whether this run sends the clients through the edge gateway (`SYNCHRO_TEST_VIA_EDGE=1`,
+/// set by `scripts/test-edge.sh`): the same scenarios then pass through `wrangler dev`.
+pub fn via_edge() -> bool {
+    std::env::var("SYNCHRO_TEST_VIA_EDGE").as_deref() == Ok("1")
+}
+
+/// The base URL clients use for the server at `origin`: `origin` itself, or with
+/// [`via_edge`] the edge gateway's under `wrangler dev` in front of it (keep the returned
+/// gateway alive as long as the server).
+pub async fn client_base(
+    origin: &str,
+    secret: &str,
+) -> (String, Option<synchro_testkit::edge::Edge>) {
+    if !via_edge() {
+        return (origin.to_owned(), None);
+    }
+    let edge = synchro_testkit::edge::Edge::start(origin, secret, &[]).await;
+    wait_ready(&reqwest::Client::new(), &edge.base).await;
+    (edge.base.clone(), Some(edge))
+}
