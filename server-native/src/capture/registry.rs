@@ -1,7 +1,7 @@
-//! The registered relations as the worker sees them, loaded once per step (prepared queries): identity, fields,
-//! bootstrap status, the membership rule (live and staged) with its contract generations, the
-//! dependencies whose changes can move rows of a target, and the owner of every function
-//! the worker runs.
+//! The registered relations as the worker sees them, loaded once per step by prepared
+//! queries: identity, fields, bootstrap status, the membership rule (live and staged) with its
+//! contract generations, the dependencies whose changes can move rows of a target, and the
+//! owner of every function the worker runs.
 
 use std::collections::HashMap;
 
