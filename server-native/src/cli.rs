@@ -45,13 +45,16 @@ enum Command {
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
     },
-    /// Serve the sync HTTP API (as a synchro_adapter login).
+    /// Serve the sync HTTP API (as a synchro_adapter login). Every option can also be set by
+    /// the environment variable shown in `--help` (the container is configured that way).
+    /// SIGTERM or SIGINT: stop accepting, end event streams (`end` `{"reason":"shutdown"}`),
+    /// let in-flight requests finish, exit 0.
     Serve {
-        /// PostgreSQL connection string.
-        #[arg(long, env = "DATABASE_URL")]
+        /// PostgreSQL connection string (synchro_adapter login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8787")]
+        #[arg(long, env = "SYNCHRO_LISTEN", default_value = "127.0.0.1:8787")]
         listen: SocketAddr,
         /// HS256 secret for bearer JWTs.
         #[arg(long, env = "SYNCHRO_JWT_SECRET", hide_env_values = true)]
@@ -62,32 +65,51 @@ enum Command {
         cursor_secret: Option<String>,
         /// Longest accepted bearer-token lifetime: a token whose `exp` lies further than
         /// this from now is refused (401).
-        #[arg(long, default_value_t = crate::auth::DEFAULT_MAX_TOKEN_LIFETIME_SECS)]
+        #[arg(
+            long,
+            env = "SYNCHRO_MAX_TOKEN_LIFETIME_SECS",
+            default_value_t = crate::auth::DEFAULT_MAX_TOKEN_LIFETIME_SECS
+        )]
         max_token_lifetime_secs: u64,
         /// Largest accepted request body in bytes.
-        #[arg(long, default_value_t = 1_048_576)]
+        #[arg(long, env = "SYNCHRO_MAX_BODY_BYTES", default_value_t = 1_048_576)]
         max_body_bytes: usize,
         /// Minimum client runtime version (SemVer 2.0.0): a connect whose `client_version` is
         /// absent or of lower precedence is answered 426 `upgrade_required`. A malformed
         /// value refuses to start.
-        #[arg(long, value_parser = semver_version)]
+        #[arg(long, env = "SYNCHRO_MIN_CLIENT_VERSION", value_parser = semver_version)]
         min_client_version: Option<String>,
         /// Connection as the owner of the registered scope-assignment function (evaluated
         /// with that owner's privileges).
-        #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL")]
+        #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL", hide_env_values = true)]
         assignment_url: Option<String>,
         /// Also run the capture worker in this process, as this worker login (REPLICATION,
         /// member of synchro_worker). Without it, run `synchro-server capture` separately.
-        #[arg(long, env = "SYNCHRO_WORKER_DATABASE_URL")]
+        #[arg(long, env = "SYNCHRO_WORKER_DATABASE_URL", hide_env_values = true)]
         worker_url: Option<String>,
+        /// With --worker-url, use that login only for push's scope evaluation and run no
+        /// capture worker in this process (it runs as `synchro-server capture`, e.g. its
+        /// own container).
+        #[arg(long, env = "SYNCHRO_NO_CAPTURE", requires = "worker_url")]
+        no_capture: bool,
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Run the capture worker (one leader per database; others wait).
+    /// Run the capture worker (one leader per database; others wait). SIGTERM or SIGINT
+    /// stops it and exits 0: a step in progress is abandoned (its transaction rolls back)
+    /// and the next worker resumes from the last committed progress.
     Capture {
         /// Worker login connection string (REPLICATION, member of synchro_worker).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
+    },
+    /// GET /ready of a local `serve`: exits 0 when it answers 200 within 5 s, 1 otherwise
+    /// (the container's health check; it needs no curl in the image).
+    Probe {
+        /// The address `serve` listens on (an unspecified address such as 0.0.0.0 is
+        /// probed on loopback).
+        #[arg(long, env = "SYNCHRO_LISTEN", default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
     },
     /// Run one retention compaction pass now (the capture leader also runs one every
     /// minute): expires stale client generations, deletes acknowledged scope effects and
@@ -583,6 +605,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             min_client_version,
             assignment_url,
             worker_url,
+            no_capture,
             cursor_secret,
             max_token_lifetime_secs,
             limits,
@@ -599,7 +622,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 None => None,
             };
-            if let Some(url) = worker_url {
+            if let Some(url) = worker_url.filter(|_| !no_capture) {
                 tokio::spawn(capture_loop(url));
             }
             let db = connect_db(&database_url).await?;
@@ -631,7 +654,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             )
             .await?;
         }
-        Command::Capture { database_url } => capture_loop(database_url).await,
+        Command::Capture { database_url } => {
+            tokio::select! {
+                _ = capture_loop(database_url) => {}
+                _ = shutdown_signal() => tracing::info!("capture worker stopping"),
+            }
+        }
+        Command::Probe { listen } => {
+            return Ok(match crate::probe::ready(listen).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("synchro-server probe: {e}");
+                    ExitCode::FAILURE
+                }
+            })
+        }
         Command::Compact {
             database_url,
             batch_size,
@@ -748,7 +785,16 @@ async fn serve(
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
     let config = state.config.clone();
-    crate::serve::serve(listener, router(state), &config, shutdown_signal()).await?;
+    // Event streams never finish on their own: they end at the signal, so the graceful
+    // shutdown does not wait for their lifetime.
+    let streams = state.events.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        streams.stop();
+    };
+    crate::serve::serve(listener, router(state), &config, shutdown).await?;
+    tracing::info!("stopped");
     Ok(())
 }
 

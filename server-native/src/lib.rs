@@ -17,6 +17,7 @@
 //! | [`serve`] | the accept loop: connection caps, header and idle timeouts, shutdown |
 //! | [`retention`] | client expiry and scope-local compaction |
 //! | [`cli`] | the `synchro-server` command line |
+//! | [`probe`] | `synchro-server probe`: the container's health check on `/ready` |
 //! | [`dev`] | the `dev` command's provisioning |
 //! | [`logging`] | log filtering that keeps parameters out of logs |
 #![warn(missing_docs)]
@@ -30,6 +31,7 @@ pub mod digest_cache;
 pub mod install;
 pub mod logging;
 pub mod pg_harness;
+pub mod probe;
 pub mod publish;
 pub mod registry;
 pub mod retention;

@@ -1,5 +1,6 @@
 //! kill -9 of the capture process during a write load, then a restart: nothing is lost or
-//! applied twice, and the projection equals the source tables.
+//! applied twice, and the projection equals the source tables. SIGTERM (a container stop)
+//! stops it with exit 0.
 
 mod common;
 
@@ -29,6 +30,46 @@ fn start_capture(url: &str) -> Capture {
             .spawn()
             .unwrap(),
     )
+}
+
+/// Waits (up to 30 s) for the capture worker's first heartbeat.
+async fn wait_heartbeat(env: &Env) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let beat: Option<std::time::SystemTime> = env
+            .admin
+            .query_one("SELECT heartbeat_at FROM synchro.capture_state", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if beat.is_some() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "capture never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_capture_worker_with_exit_0() {
+    // Without a handler the process would die of the signal (and as a container's PID 1 it
+    // would ignore it until the engine's SIGKILL).
+    let env = Env::installed().await;
+    let mut capture = start_capture(&env.cluster.url("synchro_dev_worker", "app"));
+    wait_heartbeat(&env).await;
+    Command::new("kill")
+        .args(["-TERM", &capture.0.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = capture.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "capture did not stop on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
 }
 
 #[tokio::test]

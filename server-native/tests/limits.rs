@@ -39,7 +39,7 @@ fn start_limited(env: &Env, flags: &[&str], nofile: Option<u32>) -> (Server, Soc
         }
         None => std::process::Command::new(binary),
     };
-    let server = Server(
+    let server = Server::from(
         command
             .args(common::serve_args(env, port, SECRET))
             .args(flags)
@@ -545,6 +545,105 @@ async fn sigterm_lets_in_flight_requests_finish_and_closes_idle_connections() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");
+}
+
+/// Waits up to `within` for `server` to exit; its status.
+async fn exit_within(server: &mut Server, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_ends_open_event_streams_and_the_server_exits_0() {
+    // An events stream lasts 5 minutes; a container stop (SIGTERM, then SIGKILL after 10 s)
+    // must not wait for it.
+    let env = env().await;
+    let (mut server, addr) = start(&env, &[]);
+    wait_ready(addr).await;
+    let (token, generation, _) = connect(addr, "alice", "c1").await;
+    let mut stream = reqwest::Client::new()
+        .post(format!("http://{addr}/sync/events"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let ready = stream.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&ready).contains("event: ready"));
+    std::process::Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    let mut rest = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = stream.chunk().await.unwrap() {
+            rest.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the stream stayed open after SIGTERM: {rest:?}"
+    );
+    assert!(
+        rest.contains("event: end") && rest.contains("\"reason\":\"shutdown\""),
+        "{rest:?}"
+    );
+    let status = exit_within(&mut server, Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the server did not exit 0 within 10 s of SIGTERM: {status:?}"
+    );
+}
+
+#[tokio::test]
+async fn probe_exits_0_for_a_ready_server_and_1_otherwise() {
+    // `synchro-server probe` is the container's health check.
+    let probe = |addr: String| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args(["probe", "--listen", &addr])
+            .env_remove("SYNCHRO_LISTEN")
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .code()
+    };
+    // Nothing listens.
+    assert_eq!(probe(format!("127.0.0.1:{}", free_port())), Some(1));
+    // Something that is not a ready synchro server: a 503.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_addr = other.local_addr().unwrap();
+    let answering = tokio::spawn(async move {
+        let (mut s, _) = other.accept().await.unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf).await;
+        s.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+    });
+    let code = tokio::task::spawn_blocking(move || probe(other_addr.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(1));
+    answering.await.unwrap();
+    // A ready server, probed through the unspecified address it could listen on.
+    let env = env().await;
+    let (_server, addr) = start(&env, &[]);
+    wait_ready(addr).await;
+    assert_eq!(probe(addr.to_string()), Some(0));
+    assert_eq!(probe(format!("0.0.0.0:{}", addr.port())), Some(0));
 }
 
 /// Connects `client` for `user`; returns (token, generation, schema).

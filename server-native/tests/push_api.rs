@@ -1100,7 +1100,7 @@ async fn an_exhausted_pool_is_a_typed_503_never_a_hang() {
         env,
         base,
         http: reqwest::Client::new(),
-        _server: Server(std::process::Command::new("true").spawn().unwrap()),
+        _server: Server::from(std::process::Command::new("true").spawn().unwrap()),
     };
     let m = s.manifest().await;
     let alice = s.session("alice", "c1").await;

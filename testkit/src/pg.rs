@@ -121,14 +121,50 @@ pub async fn docs_digest_from_source(env: &Env, owner: &str) -> String {
     )
 }
 
-/// A `synchro-server serve` process (HTTP and capture in one); killed when dropped.
-pub struct Server(pub std::process::Child);
+/// A `synchro-server serve` process (HTTP and capture in one); killed (SIGKILL) when dropped.
+/// In a container run ([`container_image`]) the process is the engine's `run` and the second
+/// field names the container, which is killed first.
+pub struct Server(pub std::process::Child, Option<String>);
+
+impl From<std::process::Child> for Server {
+    fn from(child: std::process::Child) -> Server {
+        Server(child, None)
+    }
+}
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if let Some(name) = &self.1 {
+            // Killing the engine's client would leave the container running.
+            let engine = container_engine();
+            let quiet = || {
+                let mut c = std::process::Command::new(&engine);
+                c.stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null());
+                c
+            };
+            let _ = quiet().args(["kill", "--signal", "KILL", name]).status();
+            let _ = self.0.wait();
+            let _ = quiet().args(["rm", "--force", name]).status();
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The server image the tests run instead of the server binary:
+/// `SYNCHRO_TEST_SERVER_IMAGE` (set by `scripts/test-container.sh`), else none. The
+/// container runs on the host network and is configured only by environment variables.
+pub fn container_image() -> Option<String> {
+    std::env::var("SYNCHRO_TEST_SERVER_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// The container engine of a container run: `SYNCHRO_TEST_CONTAINER_ENGINE`, else `podman`
+/// (its configuration, such as `CONTAINERS_CONF`, comes from the environment).
+pub fn container_engine() -> String {
+    std::env::var("SYNCHRO_TEST_CONTAINER_ENGINE").unwrap_or_else(|_| "podman".into())
 }
 
 /// The arguments of `serve` (HTTP and capture in one) on 127.0.0.1:`port` against `env`'s
@@ -162,10 +198,41 @@ pub fn start_server_binary_with(
     secret: &str,
     extra: &[String],
 ) -> Server {
-    let mut command = std::process::Command::new(bin);
+    let image = container_image();
+    let mut name = None;
+    let mut command = match &image {
+        None => {
+            let mut command = std::process::Command::new(bin);
+            command.args(serve_args(env, port, secret));
+            command
+        }
+        Some(image) => {
+            // The same server as `serve_args`, configured the way the image documents:
+            // environment variables, passed by name so their values stay off command lines.
+            let n = format!("synchro-test-{}-{port}", std::process::id());
+            let mut command = std::process::Command::new(container_engine());
+            command
+                .args(["run", "--rm", "--network", "host", "--name", &n])
+                .args(["-e", "DATABASE_URL", "-e", "SYNCHRO_WORKER_DATABASE_URL"])
+                .args(["-e", "SYNCHRO_JWT_SECRET", "-e", "SYNCHRO_LISTEN"])
+                .args(["-e", "SYNCHRO_LOG", image, "serve"])
+                .env(
+                    "DATABASE_URL",
+                    env.cluster.url("synchro_dev_adapter", "app"),
+                )
+                .env(
+                    "SYNCHRO_WORKER_DATABASE_URL",
+                    env.cluster.url("synchro_dev_worker", "app"),
+                )
+                .env("SYNCHRO_JWT_SECRET", secret)
+                .env("SYNCHRO_LISTEN", format!("127.0.0.1:{port}"));
+            name = Some(n);
+            command
+        }
+    };
     command
-        .args(serve_args(env, port, secret))
         .args(extra)
+        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
     // To diagnose a failing test: `SYNCHRO_TEST_SERVER_LOGS=<dir>` keeps each server's log
     // (at `SYNCHRO_TEST_SERVER_LOG_LEVEL`, default `debug`) in `<dir>/server-<port>.log`.
@@ -184,7 +251,7 @@ pub fn start_server_binary_with(
                 .stderr(std::process::Stdio::null());
         }
     }
-    Server(command.spawn().unwrap())
+    Server(command.spawn().unwrap(), name)
 }
 
 /// The last `lines` lines of the log [`start_server_binary_with`] kept for the server on

@@ -17,8 +17,10 @@
 //! Stream events (each `data` is a JSON object):
 //! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
 //! - `changed` `{"scopes": [...]}`: these assigned scopes have new effects; pull them.
-//! - `end` `{"reason": "client_generation_expired" | "lifetime"}`: the stream closes;
-//!   reconnect (after `connect` for an expired generation).
+//! - `end` `{"reason": "client_generation_expired" | "lifetime" | "shutdown"}`: the stream
+//!   closes; reconnect (after `connect` for an expired generation). `shutdown`: the server
+//!   is stopping ([`Notifier::stop`], at SIGTERM), so its graceful shutdown need not wait
+//!   for the streams' lifetime.
 //!
 //! Comment lines (`: keepalive`) are sent when the stream has been quiet for a while.
 //!
@@ -61,6 +63,8 @@ pub struct Notifier {
     tx: Arc<watch::Sender<u64>>,
     streams: Arc<Mutex<OpenStreams>>,
     updates: Arc<tokio::sync::OnceCell<watch::Receiver<Arc<Update>>>>,
+    /// Set once the server stops: every stream ends.
+    stopping: Arc<watch::Sender<bool>>,
 }
 
 impl Default for Notifier {
@@ -70,6 +74,7 @@ impl Default for Notifier {
             tx: Arc::new(watch::channel(0).0),
             streams: Arc::default(),
             updates: Arc::default(),
+            stopping: Arc::new(watch::channel(false).0),
         }
     }
 }
@@ -128,6 +133,12 @@ impl Notifier {
     /// Wakes every stream now.
     pub fn bump(&self) {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Ends every open stream (`end` `{"reason":"shutdown"}`) and every later one at once:
+    /// the server is stopping.
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {
@@ -291,6 +302,7 @@ pub(crate) async fn events(
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     let mut updates = state.events.updates(&state).await;
     updates.mark_unchanged();
+    let mut stopping = state.events.stopping.subscribe();
     tokio::spawn(async move {
         let _slot = slot;
         let deadline = tokio::time::Instant::now() + LIFETIME;
@@ -325,6 +337,10 @@ pub(crate) async fn events(
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     let _ = tx.send(end("lifetime")).await;
+                    break;
+                }
+                _ = stopped(&mut stopping) => {
+                    let _ = tx.send(end("shutdown")).await;
                     break;
                 }
                 _ = tx.closed() => break, // the client went away
@@ -372,6 +388,13 @@ pub(crate) async fn events(
     headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
     headers.insert(header::CACHE_CONTROL, "no-store".parse().unwrap());
     Ok((StatusCode::OK, headers, body).into_response())
+}
+
+/// Completes once [`Notifier::stop`] was called.
+async fn stopped(stopping: &mut watch::Receiver<bool>) {
+    if stopping.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await; // no notifier left to stop us
+    }
 }
 
 fn end(reason: &str) -> Bytes {
