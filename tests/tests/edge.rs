@@ -63,7 +63,7 @@ impl Stack {
             "synchro-edge-origin-{}-{port}.log",
             std::process::id()
         ));
-        let server = Server(
+        let server = Server::from(
             std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server-under-test"))
                 .args(common::serve_args(&env, port, SECRET))
                 .args(["--max-body-bytes", &max_body.to_string()])
