@@ -33,8 +33,13 @@ pub fn to_canonical_string(value: &Json) -> Result<String> {
 /// version such as 9007199254740992) kept as its original token instead of failing.
 pub fn to_output_string(value: &Json) -> String {
     let mut out = String::new();
-    write(value, &mut out, false).expect("lenient serialization does not fail");
+    write_output(value, &mut out);
     out
+}
+
+/// Appends the [`to_output_string`] text of `value` to `out`.
+pub fn write_output(value: &Json, out: &mut String) {
+    write(value, out, false).expect("lenient serialization does not fail");
 }
 
 /// Appends the RFC 8785 serialization of `value` to `out`.
@@ -83,24 +88,34 @@ fn write(value: &Json, out: &mut String, strict: bool) -> Result<()> {
 
 /// Appends a string literal with RFC 8785 escaping.
 pub fn write_string(s: &str, out: &mut String) {
+    out.reserve(s.len() + 2);
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                out.push_str("\\u00");
-                out.push(char::from(b"0123456789abcdef"[(c as usize) >> 4]));
-                out.push(char::from(b"0123456789abcdef"[(c as usize) & 0xf]));
-            }
-            c => out.push(c),
+    // Runs of characters that need no escape are copied at once; every escaped character
+    // is ASCII, so each run ends on a character boundary.
+    let mut run = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escaped = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[run..i]);
+        run = i + 1;
+        if escaped.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+            out.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
+        } else {
+            out.push_str(escaped);
         }
     }
+    out.push_str(&s[run..]);
     out.push('"');
 }
 
@@ -200,6 +215,55 @@ mod tests {
             canonicalize(r#""\u001f\u007f\/\u2028""#).unwrap(),
             "\"\\u001f\u{7f}/\u{2028}\""
         );
+    }
+
+    #[test]
+    fn every_control_character_and_quote_is_escaped_around_any_text() {
+        // RFC 8785 3.2.2.2: the two-character escapes where JSON has one, \u00xx (lower-case
+        // hex) for every other control character, everything else as is.
+        let short = [
+            ('"', "\\\""),
+            ('\\', "\\\\"),
+            ('\u{8}', "\\b"),
+            ('\u{c}', "\\f"),
+            ('\n', "\\n"),
+            ('\r', "\\r"),
+            ('\t', "\\t"),
+        ];
+        for c in (0u8..0x80)
+            .map(char::from)
+            .chain(['é', '\u{2028}', '😀', '\u{ffff}'])
+        {
+            let expected = match short.iter().find(|(s, _)| *s == c) {
+                Some((_, e)) => e.to_string(),
+                None if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32),
+                None => c.to_string(),
+            };
+            for (before, after) in [("", ""), ("aé", ""), ("", "😀b"), ("x\"", "\ty")] {
+                let mut out = String::new();
+                write_string(&format!("{before}{c}{after}"), &mut out);
+                let mut want = String::from("\"");
+                for part in [before, "\u{0}", after] {
+                    if part == "\u{0}" {
+                        want.push_str(&expected);
+                        continue;
+                    }
+                    for p in part.chars() {
+                        match short.iter().find(|(s, _)| *s == p) {
+                            Some((_, e)) => want.push_str(e),
+                            None => want.push(p),
+                        }
+                    }
+                }
+                want.push('"');
+                assert_eq!(out, want, "{:?}", c);
+                // And it parses back to the same text.
+                assert_eq!(
+                    Json::parse(&out).unwrap(),
+                    Json::String(format!("{before}{c}{after}"))
+                );
+            }
+        }
     }
 
     #[test]

@@ -890,7 +890,7 @@ async fn rebuild_sessions_are_capped_per_client_and_a_repeated_rebuild_replaces(
     let rows: i64 = env
         .admin
         .query_one(
-            "SELECT count(*) FROM synchro.rebuild_rows r JOIN synchro.rebuild_sessions s USING (session_id)
+            "SELECT count(*) FROM synchro.rebuild_chunks r JOIN synchro.rebuild_sessions s USING (session_id)
               WHERE s.client_id = 'c1' AND s.scope_id = 'team:red'",
             &[],
         )

@@ -80,6 +80,27 @@ pub struct RebuildRecord {
 }
 
 impl RebuildRecord {
+    /// The record's output text, as it appears in a page's `records`: what a server that
+    /// renders a session's records once, at its start, stores and later sends as a
+    /// [`RenderedRebuildPage`].
+    pub fn to_output_string(&self) -> String {
+        use crate::jcs::{write_output, write_string};
+        // `to_json`'s members written in output order (by name), without building it.
+        let mut out = String::with_capacity(256);
+        out.push_str("{\"pk\":");
+        write_output(&self.pk, &mut out);
+        out.push_str(",\"row\":");
+        write_output(&self.row, &mut out);
+        out.push_str(",\"row_checksum\":");
+        out.push_str(&self.row_checksum.to_json_string());
+        out.push_str(",\"server_version\":");
+        write_string(&self.server_version, &mut out);
+        out.push_str(",\"table_id\":");
+        write_string(&self.table_id, &mut out);
+        out.push('}');
+        out
+    }
+
     fn from_json(v: &Json) -> Result<RebuildRecord, WireError> {
         let mut m = Members::of(v, "a record is an object")?;
         let r = RebuildRecord {
@@ -140,6 +161,61 @@ pub struct RebuildResponse {
     pub records: Vec<RebuildRecord>,
     /// Continuation or final members.
     pub end: RebuildEnd,
+}
+
+/// A rebuild page whose records are already serialized, each the
+/// [`RebuildRecord::to_output_string`] of its record: its text equals the
+/// [`Message::to_json_string`] of the [`RebuildResponse`] holding those records, without
+/// parsing them again.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderedRebuildPage<'a> {
+    /// The scope (the requested one).
+    pub scope_id: &'a str,
+    /// The records' output texts, in canonical row-identity order.
+    pub records: &'a [&'a str],
+    /// Continuation or final members.
+    pub end: &'a RebuildEnd,
+}
+
+impl RenderedRebuildPage<'_> {
+    /// The page's output text.
+    pub fn to_output_string(&self) -> String {
+        let shell = RebuildResponse {
+            scope_id: self.scope_id.to_owned(),
+            records: Vec::new(),
+            end: self.end.clone(),
+        }
+        .to_json();
+        let Json::Object(mut members) = shell else {
+            unreachable!("a response is an object")
+        };
+        // The members' names are ASCII: octet order is the output's UTF-16 order.
+        members.sort_by(|a, b| a.0.cmp(&b.0));
+        let size = self.records.iter().map(|r| r.len() + 1).sum::<usize>();
+        let mut out = String::with_capacity(size + 512);
+        out.push('{');
+        for (i, (name, value)) in members.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            crate::jcs::write_string(name, &mut out);
+            out.push(':');
+            if name == "records" {
+                out.push('[');
+                for (j, record) in self.records.iter().enumerate() {
+                    if j > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(record);
+                }
+                out.push(']');
+            } else {
+                out.push_str(&crate::jcs::to_output_string(value));
+            }
+        }
+        out.push('}');
+        out
+    }
 }
 
 impl RebuildResponse {

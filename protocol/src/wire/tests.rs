@@ -246,13 +246,19 @@ proptest! {
         round_trip(&pull);
         prop_assert_eq!(&PullResponse::from_json_owned(pull.to_json()).unwrap(), &pull);
         round_trip(&PushResponse { batch_id: batch, outcomes });
-        round_trip(&RebuildResponse {
+        let page = RebuildResponse {
             scope_id: scope,
             records: records.into_iter().map(|(table_id, pk, row, server_version, row_checksum)| RebuildRecord {
                 table_id, pk: Json::String(pk), row, server_version, row_checksum,
             }).collect(),
             end,
-        });
+        };
+        round_trip(&page);
+        // The same page from records serialized one by one, ahead of time.
+        let texts: Vec<String> = page.records.iter().map(RebuildRecord::to_output_string).collect();
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let rendered = RenderedRebuildPage { scope_id: &page.scope_id, records: &texts, end: &page.end };
+        prop_assert_eq!(rendered.to_output_string(), page.to_json_string());
         let (name, definition, affected, reason) = match action {
             0 => ("none", None, None, None),
             1 => ("replace", Some(definition), None, None),
@@ -425,5 +431,17 @@ fn the_owned_pull_parser_reads_exactly_what_the_borrowed_one_does() {
             PullResponse::from_json(&body),
             "{text}"
         );
+    }
+}
+
+#[test]
+fn a_checksum_object_is_its_canonical_text() {
+    for bytes in [[0u8; 32], [0xab; 32], std::array::from_fn(|i| i as u8)] {
+        let c = Checksum(bytes);
+        assert_eq!(
+            crate::jcs::to_output_string(&checksum_json(&c)),
+            c.to_json_string()
+        );
+        assert_eq!(checksum_json(&c), Json::parse(&c.to_json_string()).unwrap());
     }
 }

@@ -3,7 +3,11 @@
 -- session pins retention), "Strict Positive Limits" (bounded sessions).
 --
 -- A session stores the scope's rows as of one snapshot, in canonical row-identity order, so
--- every page of one rebuild comes from the same immutable state. A new rebuild of a scope
+-- every page of one rebuild comes from the same immutable state: each row as the output text
+-- of its page record (its row digest included), rendered once when the session starts, in
+-- chunks of chunk_rows records, and the scope checksum of the whole snapshot in the header.
+-- A chunk is one text, its records separated by newlines (output JSON contains none): stored
+-- and read as one value, where a row per record cost a second per 100,000 rows. A new rebuild of a scope
 -- replaces the client's earlier session of that scope (and any session of an older client
 -- generation, which can only restart), and a client holds at most p_max_sessions sessions
 -- in progress: not completed, not expired, of its current generation. The final page
@@ -25,22 +29,27 @@ CREATE TABLE synchro.rebuild_sessions (
     membership_generation bigint NOT NULL,
     watermark bigint NOT NULL,
     row_count integer NOT NULL,
+    chunk_rows integer NOT NULL CHECK (chunk_rows > 0),
+    checksum text NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
     completed_at timestamptz
 );
 CREATE INDEX rebuild_sessions_by_client ON synchro.rebuild_sessions (user_id, client_id);
 REVOKE ALL ON synchro.rebuild_sessions FROM PUBLIC;
 
-CREATE TABLE synchro.rebuild_rows (
+-- Chunk c holds the records of ordinals c * chunk_rows .. (c + 1) * chunk_rows - 1.
+-- Unlogged: a session's records are a copy of projection rows, written once per session (tens
+-- of MB for a large scope), so they stay out of the WAL (which the capture worker decodes)
+-- and out of replication. A crash empties the table; a continuation of a session whose
+-- chunks are gone is answered 409 rebuild_restart_required (its header, logged, keeps
+-- pinning retention until the TTL).
+CREATE UNLOGGED TABLE synchro.rebuild_chunks (
     session_id text NOT NULL REFERENCES synchro.rebuild_sessions ON DELETE CASCADE,
-    ordinal integer NOT NULL,
-    table_id text NOT NULL,
-    pk text NOT NULL,
-    row_json text NOT NULL,
-    server_version text NOT NULL,
-    PRIMARY KEY (session_id, ordinal)
+    chunk integer NOT NULL,
+    records text NOT NULL,
+    PRIMARY KEY (session_id, chunk)
 );
-REVOKE ALL ON synchro.rebuild_rows FROM PUBLIC;
+REVOKE ALL ON synchro.rebuild_chunks FROM PUBLIC;
 
 -- Sessions in progress of the client's current generation, other than one for p_scope_id
 -- (which a new rebuild of that scope replaces).
@@ -56,11 +65,12 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_sessions_in_progress(text, text, bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_sessions_in_progress(text, text, bigint, text) TO synchro_adapter;
 
--- Stores a new session and its rows. Returns its ID, or NULL when the client already holds
--- p_max_sessions other sessions in progress (nothing is stored then).
+-- Stores a new session of p_row_count records in chunks (in order). Returns its ID, or NULL
+-- when the client already holds p_max_sessions other sessions in progress (nothing is stored
+-- then).
 CREATE FUNCTION synchro.synchro_rebuild_create(p_user_id text, p_client_id text, p_client_generation bigint,
     p_scope_id text, p_schema_hash text, p_stream_generation bigint, p_membership_generation bigint,
-    p_watermark bigint, p_table_ids text[], p_pks text[], p_rows text[], p_versions text[],
+    p_watermark bigint, p_checksum text, p_row_count integer, p_chunk_rows integer, p_chunks text[],
     p_max_sessions integer) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -77,24 +87,25 @@ BEGIN
         RETURN NULL;
     END IF;
     INSERT INTO synchro.rebuild_sessions VALUES (v_id, p_user_id, p_client_id, p_client_generation, p_scope_id,
-        p_schema_hash, p_stream_generation, p_membership_generation, p_watermark, coalesce(array_length(p_pks, 1), 0));
-    INSERT INTO synchro.rebuild_rows
-    SELECT v_id, (o - 1)::integer, t, k, r, v
-      FROM unnest(p_table_ids, p_pks, p_rows, p_versions) WITH ORDINALITY AS u(t, k, r, v, o);
+        p_schema_hash, p_stream_generation, p_membership_generation, p_watermark,
+        p_row_count, p_chunk_rows, p_checksum);
+    INSERT INTO synchro.rebuild_chunks
+    SELECT v_id, (o - 1)::integer, c FROM unnest(p_chunks) WITH ORDINALITY AS u(c, o);
     RETURN v_id;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_create(text, text, bigint, text, text, bigint, bigint, bigint,
-    text[], text[], text[], text[], integer) FROM PUBLIC;
+    text, integer, integer, text[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_create(text, text, bigint, text, text, bigint, bigint, bigint,
-    text[], text[], text[], text[], integer) TO synchro_adapter;
+    text, integer, integer, text[], integer) TO synchro_adapter;
 
 -- A session in progress (no row when it is completed, expired or unknown: 409 restart).
 CREATE FUNCTION synchro.synchro_rebuild_session(p_session_id text)
 RETURNS TABLE (user_id text, client_id text, client_generation bigint, scope_id text, schema_hash text,
-               stream_generation bigint, membership_generation bigint, watermark bigint, row_count integer)
+               stream_generation bigint, membership_generation bigint, watermark bigint, row_count integer,
+               chunk_rows integer, checksum text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT user_id, client_id, client_generation, scope_id, schema_hash, stream_generation, membership_generation,
-           watermark, row_count
+           watermark, row_count, chunk_rows, checksum
       FROM synchro.rebuild_sessions
      WHERE session_id = p_session_id AND completed_at IS NULL
        AND created_at + make_interval(mins => (SELECT value::integer FROM synchro.settings
@@ -103,12 +114,16 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_session(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_session(text) TO synchro_adapter;
 
--- One page of a session's rows, from ordinal p_from.
+-- The chunks holding a page of p_limit records from ordinal p_from, in order.
 CREATE FUNCTION synchro.synchro_rebuild_page(p_session_id text, p_from integer, p_limit integer)
-RETURNS TABLE (ordinal integer, table_id text, pk text, row_json text, server_version text)
+RETURNS TABLE (chunk integer, records text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT ordinal, table_id, pk, row_json, server_version FROM synchro.rebuild_rows
-     WHERE session_id = p_session_id AND ordinal >= p_from ORDER BY ordinal LIMIT p_limit
+    SELECT c.chunk, c.records
+      FROM synchro.rebuild_sessions s
+      JOIN synchro.rebuild_chunks c ON c.session_id = s.session_id
+     WHERE s.session_id = p_session_id
+       AND c.chunk BETWEEN p_from / s.chunk_rows AND (p_from::bigint + p_limit - 1) / s.chunk_rows
+     ORDER BY c.chunk
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_page(text, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_page(text, integer, integer) TO synchro_adapter;
@@ -116,7 +131,7 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_page(text, integer, integer) T
 -- The final page was served: the rows go, the header stays (retention pin) until the TTL.
 CREATE FUNCTION synchro.synchro_rebuild_complete(p_session_id text) RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    DELETE FROM synchro.rebuild_rows WHERE session_id = p_session_id;
+    DELETE FROM synchro.rebuild_chunks WHERE session_id = p_session_id;
     UPDATE synchro.rebuild_sessions SET completed_at = now() WHERE session_id = p_session_id AND completed_at IS NULL;
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_complete(text) FROM PUBLIC;

@@ -116,8 +116,10 @@ async fn push(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body
 async fn rebuild(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     async {
         let r = preamble::preamble(&state, &headers, body).await?;
-        let body = rebuild::rebuild(&state, &r.user_id, r.request).await?;
-        Ok::<_, ApiError>(message_response(&body))
+        let text = rebuild::rebuild(&state, &r.user_id, r.request).await?;
+        Ok::<_, ApiError>(
+            (StatusCode::OK, [("content-type", "application/json")], text).into_response(),
+        )
     }
     .await
     .unwrap_or_else(IntoResponse::into_response)

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use synchro_protocol::checksum::Checksum;
-use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
+use synchro_protocol::digest::{row_digest, RowIdentity};
 use synchro_protocol::json::Json;
 use synchro_protocol::token::{CursorStatus, Principal, ScopeCursor, ScopeStreamState};
 use synchro_protocol::value::TypedValue;
@@ -479,7 +479,7 @@ fn row_entry(
 }
 
 /// A key (canonical wire text) of a table of `manifest` as its typed value and row identity.
-fn key_identity(
+pub(super) fn key_identity(
     manifest: &synchro_protocol::manifest::Manifest,
     table_id: &str,
     pk: &str,
@@ -489,21 +489,4 @@ fn key_identity(
         .map_err(|_| ApiError::integrity())?;
     let identity = RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?;
     Ok((key, identity))
-}
-
-/// The scope digest over rows whose columns `first..first + 4` are `(table_id, pk,
-/// row_json, server_version)`.
-pub(crate) fn digest_columns(
-    manifest: &synchro_protocol::manifest::Manifest,
-    scope: &str,
-    rows: &[tokio_postgres::Row],
-    first: usize,
-) -> Result<Checksum, ApiError> {
-    let mut entries = Vec::with_capacity(rows.len());
-    for r in rows {
-        entries.push(row_entry(manifest, r, first)?);
-    }
-    let d = scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
-        .map_err(|_| ApiError::integrity())?;
-    Ok(Checksum(d.digest))
 }

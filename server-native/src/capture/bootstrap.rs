@@ -72,6 +72,7 @@ impl Worker {
             .await?;
         db.commit().await?;
         tracing::info!(rows = copied, "relation bootstrapped");
+        self.analyze_materialized().await;
         Ok(())
     }
 

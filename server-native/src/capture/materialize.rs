@@ -123,6 +123,9 @@ impl Worker {
         if !activations.is_empty() {
             tracing::info!(count = activations.len(), "reconfiguration activated");
         }
+        if !bootstrapped.is_empty() || !activations.is_empty() {
+            self.analyze_materialized().await;
+        }
         Ok(())
     }
 

@@ -174,6 +174,20 @@ impl Worker {
         }
     }
 
+    /// Refreshes the planner's statistics of the worker's tables after a bulk write (a
+    /// bootstrap copy, an activation, a re-evaluated rule: `synchro_analyze_materialized`);
+    /// a failure only leaves them to autovacuum.
+    async fn analyze_materialized(&self) {
+        if self
+            .materialize
+            .batch_execute("SELECT synchro.synchro_analyze_materialized()")
+            .await
+            .is_err()
+        {
+            tracing::warn!("refreshing the projection statistics failed");
+        }
+    }
+
     /// Compacts retention when [`COMPACTION_INTERVAL`] has passed since the last time.
     async fn compact_if_due(&mut self) {
         if self.last_compaction.elapsed() < COMPACTION_INTERVAL {

@@ -33,7 +33,7 @@ impl Worker {
             .membership(&self.materialize, &pending.function, &m.key_type)
             .await?;
         let db = &self.materialize;
-        in_transaction(db, async {
+        let outcome = in_transaction(db, async {
             let batch: i64 = db
                 .query_one(
                     "SELECT value::bigint FROM synchro.settings WHERE key = 'backfill_batch_size'",
@@ -81,7 +81,11 @@ impl Worker {
             db.batch_execute("COMMIT").await?;
             Ok::<_, anyhow::Error>(outcome)
         })
-        .await
+        .await?;
+        if outcome.is_none() {
+            self.analyze_materialized().await;
+        }
+        Ok(outcome)
     }
 
     /// Re-evaluates every row of a relation whose membership contract changed, in one
@@ -118,7 +122,9 @@ impl Worker {
             );
             Ok::<_, anyhow::Error>(())
         })
-        .await
+        .await?;
+        self.analyze_materialized().await;
+        Ok(())
     }
 }
 
