@@ -19,7 +19,16 @@ SLEEPER=$!
 FIFO=$(mktemp -u) && mkfifo "$FIFO"
 "$TARGET/debug/examples/live_stack" <&3 >"$FIFO" &
 STACK=$!
-trap 'kill $STACK $SLEEPER 2>/dev/null; rm -f "$FIFO" "${WEBDRIVER:-}"' EXIT
+# On exit the stack's stdin closes (this shell's copy of it too) so it stops its server and
+# drops its PostgreSQL cluster itself; a SIGTERM would leave both running.
+stop_stack() {
+    exec 3<&-
+    kill "$SLEEPER" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$STACK" 2>/dev/null || break; sleep 0.1; done
+    kill "$STACK" 2>/dev/null || true
+    rm -f "$FIFO" "${WEBDRIVER:-}"
+}
+trap stop_stack EXIT
 while read -r line; do
     export "${line?}"
     [ -n "${SYNCHRO_LIVE_TOKEN:-}" ] && break

@@ -574,6 +574,45 @@ async fn terminal_digests_follow_changes_through_the_scope_index() {
     );
 }
 
+/// When most of a scope changed, its terminal digest builds the index again from the
+/// scope's keys and versions (row digests the pages just computed, from the cache) instead
+/// of reading each changed row by key; it still equals the digest of the source's rows.
+#[tokio::test]
+async fn a_scope_mostly_changed_is_digested_again_in_full() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    s.env
+        .admin
+        .batch_execute(
+            "INSERT INTO app.docs SELECT g, 'alice', 'seed ' || g FROM generate_series(1, 3000) g",
+        )
+        .await
+        .unwrap();
+    s.capture().await;
+    let (cursor, rebuild, digest) = follow(&s, &token, "c1", generation, Value::Null).await;
+    assert!(!rebuild);
+    assert_eq!(digest, digest_from_source(&s, "alice").await);
+    s.env
+        .admin
+        .batch_execute(
+            "UPDATE app.docs SET title = 'changed ' || id WHERE id <= 2500;
+             UPDATE app.docs SET owner = 'bob' WHERE id > 2900",
+        )
+        .await
+        .unwrap();
+    s.capture().await;
+    let builds = synchro_server::digest_cache::INDEX_BUILDS.load(Relaxed);
+    let (_, rebuild, digest) = follow(&s, &token, "c1", generation, cursor).await;
+    assert!(!rebuild);
+    assert_eq!(digest, digest_from_source(&s, "alice").await);
+    assert!(
+        synchro_server::digest_cache::INDEX_BUILDS.load(Relaxed) > builds,
+        "the index was built again"
+    );
+}
+
 async fn floor(s: &Stack) -> i64 {
     s.env
         .admin

@@ -191,6 +191,10 @@ pub(crate) async fn pull(
         )
         .await?;
     let has_more = rows.len() as u64 > req.limit;
+    let schema_hash = current.schema_hash();
+    // The page's row digests, kept for the terminal digest that follows (a scope index
+    // brought forward, or built again, looks them up by row version instead of digesting).
+    let mut digested = Vec::new();
     let mut changes = Vec::new();
     let mut high: BTreeMap<String, u64> = positions.clone();
     for r in rows.iter().take(req.limit as usize) {
@@ -212,12 +216,16 @@ pub(crate) async fn pull(
             r.get(6),
         );
         high.insert(scope.clone(), position as u64);
-        let pk = Json::parse(&pk).map_err(|_| ApiError::integrity())?;
+        let pk_json = Json::parse(&pk).map_err(|_| ApiError::integrity())?;
         let op = match (kind.as_str(), row_json) {
             ("upsert", Some(text)) => {
                 let row = Json::parse(&text).map_err(|_| ApiError::integrity())?;
-                let d = row_digest(current, &table_id, &pk, &row, &version)
+                let d = row_digest(current, &table_id, &pk_json, &row, &version)
                     .map_err(|_| ApiError::integrity())?;
+                digested.push((
+                    crate::digest_cache::key(&schema_hash, &table_id, &pk, &version),
+                    d.digest,
+                ));
                 ChangeOp::Upsert {
                     row,
                     row_checksum: Checksum(d.digest),
@@ -228,11 +236,12 @@ pub(crate) async fn pull(
         changes.push(Change {
             scope_id: scope,
             table_id,
-            pk,
+            pk: pk_json,
             server_version: version,
             op,
         });
     }
+    crate::digest_cache::put_many(digested);
     if !has_more {
         // Every resumable scope is current through the snapshot's high-watermark.
         let hw: i64 = snap
@@ -406,6 +415,10 @@ pub(crate) async fn scope_checksum(
     Ok(Checksum(d))
 }
 
+/// Rows a scope index is brought forward by, whatever its size, before it is built again
+/// instead (see [`advance_index`]).
+const ADVANCE_MIN: usize = 1024;
+
 /// Brings a scope index forward to `fingerprint` in this snapshot: every row an effect of
 /// the scope after the index's fingerprint names is replaced by its current state (in the
 /// scope or not). Every change of a scope's rows or membership writes such an effect, so
@@ -431,6 +444,11 @@ async fn advance_index(
             &[&scope, &index.fingerprint],
         )
         .await?;
+    // Most of the scope changed: reading its keys and versions whole (one join, row digests
+    // from the cache) is faster than reading each named row by key.
+    if touched.len() > index.rows.len() / 4 + ADVANCE_MIN {
+        return Ok(false);
+    }
     // Every named row leaves the index, and comes back with its digest if it is still in
     // the scope (one merged change per row).
     let (mut tables, mut pks, mut changes) = (Vec::new(), Vec::new(), Vec::new());

@@ -12,7 +12,9 @@
 //! client (`Client::run_live`: connected once, it pulls when the events stream names its
 //! scope; the time is taken when the page carrying the row has committed); then (c) pushed
 //! mutations per second against a raw SQL update of the same rows in the same run, and
-//! (d) push-to-visible-in-another-client latency. Before them, the server's initial copy:
+//! (d) push-to-visible-in-another-client latency; (e) one transaction updating every row:
+//! capture's time to materialize it, and a synced client's catch-up by pull (with the time
+//! its pull requests took apart). Before them, the server's initial copy:
 //! from registration until the relation is `active` (bootstrap copy and membership
 //! evaluated), polled in `synchro.relation_capture`; at the end, resident memory.
 //!
@@ -41,6 +43,7 @@ use synchro_client::engine::{Client, LiveConfig, LiveEnd, LiveHandle};
 use synchro_client::http::HttpTransport;
 use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_client::storage::Storage;
+use synchro_client::transport::{Response, Transport, TransportError};
 use synchro_protocol::token::Keyring;
 use synchro_protocol::value::{Scalar, TypedValue};
 use synchro_server::api::{router, AppState, Config};
@@ -196,26 +199,16 @@ async fn main() -> Result<()> {
             serve_in_process(&url).await?
         }
     };
-    let client = |name: &str, id: u8| -> Result<Client<HttpTransport>> {
+    let transport = || {
         let token = mint(SECRET, "bench", 3600);
+        HttpTransport::new(base.clone(), move || token.clone())
+    };
+    let client = |name: &str, id: u8| -> Result<Client<HttpTransport>> {
         let _ = std::fs::remove_file(dir.join(name));
         Ok(Client::open(
             Storage::open(dir.join(name))?,
-            HttpTransport::new(base.clone(), move || token.clone()),
-            {
-                // xorshift64*: distinct 16-byte draws for client, mutation and batch IDs.
-                let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ u64::from(id);
-                move || {
-                    let mut out = [0u8; 16];
-                    for chunk in out.chunks_mut(8) {
-                        x ^= x >> 12;
-                        x ^= x << 25;
-                        x ^= x >> 27;
-                        chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-                    }
-                    out
-                }
-            },
+            transport(),
+            ids(id),
         )?)
     };
 
@@ -477,6 +470,77 @@ async fn main() -> Result<()> {
     drop(fresh);
     drop(other);
 
+    // (e) Bulk: one source transaction updates every row. Capture materializes it (commit →
+    // the worker's confirmed position past it), then a synced client catches up by pulling
+    // every changed row (pages of 1000, each row checksum and the terminal digest verified);
+    // the time its pull requests took (server, as seen over HTTP) is counted apart from the
+    // client's own work.
+    let spent = Rc::new(Cell::new(0.0));
+    let _ = std::fs::remove_file(dir.join("bulk.db"));
+    let mut bulk = Client::open(
+        Storage::open(dir.join("bulk.db"))?,
+        Timed {
+            inner: transport(),
+            path: "/sync/pull",
+            spent: spent.clone(),
+        },
+        ids(4),
+    )?;
+    bulk.sync_once().await?;
+    let started = Instant::now();
+    admin
+        .batch_execute("UPDATE app.items SET val = val + 1")
+        .await?;
+    let write_secs = started.elapsed().as_secs_f64();
+    let lsn: String = admin
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let started = Instant::now();
+    loop {
+        let done: bool = admin
+            .query_one(
+                "SELECT confirmed_lsn >= $1::text::pg_lsn FROM synchro.capture_state",
+                &[&lsn],
+            )
+            .await?
+            .get(0);
+        if done {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "capture never reached the bulk update"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let capture_secs = started.elapsed().as_secs_f64();
+    let expected: i64 = admin
+        .query_one("SELECT sum(val)::bigint FROM app.items", &[])
+        .await?
+        .get(0);
+    spent.set(0.0);
+    let started = Instant::now();
+    let report = bulk.sync_once().await?;
+    let catch_up_secs = started.elapsed().as_secs_f64();
+    let local: i64 =
+        bulk.storage()
+            .connection()
+            .query_row("SELECT sum(val) FROM items", [], |r| r.get(0))?;
+    anyhow::ensure!(local == expected, "the client did not catch up");
+    anyhow::ensure!(
+        report.verified.contains("items") && report.rebuilt.is_empty(),
+        "the catch-up was not a verified pull"
+    );
+    println!(
+        "(e) bulk update of all {rows} rows in one transaction ({write_secs:.2} s): captured in {capture_secs:.2} s = {:.0} changes/s; a synced client caught up in {catch_up_secs:.2} s = {:.0} rows/s, of which its pull requests (server, over HTTP) {:.2} s = {:.0} rows/s",
+        rows as f64 / capture_secs,
+        rows as f64 / catch_up_secs,
+        spent.get(),
+        rows as f64 / spent.get()
+    );
+    drop(bulk);
+
     // Resident memory: the peak is the whole run so far (warm-up, fresh client, pushes).
     let me = std::process::id();
     match &server_process {
@@ -529,6 +593,40 @@ async fn main() -> Result<()> {
     drop(server_process);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// xorshift64*: distinct 16-byte draws for client, mutation and batch IDs.
+fn ids(id: u8) -> impl FnMut() -> [u8; 16] {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ u64::from(id);
+    move || {
+        let mut out = [0u8; 16];
+        for chunk in out.chunks_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+        }
+        out
+    }
+}
+
+/// A transport that adds up the time its requests to `path` took.
+struct Timed {
+    inner: HttpTransport,
+    path: &'static str,
+    spent: Rc<Cell<f64>>,
+}
+
+impl Transport for Timed {
+    async fn post(&self, path: &str, body: String) -> Result<Response, TransportError> {
+        let started = Instant::now();
+        let answer = self.inner.post(path, body).await;
+        if path == self.path {
+            self.spent
+                .set(self.spent.get() + started.elapsed().as_secs_f64());
+        }
+        answer
+    }
 }
 
 /// The server in this process: the HTTP API and the capture worker polling every 25 ms, as
