@@ -469,6 +469,12 @@ async fn main() -> Result<()> {
     );
     drop(fresh);
     drop(other);
+    // The server's memory so far, before the bulk step below adds a 100,000-row transaction.
+    let (server_pid, what) = match &server_process {
+        Some(s) => (s.pid(), "server"),
+        None => (std::process::id(), "server + client"),
+    };
+    println!("rss {what} before (e): {}", rss::describe(server_pid));
 
     // (e) Bulk: one source transaction updates every row. Capture materializes it (commit →
     // the worker's confirmed position past it), then a synced client catches up by pulling
