@@ -7,8 +7,8 @@
 -- of its page record (its row digest included), rendered once when the session starts, in
 -- chunks of chunk_rows records, and the scope checksum of the whole snapshot in the header.
 -- A chunk is one text, its records separated by newlines (output JSON contains none): stored
--- and read as one value, where a row per record cost a second per 100,000 rows. A new rebuild of a scope
--- replaces the client's earlier session of that scope (and any session of an older client
+-- and read as one value, where a row per record cost a second per 100,000 rows. A new rebuild
+-- of a scope replaces the client's earlier session of that scope (and any session of an older client
 -- generation, which can only restart), and a client holds at most p_max_sessions sessions
 -- in progress: not completed, not expired, of its current generation. The final page
 -- completes a session: its rows are deleted at once and its header stays until the TTL

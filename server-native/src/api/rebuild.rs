@@ -385,8 +385,9 @@ fn render_all(
     let mut chunks = Vec::new();
     for (n, (identity, ordinal)) in keyed.iter().enumerate() {
         let i = u64::from_be_bytes(ordinal[..8].try_into().expect("8 bytes")) as usize;
-        let (digest, text) = &rendered[i];
-        digester.add(identity, digest).map_err(integrity)?;
+        // Each record's own text is freed once it is in its chunk.
+        let (digest, text) = std::mem::take(&mut rendered[i]);
+        digester.add(identity, &digest).map_err(integrity)?;
         // Output JSON has no raw newline: it separates records.
         debug_assert!(!text.contains('\n'));
         if n % CHUNK_ROWS as usize == 0 {
@@ -394,7 +395,7 @@ fn render_all(
         } else {
             chunks.last_mut().expect("a chunk").push('\n');
         }
-        chunks.last_mut().expect("a chunk").push_str(text);
+        chunks.last_mut().expect("a chunk").push_str(&text);
     }
     let checksum = Checksum(digester.finish().map_err(integrity)?.digest);
     let row_count = i32::try_from(keyed.len()).map_err(|_| ApiError::unavailable())?;
