@@ -42,6 +42,10 @@ pub enum StorageError {
     /// The manifest names no such table.
     #[error("the active schema has no table {0}")]
     UnknownTable(String),
+    /// A local write larger than one pushed mutation may be (the server's strict limits):
+    /// refused before anything is written or queued, since no push could ever carry it.
+    #[error("the write is too large to push: {0}")]
+    TooLarge(&'static str),
     /// Protocol-level failure (manifest or migration plan).
     #[error(transparent)]
     Protocol(#[from] synchro_protocol::Error),
@@ -66,6 +70,7 @@ impl StorageError {
             StorageError::Schema(_) => "local_schema_error",
             StorageError::Verification(_) => "sync_integrity_failure",
             StorageError::UnknownTable(_) => "unknown_table",
+            StorageError::TooLarge(_) => "write_too_large",
             StorageError::Protocol(_) => "protocol_error",
         }
     }

@@ -343,3 +343,52 @@ async fn pull_and_rebuild_never_overwrite_unresolved_intent() {
         .iter()
         .all(|m| m.state == MutationState::Pending));
 }
+
+/// A write no push could carry (over the server's strict per-mutation limit) is refused at
+/// once, leaving neither row nor intent, instead of sealing a batch the server would refuse
+/// every time; and batches are sealed small enough for the server's body limit (the fake
+/// refuses a larger body as the server does), however much is queued.
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn writes_and_batches_fit_what_a_push_may_carry() {
+    let (server, mut c) = synced().await;
+    let huge = "x".repeat(70_000);
+    let e = c
+        .write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation: Operation::Update,
+            pk: &key(1),
+            columns: &[("f2".into(), text(Some(&huge)))],
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), "write_too_large");
+    assert_eq!(title(&c, 1), Some(Some("one".into())));
+    assert!(c.storage().mutations().unwrap().is_empty());
+
+    // 30 inserts of 40 KB each: 1.2 MB in all, more than one request body may be.
+    let big = "y".repeat(40_000);
+    for id in 100..130 {
+        c.write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation: Operation::Insert,
+            pk: &key(id),
+            columns: &[("f2".into(), text(Some(&big)))],
+        })
+        .unwrap();
+    }
+    let before = server.0.borrow().requests.len();
+    assert_eq!(c.push().await.unwrap(), 30);
+    let pushes = server.0.borrow().requests[before..]
+        .iter()
+        .filter(|p| *p == "/sync/push")
+        .count();
+    assert_eq!(pushes, 3, "batches of at most 512 KiB of mutations");
+    let applied = c
+        .storage()
+        .mutations()
+        .unwrap()
+        .iter()
+        .filter(|m| m.state == MutationState::Applied)
+        .count();
+    assert_eq!(applied, 30);
+}

@@ -29,7 +29,15 @@ pub enum PublishOutcome {
     },
 }
 
-/// Reads the whole manifest history.
+/// The stored (body, recorded hash) rows of the manifest history last read, and the
+/// lineage they validated into. Manifest records are immutable (11_manifests), but the
+/// cache is keyed by the rows' whole text, so it can only answer for the very same rows.
+type LineageCache = std::sync::Mutex<Option<std::sync::Arc<(Vec<(String, String)>, Lineage)>>>;
+static LINEAGE_CACHE: LineageCache = std::sync::Mutex::new(None);
+
+/// Reads the whole manifest history. Parsing, hashing and validating it is done once per
+/// distinct history read (every request reads it): the rows equal to the last ones read
+/// give that lineage again.
 pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
     let rows = db
         .query(
@@ -38,12 +46,29 @@ pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
         )
         .await
         .context("reading manifest history")?;
+    let rows: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let cached = LINEAGE_CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(c) = cached {
+        if c.0 == rows {
+            return Ok(c.1.clone());
+        }
+    }
+    let lineage = validate_lineage(&rows)?;
+    *LINEAGE_CACHE.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some(std::sync::Arc::new((rows, lineage.clone())));
+    Ok(lineage)
+}
+
+/// The lineage of stored (body, recorded hash) rows, each body validated and its hash
+/// checked.
+fn validate_lineage(rows: &[(String, String)]) -> Result<Lineage> {
     let mut manifests = Vec::with_capacity(rows.len());
-    for row in rows {
-        let body: String = row.get(0);
-        let hash: String = row.get(1);
-        let m = Manifest::parse(&body).context("a stored manifest body does not validate")?;
-        if m.schema_hash_hex() != hash {
+    for (body, hash) in rows {
+        let m = Manifest::parse(body).context("a stored manifest body does not validate")?;
+        if m.schema_hash_hex() != *hash {
             bail!(
                 "stored manifest {} does not match its recorded hash",
                 m.schema_version

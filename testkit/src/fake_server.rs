@@ -259,6 +259,17 @@ impl Transport for Fake {
         if st.offline {
             return Err(TransportError("offline".into()));
         }
+        // The real server's default body limit (`Config::max_body_bytes`), and its answer.
+        if body.len() > 1_048_576 {
+            let refused = ErrorBody::new(
+                ErrorCode::InvalidRequest,
+                "the request body exceeds the configured maximum",
+            );
+            return Ok(Response {
+                status: 400,
+                body: Json::parse(&refused.to_json_string()).unwrap(),
+            });
+        }
         let req = Json::parse(&body).expect("the client sends JSON");
         let presented = req.get("schema").cloned().unwrap_or(Json::Null);
         let current = st.current().clone();

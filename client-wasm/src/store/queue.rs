@@ -36,8 +36,19 @@ use crate::error::StorageError;
 /// A local write's kind: the wire's operation.
 pub use synchro_protocol::wire::Operation;
 
-/// Most mutations sealed into one batch (the server accepts up to 1,000).
-pub const MAX_BATCH: i64 = 100;
+/// Most mutations sealed into one batch (the server's default limit, `PushLimits`).
+pub const MAX_BATCH: i64 = 1000;
+
+/// Most bytes of canonical mutation JSON sealed into one batch: half the server's default
+/// request body limit (1 MiB), so a batch with its envelope always fits. A batch is cut
+/// before the mutation that would pass it (a batch holds at least one mutation, and one
+/// mutation is at most `PushLimits::mutation_bytes`, checked when it is written).
+pub const MAX_BATCH_BYTES: usize = 512 * 1024;
+
+/// What a queued mutation adds to its columns and key in canonical JSON, at most: member
+/// names, IDs (mutation, table: at most 256 bytes each), the operation, a base version,
+/// counters and the authored schema reference.
+const MUTATION_ENVELOPE_BYTES: usize = 1024;
 
 /// One local write through the engine.
 #[derive(Debug, Clone, Copy)]
@@ -151,7 +162,33 @@ impl Storage {
             }
             value.check(&field.spec).map_err(|_| invalid(field_id))?;
         }
+        // The server's strict limits would refuse the whole batch carrying this intent,
+        // every time it is sent: refuse the write now instead.
+        let limits = synchro_protocol::wire::gate::PushLimits::default();
+        if columns.len() > limits.columns {
+            return Err(StorageError::TooLarge(
+                "more columns than a mutation may carry",
+            ));
+        }
+        let columns_json = Json::Array(
+            columns
+                .iter()
+                .map(|(f, v)| {
+                    Json::Object(vec![
+                        ("field_id".into(), Json::String(f.clone())),
+                        ("value".into(), v.to_wire()),
+                    ])
+                })
+                .collect(),
+        );
         let pk_text = pk.to_wire_text();
+        if to_output_string(&columns_json).len() + pk_text.len() + MUTATION_ENVELOPE_BYTES
+            > limits.mutation_bytes
+        {
+            return Err(StorageError::TooLarge(
+                "the mutation's values are larger than a push may carry",
+            ));
+        }
         self.with_tx(|tx| {
             let exists = row_exists(tx, table, pk)?;
             // The server version the intent is made against (none: the server never sent
@@ -289,7 +326,8 @@ impl Storage {
             .count())
     }
 
-    /// Seals the open batch (at most [`MAX_BATCH`] mutations and one per row; later ones
+    /// Seals the open batch (at most [`MAX_BATCH`] mutations, [`MAX_BATCH_BYTES`] of them,
+    /// and one per row; later ones
     /// move to a new open batch `rest_batch_id`) under the request schema `schema`. From now
     /// on its request content never changes. Returns whether a batch was sealed.
     pub(crate) fn seal(
@@ -309,11 +347,20 @@ impl Storage {
             // waits, unsealed, for its predecessor's outcome (which refreshes its
             // base_version).
             let mut rows = HashSet::new();
-            let cut = mutations
-                .iter()
-                .position(|m| !rows.insert((m.table_id.clone(), m.pk.clone())))
-                .unwrap_or(mutations.len())
-                .min(MAX_BATCH as usize);
+            let mut items: Vec<Json> = Vec::new();
+            let mut bytes = 0;
+            for m in mutations.iter().take(MAX_BATCH as usize) {
+                if !rows.insert((m.table_id.clone(), m.pk.clone())) {
+                    break;
+                }
+                let item = m.to_wire()?;
+                bytes += to_output_string(&item).len() + 1;
+                if !items.is_empty() && bytes > MAX_BATCH_BYTES {
+                    break;
+                }
+                items.push(item);
+            }
+            let cut = items.len();
             if cut < mutations.len() {
                 new_batch(tx, rest_batch_id)?;
                 for m in &mutations[cut..] {
@@ -324,11 +371,6 @@ impl Storage {
                     )?;
                 }
             }
-            let items: Vec<Json> = mutations
-                .iter()
-                .take(cut)
-                .map(|m| m.to_wire())
-                .collect::<Result<_, _>>()?;
             let request = Json::Object(vec![
                 (
                     "schema".into(),

@@ -66,30 +66,46 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, t
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) TO synchro_adapter;
 
 -- A batch's compare-and-swap writes of registered relations against source_versions
--- (31_fences), in order, as synchro_owner (which may act for the table owner), each in a
--- subtransaction of its own. For mutation i: p_keys[i] is the key's text form,
--- p_key_wires[i] its wire JSON text (the projection's key), and its written fields' IDs and
--- text input forms (NULL for null) are the next p_counts[i] entries of p_columns and
--- p_values. One row per mutation, in order: status 'applied', 'conflict', 'not_writable',
--- 'invalid_value' or 'constraint_violation', the row's version after (or the current one on
--- conflict), and the text images of the synced fields (in attnum order) before and after,
--- under the capture session's output settings, so the server builds the same canonical row
--- capture will. A write refused as unrepresentable (12_values), or failing with another data
--- exception caused by a pushed value (jsonb's \u0000, a float4 overflow, a too long
--- varchar), is invalid_value; integrity violations are constraint_violation; an error
--- before the write (reading the row) is raised. A mutation not applied, or applied with
--- p_discard[i] true, is rolled back with its row lock, as a savepoint would be; its result
--- row is still returned. The caller decides afterwards (push authorization) which applied
--- writes it keeps, and calls again with its decision when that differs (src/api/push/apply.rs).
+-- (31_fences), in order, as synchro_owner (which may act for the table owner). For mutation
+-- i: p_keys[i] is the key's text form, p_key_wires[i] its wire JSON text (the projection's
+-- key), and its written fields' IDs and text input forms (NULL for null) are the next
+-- p_counts[i] entries of p_columns and p_values. One row per mutation, in order: status
+-- 'applied', 'conflict', 'not_writable', 'invalid_value' or 'constraint_violation', the
+-- row's version after (or the current one on conflict), and the text images of the synced
+-- fields (in attnum order) before and after, under the capture session's output settings, so
+-- the server builds the same canonical row capture will. A write refused as unrepresentable
+-- (12_values), or failing with another data exception caused by a pushed value (jsonb's
+-- \u0000, a float4 overflow, a too long varchar), is invalid_value; integrity violations are
+-- constraint_violation; an error before the write (reading the row) is raised. A mutation
+-- not applied, or applied with p_discard[i] true, is rolled back with its row lock, as a
+-- savepoint would be; its result row is still returned. The caller decides afterwards (push
+-- authorization) which applied writes it keeps, and calls again with its decision when that
+-- differs (src/api/push/apply.rs).
+--
+-- Each mutation runs in a subtransaction of its own, except a run: two or more consecutive
+-- mutations of one relation with the same operation and written fields, distinct keys and
+-- none to discard, which is executed set-based in one subtransaction (one locking read, one
+-- version read, one INSERT, UPDATE or DELETE of the rows that pass the compare, one version
+-- read after). Its outcomes are those of its mutations one at a time: the keys are
+-- distinct, so no mutation of the run reads another's row. If any statement of the run
+-- fails (a pushed value refused, a constraint), the run is undone and executed one mutation
+-- at a time, which gives each its own outcome. The one difference: a conflicting
+-- mutation's row lock taken by the run's read is kept until the batch ends. set_based
+-- says which way a mutation went (for tests and diagnosis).
 CREATE FUNCTION synchro.synchro_push_write_batch(p_relation_ids text[], p_ops text[], p_keys text[],
     p_key_wires text[], p_base_versions text[], p_counts integer[], p_columns text[], p_values text[],
     p_discard boolean[])
-RETURNS TABLE (status text, version text, pre_image text[], post_image text[])
+RETURNS TABLE (status text, version text, pre_image text[], post_image text[], set_based boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, synchro, pg_temp
 SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
 SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
 DECLARE
+    v_n integer := coalesce(array_length(p_ops, 1), 0);
+    -- The fields of the mutations before each one, and the last mutation of the run each
+    -- first mutation of a run starts (0 for every other mutation).
+    v_before integer[];
+    v_run_end integer[];
     v_relation text;
     v_rel synchro.relations%ROWTYPE;
     v_found boolean;
@@ -97,12 +113,15 @@ DECLARE
     v_where text;
     v_key_col text;
     v_key_type text;
+    v_image text;
     v_lock text;
     v_read text;
     v_ids text[];
     v_names text[];
     v_types text[];
-    v_from integer := 1;
+    v_i integer := 1;
+    v_e integer;
+    v_from integer;
     v_to integer;
     v_j integer;
     v_key text;
@@ -115,9 +134,48 @@ DECLARE
     v_cols text;
     v_vals text;
     v_writing boolean;
+    -- A run's results by position in the run (images as array text).
+    v_done boolean;
+    v_len integer;
+    v_statuses text[];
+    v_versions text[];
+    v_pres text[];
+    v_posts text[];
+    v_ok_keys text[];
+    v_ok_offsets integer[];
+    v_ok_ords integer[];
+    v_count integer;
+    v_query text;
+    v_r record;
 BEGIN
-    FOR v_i IN 1 .. coalesce(array_length(p_ops, 1), 0) LOOP
-        v_to := v_from + p_counts[v_i] - 1;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    WITH m AS (
+        SELECT u.i::integer AS i, u.rel, u.op, u.key, coalesce(u.d, false) AS d, u.cnt,
+               (sum(u.cnt) OVER (ORDER BY u.i) - u.cnt)::integer AS before
+          FROM unnest(p_relation_ids, p_ops, p_keys, p_counts, p_discard) WITH ORDINALITY AS u(rel, op, key, cnt, d, i)
+    ), f AS (
+        SELECT m.*, p_columns[m.before + 1 : m.before + m.cnt] AS cols FROM m
+    ), c AS (
+        SELECT f.*, f.i = 1 OR f.d OR lag(f.d) OVER w OR f.rel IS DISTINCT FROM lag(f.rel) OVER w
+                    OR f.op IS DISTINCT FROM lag(f.op) OVER w OR f.cols IS DISTINCT FROM lag(f.cols) OVER w
+                    AS starts
+          FROM f WINDOW w AS (ORDER BY f.i)
+    ), b AS (
+        SELECT c.*, count(*) FILTER (WHERE c.starts) OVER (ORDER BY c.i) AS run FROM c
+    ), r AS (
+        SELECT b.run, min(b.i) AS first, max(b.i) AS last,
+               count(*) >= 2 AND count(DISTINCT b.key) = count(*) AND NOT bool_or(b.d)
+               AND min(b.op) IN ('insert', 'update', 'delete') AND (min(b.op) = 'delete' OR min(b.cnt) > 0) AS bulk
+          FROM b GROUP BY b.run
+    )
+    SELECT array_agg(b.before ORDER BY b.i),
+           array_agg(CASE WHEN r.bulk AND b.i = r.first THEN r.last ELSE 0 END ORDER BY b.i)
+      INTO v_before, v_run_end
+      FROM b JOIN r USING (run);
+
+    WHILE v_i <= v_n LOOP
         IF v_i = 1 OR p_relation_ids[v_i] IS DISTINCT FROM v_relation THEN
             -- The relation's statements, once per run of its mutations.
             v_relation := p_relation_ids[v_i];
@@ -131,9 +189,9 @@ BEGIN
                     ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
                  WHERE f.relation_id = v_relation AND f.is_key;
                 v_where := format('%s = $1::%s', v_key_col, v_key_type);
-                SELECT 'SELECT ARRAY[' || string_agg(format('%I::text', f.column_name), ', ' ORDER BY f.attnum)
-                       || ']::text[] FROM ' || v_table || ' WHERE ' || v_where
-                  INTO v_read FROM synchro.fields f WHERE f.relation_id = v_relation;
+                SELECT 'ARRAY[' || string_agg(format('t.%I::text', f.column_name), ', ' ORDER BY f.attnum) || ']::text[]'
+                  INTO v_image FROM synchro.fields f WHERE f.relation_id = v_relation;
+                v_read := 'SELECT ' || v_image || ' FROM ' || v_table || ' t WHERE t.' || v_where;
                 v_lock := v_read || ' FOR UPDATE';
                 SELECT array_agg(f.field_id), array_agg(quote_ident(f.column_name)),
                        array_agg(format_type(a.atttypid, a.atttypmod))
@@ -143,6 +201,120 @@ BEGIN
                  WHERE f.relation_id = v_relation AND f.writable;
             END IF;
         END IF;
+        v_e := v_run_end[v_i];
+        v_done := false;
+        IF v_found AND v_e > v_i THEN
+            BEGIN
+                v_op := p_ops[v_i];
+                v_len := v_e - v_i + 1;
+                v_sets := '';
+                v_cols := '';
+                v_vals := '';
+                FOR v_k IN 1 .. p_counts[v_i] LOOP
+                    v_j := array_position(v_ids, p_columns[v_before[v_i] + v_k]);
+                    IF v_j IS NULL THEN
+                        -- A field not writable: each mutation gets its own outcome.
+                        RAISE SQLSTATE 'SYRB2';
+                    END IF;
+                    v_sets := v_sets || CASE WHEN v_k > 1 THEN ', ' ELSE '' END
+                              || format('%s = ($3[u.o + %s])::%s', v_names[v_j], v_k, v_types[v_j]);
+                    v_cols := v_cols || ', ' || v_names[v_j];
+                    v_vals := v_vals || format(', ($3[u.o + %s])::%s', v_k, v_types[v_j]);
+                END LOOP;
+                v_statuses := array_fill(NULL::text, ARRAY[v_len]);
+                v_pres := v_statuses;
+                v_posts := v_statuses;
+                -- Lock the rows that exist and read their images.
+                FOR v_r IN EXECUTE format(
+                    'SELECT u.i::integer AS i, x.img
+                       FROM (SELECT t.%s AS k, %s::text AS img FROM %s t
+                              WHERE t.%s = ANY ($1::%s[]) FOR UPDATE) AS x
+                       JOIN unnest($1::text[]) WITH ORDINALITY AS u(k, i) ON x.k = u.k::%s',
+                    v_key_col, v_image, v_table, v_key_col, v_key_type, v_key_type)
+                  USING p_keys[v_i:v_e] LOOP
+                    v_pres[v_r.i] := v_r.img;
+                END LOOP;
+                -- Key lookups (a join could hash every version of the relation).
+                SELECT array_agg(coalesce(
+                           (SELECT s.version::text FROM synchro.source_versions s
+                             WHERE s.relation_id = v_relation AND s.pk = u.k),
+                           (SELECT p.server_version FROM synchro.projection_rows p
+                             WHERE p.relation_id = v_relation AND p.pk = u.kw)) ORDER BY u.i)
+                  INTO v_versions
+                  FROM unnest(p_keys[v_i:v_e], p_key_wires[v_i:v_e]) WITH ORDINALITY AS u(k, kw, i);
+                v_ok_keys := '{}';
+                v_ok_offsets := '{}';
+                v_ok_ords := '{}';
+                FOR v_k IN 1 .. v_len LOOP
+                    -- The compare of the one-at-a-time path, word for word.
+                    IF (v_op = 'insert' AND v_pres[v_k] IS NOT NULL)
+                       OR (v_op <> 'insert' AND (v_pres[v_k] IS NULL OR v_versions[v_k] IS NULL
+                           OR v_versions[v_k] <> p_base_versions[v_i + v_k - 1])) THEN
+                        v_statuses[v_k] := 'conflict';
+                        IF v_pres[v_k] IS NULL THEN v_versions[v_k] := NULL; END IF;
+                        v_posts[v_k] := v_pres[v_k];
+                    ELSE
+                        v_statuses[v_k] := 'applied';
+                        v_ok_keys := v_ok_keys || p_keys[v_i + v_k - 1];
+                        v_ok_offsets := v_ok_offsets || v_before[v_i + v_k - 1];
+                        v_ok_ords := v_ok_ords || v_k;
+                    END IF;
+                END LOOP;
+                IF cardinality(v_ok_keys) > 0 THEN
+                    v_writing := true;
+                    v_count := 0;
+                    v_query := CASE v_op
+                        WHEN 'update' THEN format(
+                            'UPDATE %s t SET %s FROM unnest($1::text[], $2::integer[], $4::integer[]) AS u(k, o, i)
+                              WHERE t.%s = u.k::%s RETURNING u.i, %s::text AS img',
+                            v_table, v_sets, v_key_col, v_key_type, v_image)
+                        WHEN 'insert' THEN format(
+                            'WITH w AS (INSERT INTO %s AS t (%s%s)
+                                        SELECT u.k::%s%s FROM unnest($1::text[], $2::integer[]) AS u(k, o)
+                                        RETURNING t.%s AS k, %s::text AS img)
+                             SELECT u.i, w.img FROM w JOIN unnest($1::text[], $4::integer[]) AS u(k, i)
+                                 ON w.k = u.k::%s',
+                            v_table, v_key_col, v_cols, v_key_type, v_vals, v_key_col, v_image, v_key_type)
+                        ELSE format(
+                            'DELETE FROM %s t USING unnest($1::text[], $4::integer[]) AS u(k, i)
+                              WHERE t.%s = u.k::%s RETURNING u.i, NULL::text AS img',
+                            v_table, v_key_col, v_key_type)
+                        END;
+                    FOR v_r IN EXECUTE v_query USING v_ok_keys, v_ok_offsets, p_values, v_ok_ords LOOP
+                        v_posts[v_r.i] := v_r.img;
+                        v_count := v_count + 1;
+                    END LOOP;
+                    IF v_count <> cardinality(v_ok_keys) THEN
+                        RAISE SQLSTATE 'SYRB2';
+                    END IF;
+                    FOR v_r IN SELECT u.i, (SELECT s.version::text FROM synchro.source_versions s
+                                             WHERE s.relation_id = v_relation AND s.pk = u.k) AS v
+                                 FROM unnest(v_ok_keys, v_ok_ords) AS u(k, i) LOOP
+                        v_versions[v_r.i] := v_r.v;
+                    END LOOP;
+                END IF;
+                v_done := true;
+            EXCEPTION
+                WHEN SQLSTATE 'SYRB2' OR SQLSTATE '22SY1' OR data_exception OR integrity_constraint_violation THEN
+                    v_done := false;
+            END;
+        END IF;
+        IF v_done THEN
+            FOR v_k IN 1 .. v_len LOOP
+                status := v_statuses[v_k];
+                version := v_versions[v_k];
+                pre_image := v_pres[v_k]::text[];
+                post_image := v_posts[v_k]::text[];
+                set_based := true;
+                RETURN NEXT;
+            END LOOP;
+            v_i := v_e + 1;
+            CONTINUE;
+        END IF;
+
+        -- One mutation in a subtransaction of its own.
+        v_from := v_before[v_i] + 1;
+        v_to := v_before[v_i] + p_counts[v_i];
         v_key := p_keys[v_i];
         v_op := p_ops[v_i];
         v_status := NULL;
@@ -223,12 +395,13 @@ BEGIN
                     v_status := 'constraint_violation'; v_current := NULL; v_post := v_pre;
             END;
         END IF;
-        v_from := v_to + 1;
         status := v_status;
         version := v_current;
         pre_image := v_pre;
         post_image := v_post;
+        set_based := false;
         RETURN NEXT;
+        v_i := v_i + 1;
     END LOOP;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_write_batch(text[], text[], text[], text[], text[], integer[], text[], text[], boolean[]) FROM PUBLIC;
@@ -237,13 +410,18 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_push_write_batch(text[], text[], text[
 -- The scopes the live membership function of each row's relation gives it (empty without a
 -- rule), each row evaluated as if alone: placed in the projection, evaluated as the
 -- function's owner (never synchro's roles, spec 003). A row equal to its projection row
--- needs no placement, so all such rows of a relation are evaluated in one query; any other
+-- needs no placement, so all such rows of a relation are evaluated in one query. Any other
 -- row is placed (as synchro_worker) and evaluated in a subtransaction that is then rolled
--- back, so no evaluation sees another's row and no projection row lock is held across rows
--- (the capture worker cannot deadlock with a push). One result per row, as (ordinal,
--- scopes), NULL scopes omitted. SECURITY INVOKER: the caller is the worker login, with SET
--- LOCAL ROLE synchro_worker, in a transaction it rolls back, and must be a member of each
--- function's owner.
+-- back, so no projection row lock is held across rows (the capture worker cannot deadlock
+-- with a push). A membership function reads its own row and its declared dependency
+-- relations (41_dependencies; capture evaluates it the same way), so rows of a relation
+-- without a self-impact declaration are placed together, each key once per round, and
+-- evaluated in one query per round: each evaluation still sees only its own placed row. A
+-- relation with a self-impact declaration (its function reads sibling rows) has each row
+-- placed and evaluated alone. One result per row, as (ordinal, scopes), NULL scopes
+-- omitted. SECURITY INVOKER: the caller is the worker login, with SET LOCAL ROLE
+-- synchro_worker, in a transaction it rolls back, and must be a member of each function's
+-- owner.
 CREATE FUNCTION synchro.synchro_push_scopes(p_relation_ids text[], p_key_wires text[], p_keys text[],
     p_rows text[])
 RETURNS TABLE (ord integer, scopes text[])
@@ -257,6 +435,9 @@ DECLARE
     v_same_keys text[];
     v_row record;
     v_scopes text[];
+    v_round record;
+    v_ords integer[];
+    v_texts text[];
 BEGIN
     FOR v_relation IN SELECT DISTINCT r FROM unnest(p_relation_ids) AS r LOOP
         v_function := NULL;
@@ -291,6 +472,38 @@ BEGIN
               GROUP BY a.i', v_function, v_key_type)
           USING v_same, v_same_keys;
         PERFORM set_config('role', 'synchro_worker', true);
+        IF NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies d
+                        WHERE d.target_relation_id = v_relation AND d.dependency_relation_id = v_relation) THEN
+            -- Every other row placed with the others of its round, evaluated in one query.
+            FOR v_round IN
+                SELECT array_agg(x.i ORDER BY x.i) AS ords, array_agg(x.kw ORDER BY x.i) AS kws,
+                       array_agg(x.key ORDER BY x.i) AS keys, array_agg(x.row ORDER BY x.i) AS rows
+                  FROM (SELECT u.i::integer AS i, u.kw, u.key, u.row,
+                               row_number() OVER (PARTITION BY u.kw ORDER BY u.i) AS n
+                          FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
+                         WHERE u.rel = v_relation AND u.i <> ALL (v_same)) x
+                 GROUP BY x.n ORDER BY x.n LOOP
+                BEGIN
+                    INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
+                    SELECT v_relation, r.kw, r.row, '0' FROM unnest(v_round.kws, v_round.rows) AS r(kw, row)
+                    ON CONFLICT (relation_id, pk) DO UPDATE SET row_json = EXCLUDED.row_json;
+                    PERFORM set_config('role', v_owner, true);
+                    EXECUTE format(
+                        'SELECT array_agg(a.i), array_agg(a.s) FROM (
+                           SELECT a.i, coalesce(array_remove(array_agg(e.s::text), NULL), ''{}'')::text AS s
+                             FROM unnest($1, $2) AS a(i, k)
+                             LEFT JOIN LATERAL (SELECT f.s FROM %s(a.k::%s) AS f(s) OFFSET 0) AS e ON true
+                            GROUP BY a.i) a', v_function, v_key_type)
+                      INTO v_ords, v_texts USING v_round.ords, v_round.keys;
+                    -- Undo the placement (and the role): the results survive the rollback.
+                    RAISE SQLSTATE 'SYRB1';
+                EXCEPTION WHEN SQLSTATE 'SYRB1' THEN
+                    NULL;
+                END;
+                RETURN QUERY SELECT x.o, x.t::text[] FROM unnest(v_ords, v_texts) AS x(o, t);
+            END LOOP;
+            CONTINUE;
+        END IF;
         -- Every other row placed and evaluated on its own.
         FOR v_row IN SELECT u.i::integer AS i, u.kw, u.key, u.row
                        FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)

@@ -80,13 +80,17 @@ pub(crate) async fn assigned_scopes(
     state: &AppState,
     user_id: &str,
 ) -> Result<BTreeSet<String>, ApiError> {
-    let assigned: Vec<String> = state
-        .db
-        .query_one("SELECT synchro.synchro_assigned_scopes($1)", &[&user_id])
-        .await?
-        .get(0);
+    // Both reads go out together (one round trip).
+    let user: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&user_id];
+    let (assigned, by_function) = futures_util::join!(
+        state
+            .db
+            .query_one("SELECT synchro.synchro_assigned_scopes($1)", &user),
+        assigned_by_function(state, user_id)
+    );
+    let assigned: Vec<String> = assigned?.get(0);
     let mut assigned: BTreeSet<String> = assigned.into_iter().collect();
-    assigned.extend(assigned_by_function(state, user_id).await?);
+    assigned.extend(by_function?);
     Ok(assigned)
 }
 

@@ -90,15 +90,37 @@ pub(crate) async fn push(
     let Some(membership) = state.membership_db.as_ref() else {
         return Err(ApiError::unavailable_because("push_unavailable"));
     };
-    // Exact replay of a completed batch: before the schema and generation gates.
-    if let Some(row) = state
-        .db
-        .query_opt(
+    let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
+    let authored: Vec<i64> = r
+        .mutations
+        .iter()
+        .map(|m| m.authored_schema.version as i64)
+        .collect();
+    // Every read before the writes goes out at once (one round trip on the shared
+    // connection); the answers are taken in the order above. Mutation IDs executed in an
+    // earlier batch get their stored outcomes again: read here, outside the batch's
+    // transaction, which under READ COMMITTED sees exactly what a read inside it would.
+    let db = &state.db;
+    let who: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&user_id, Type::TEXT),
+        (&r.client_id, Type::TEXT),
+        (&ids, Type::TEXT_ARRAY),
+    ];
+    let batch: [&(dyn ToSql + Sync); 3] = [&user_id, &r.client_id, &r.batch_id];
+    let (replay, gates, assigned, stored) = futures_util::join!(
+        db.query_opt(
             "SELECT fingerprint, outcomes FROM synchro.synchro_push_lookup($1, $2, $3)",
-            &[&user_id, &r.client_id, &r.batch_id],
-        )
-        .await?
-    {
+            &batch,
+        ),
+        super::gates(state, user_id, &r.client_id, r.client_generation, &r.schema),
+        super::assigned_scopes(state, user_id),
+        db.query_typed(
+            "SELECT mutation_id, outcome FROM synchro.synchro_push_mutation_outcomes($1, $2, $3)",
+            &who,
+        ),
+    );
+    // Exact replay of a completed batch: before the schema and generation gates.
+    if let Some(row) = replay? {
         let (stored, body): (String, String) = (row.get(0), row.get(1));
         if stored != fingerprint {
             return Err(bad("batch_id was already used for a different batch"));
@@ -106,53 +128,33 @@ pub(crate) async fn push(
         tracing::info!(status = 200, replay = true, "push");
         return Ok(json_text_response(body));
     }
-    let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
-    let authored: Vec<i64> = r
-        .mutations
-        .iter()
-        .map(|m| m.authored_schema.version as i64)
-        .collect();
-    let gates =
-        match super::gates(state, user_id, &r.client_id, r.client_generation, &r.schema).await {
-            Ok(g) => g,
-            Err(e) => {
-                // The intents stay queued at the client: the rollout advisor counts them.
-                let _ = state
-                    .db
-                    .execute(
-                        "SELECT synchro.synchro_push_seen($1, $2, $3, $4, false)",
-                        &[&user_id, &r.client_id, &ids, &authored],
-                    )
-                    .await;
-                return Err(e);
-            }
-        };
+    let gates = match gates {
+        Ok(g) => g,
+        Err(e) => {
+            // The intents stay queued at the client: the rollout advisor counts them.
+            let _ = db
+                .execute(
+                    "SELECT synchro.synchro_push_seen($1, $2, $3, $4, false)",
+                    &[&user_id, &r.client_id, &ids, &authored],
+                )
+                .await;
+            return Err(e);
+        }
+    };
     let current = gates
         .lineage
         .current()
         .ok_or_else(ApiError::unavailable)?
         .clone();
-    let assigned = super::assigned_scopes(state, user_id).await?;
+    let assigned = assigned?;
+    let stored: HashMap<String, String> =
+        stored?.iter().map(|row| (row.get(0), row.get(1))).collect();
 
     let busy = || ApiError::overloaded("push_busy", state.config.retry_after_seconds);
     let wait = state.config.push_pool_wait;
     let mut conn = state.snapshot_db.lock_within(wait).await.ok_or_else(busy)?;
     let mut membership = membership.lock_within(wait).await.ok_or_else(busy)?;
     let tx = conn.transaction().await?;
-    // Mutation IDs executed in an earlier batch get their stored outcomes again.
-    let stored: HashMap<String, String> = tx
-        .query_typed(
-            "SELECT mutation_id, outcome FROM synchro.synchro_push_mutation_outcomes($1, $2, $3)",
-            &[
-                (&user_id, Type::TEXT),
-                (&r.client_id, Type::TEXT),
-                (&ids, Type::TEXT_ARRAY),
-            ],
-        )
-        .await?
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
     let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(r.mutations.len());
     let mut writes = Vec::new();
     for m in &r.mutations {

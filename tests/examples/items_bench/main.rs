@@ -395,7 +395,7 @@ async fn main() -> Result<()> {
         fresh.storage().scope_index_builds() - builds_before
     );
 
-    // (c) Push throughput: queued single-row updates, pushed in sealed batches of 100 (each
+    // (c) Push throughput: queued single-row updates, pushed in sealed batches (up to 1,000; each
     // a compare-and-swap write, scope authorization before and after, ledger), against
     // the same updates as one raw SQL transaction in the same run.
     let pushes = 1000usize;

@@ -91,30 +91,43 @@ pub(super) async fn apply(
     if writes.is_empty() {
         return Ok(Vec::new());
     }
-    let mut fields: HashMap<&str, ImageFields> = HashMap::new();
-    for p in writes {
-        let relation = p.table.relation_id.as_str();
-        if !fields.contains_key(relation) {
-            let f = tx
-                .query_typed(
-                    "SELECT field_id, type_oid FROM synchro.synchro_push_fields($1)",
-                    &[(&relation, Type::TEXT)],
-                )
-                .await?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
-            fields.insert(relation, f);
-        }
-    }
+    // The relations' fields, and the savepoint the whole-batch runs return to, in one
+    // round trip.
+    let relations: BTreeSet<&str> = writes
+        .iter()
+        .map(|p| p.table.relation_id.as_str())
+        .collect();
+    let (loaded, savepoint) = futures_util::join!(
+        futures_util::future::try_join_all(relations.iter().map(|relation| async move {
+            tx.query_typed(
+                "SELECT field_id, type_oid FROM synchro.synchro_push_fields($1)",
+                &[(relation, Type::TEXT)],
+            )
+            .await
+        })),
+        tx.batch_execute("SAVEPOINT synchro_batch")
+    );
+    let loaded = loaded?;
+    savepoint?;
+    let fields: HashMap<&str, ImageFields> = relations
+        .into_iter()
+        .zip(loaded)
+        .map(|(relation, rows)| {
+            (
+                relation,
+                rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
+            )
+        })
+        .collect();
     if let Some(outcomes) = optimistic(tx, membership, cx, writes, &fields).await? {
         return Ok(outcomes);
     }
     sequential(tx, membership, cx, writes, &fields).await
 }
 
-/// The batch in whole-batch runs; `None` when it must run one mutation at a time (the
-/// transaction is then as it was before the call).
+/// The batch in whole-batch runs, from the savepoint `synchro_batch` (which a successful
+/// run leaves in place: the commit releases it); `None` when it must run one mutation at a
+/// time (the transaction is then as it was before the savepoint).
 async fn optimistic(
     tx: &Transaction<'_>,
     membership: &mut Client,
@@ -122,15 +135,11 @@ async fn optimistic(
     writes: &[Prepared<'_>],
     fields: &HashMap<&str, ImageFields>,
 ) -> Result<Option<Vec<Outcome>>, ApiError> {
-    tx.batch_execute("SAVEPOINT synchro_batch").await?;
     let mut discard = vec![false; writes.len()];
     let mut scopes: HashMap<(String, String, String), BTreeSet<String>> = HashMap::new();
     for _ in 0..ATTEMPTS {
         match run(tx, membership, cx, writes, fields, &discard, &mut scopes).await {
-            Ok(Ok(outcomes)) => {
-                tx.batch_execute("RELEASE SAVEPOINT synchro_batch").await?;
-                return Ok(Some(outcomes));
-            }
+            Ok(Ok(outcomes)) => return Ok(Some(outcomes)),
             Ok(Err(next)) => discard = next,
             Err(_) => break,
         }
