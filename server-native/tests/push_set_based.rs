@@ -350,6 +350,44 @@ async fn set_based_runs_equal_their_mutations_one_at_a_time() {
     assert_eq!((team(16), team(17), team(18)), ("blue", "red", "blue"));
 }
 
+/// The fields a rule reads come from the dependencies of its body: the docs rule names id,
+/// owner and team of its view, never title (a row differing only there is evaluated
+/// without placement); a rule naming its view as a whole may read any field.
+#[tokio::test]
+async fn a_rules_read_fields_are_the_columns_its_body_names() {
+    let d = docs().await;
+    let read = |function: &'static str| {
+        let d = &d;
+        async move {
+            d.env
+                .admin
+                .query_one(
+                    "SELECT synchro.synchro_rule_read_fields($1, $2::text::regprocedure)",
+                    &[&d.relation, &function],
+                )
+                .await
+                .unwrap()
+                .get::<_, Option<Vec<String>>>(0)
+        }
+    };
+    let db = d.env.login("postgres").await;
+    let mut want = Vec::new();
+    for c in ["id", "owner", "team"] {
+        want.push(d.field(&db, c).await);
+    }
+    want.sort();
+    assert_eq!(read("rules.doc_scopes(bigint)").await, Some(want));
+    d.env
+        .admin
+        .batch_execute(
+            "CREATE FUNCTION rules.any_doc(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+             BEGIN ATOMIC SELECT 'all' WHERE EXISTS (SELECT FROM synchro_projection.\"app.docs\"); END",
+        )
+        .await
+        .unwrap();
+    assert_eq!(read("rules.any_doc(bigint)").await, None);
+}
+
 /// The scopes of each probe from `synchro_push_scopes`, as the worker login calls it.
 async fn scopes(env: &Env, probes: &[(&str, i64, &str)]) -> Vec<Vec<String>> {
     let mut db = env.login("synchro_dev_worker").await;

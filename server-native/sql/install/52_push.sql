@@ -407,10 +407,47 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_write_batch(text[], text[], text[], text[], text[], integer[], text[], text[], boolean[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_write_batch(text[], text[], text[], text[], text[], integer[], text[], text[], boolean[]) TO synchro_adapter;
 
+-- The fields of a relation's rows its membership function reads, from the dependencies
+-- PostgreSQL records for its SQL-standard body (40_membership registers no other kind): the
+-- columns of the relation's own projection view it names. NULL when it names the view as a
+-- whole (every field may matter). Other projection views it reads are other relations'.
+CREATE FUNCTION synchro.synchro_rule_read_fields(p_relation_id text, p_function oid)
+RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH v AS (
+        SELECT to_regclass(format('synchro_projection.%I', r.physical_schema || '.' || r.physical_relation)) AS oid
+          FROM synchro.relations r WHERE r.relation_id = p_relation_id
+    ), d AS (
+        SELECT d.refobjsubid FROM pg_depend d, v
+         WHERE d.classid = 'pg_proc'::regclass AND d.objid = p_function
+           AND d.refclassid = 'pg_class'::regclass AND d.refobjid = v.oid
+    )
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM d WHERE d.refobjsubid = 0) OR (SELECT oid FROM v) IS NULL THEN NULL
+                ELSE coalesce((SELECT array_agg(f.field_id ORDER BY f.field_id)
+                                 FROM d, v, pg_attribute a, synchro.fields f
+                                WHERE a.attrelid = v.oid AND a.attnum = d.refobjsubid
+                                  AND f.relation_id = p_relation_id AND f.column_name = a.attname), '{}') END
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_rule_read_fields(text, oid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_rule_read_fields(text, oid) TO synchro_worker;
+
+-- The fields the live membership function of a relation reads (synchro_rule_read_fields);
+-- NULL without a live rule or when any field may matter. Push gives an after-image that
+-- agrees with its before-image in all of them the before-image's scopes.
+CREATE FUNCTION synchro.synchro_push_rule_reads(p_relation_id text)
+RETURNS text[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT synchro.synchro_rule_read_fields(m.relation_id, m.function_oid)
+      FROM synchro.membership_functions m WHERE m.relation_id = p_relation_id AND m.live
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_rule_reads(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_rule_reads(text) TO synchro_adapter;
+
 -- The scopes the live membership function of each row's relation gives it (empty without a
 -- rule), each row evaluated as if alone: placed in the projection, evaluated as the
--- function's owner (never synchro's roles, spec 003). A row equal to its projection row
--- needs no placement, so all such rows of a relation are evaluated in one query. Any other
+-- function's owner (never synchro's roles, spec 003). A row equal to its projection row in
+-- every field the function reads (synchro_rule_read_fields; every field when unknown) needs
+-- no placement, so all such rows of a relation are evaluated in one query. Any other
 -- row is placed (as synchro_worker) and evaluated in a subtransaction that is then rolled
 -- back, so no projection row lock is held across rows (the capture worker cannot deadlock
 -- with a push). A membership function reads its own row and its declared dependency
@@ -438,11 +475,18 @@ DECLARE
     v_round record;
     v_ords integer[];
     v_texts text[];
+    v_function_oid oid;
+    v_read text[];
+    v_is integer[];
+    v_kws text[];
+    v_keys text[];
+    v_rows text[];
+    v_sames boolean[];
 BEGIN
     FOR v_relation IN SELECT DISTINCT r FROM unnest(p_relation_ids) AS r LOOP
         v_function := NULL;
-        SELECT m.function_oid::regproc::text, r.primary_key_type::regtype::text, pg_get_userbyid(p.proowner)
-          INTO v_function, v_key_type, v_owner
+        SELECT m.function_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text, pg_get_userbyid(p.proowner)
+          INTO v_function_oid, v_function, v_key_type, v_owner
           FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
           JOIN pg_catalog.pg_proc p ON p.oid = m.function_oid
          WHERE r.relation_id = v_relation AND m.live;
@@ -453,23 +497,38 @@ BEGIN
                           WHERE u.rel = v_relation;
             CONTINUE;
         END IF;
-        -- The rows equal to their projection rows, evaluated together.
-        SELECT coalesce(array_agg(u.i::integer), '{}'), coalesce(array_agg(u.key), '{}')
-          INTO v_same, v_same_keys
-          FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
-         WHERE u.rel = v_relation
-           -- A key lookup per row (a join could scan every projection row).
-           AND u.row = (SELECT x.row_json FROM synchro.projection_rows x
-                         WHERE x.relation_id = u.rel AND x.pk = u.kw);
+        -- The rows equal to their projection rows in every field the function reads (in
+        -- every field, when that is not known), evaluated together, once per key: the
+        -- function gives them what it gives the projection row.
+        v_read := synchro.synchro_rule_read_fields(v_relation, v_function_oid);
+        -- The relation's probes, in order, each with whether it needs a placement.
+        SELECT coalesce(array_agg(x.i ORDER BY x.i), '{}'), coalesce(array_agg(x.kw ORDER BY x.i), '{}'),
+               coalesce(array_agg(x.key ORDER BY x.i), '{}'), coalesce(array_agg(x.row ORDER BY x.i), '{}'),
+               coalesce(array_agg(x.same ORDER BY x.i), '{}')
+          INTO v_is, v_kws, v_keys, v_rows, v_sames
+          FROM (SELECT u.i::integer AS i, u.kw, u.key, u.row,
+                       -- A key lookup per row (a join could scan every projection row).
+                       EXISTS (SELECT 1 FROM synchro.projection_rows x
+                                WHERE x.relation_id = u.rel AND x.pk = u.kw
+                                  AND (u.row = x.row_json
+                                       OR (v_read IS NOT NULL AND coalesce(
+                                           (SELECT bool_and((j.a -> f)::text IS NOT DISTINCT FROM (j.b -> f)::text)
+                                              FROM (SELECT u.row::json AS a, x.row_json::json AS b) AS j,
+                                                   unnest(v_read) AS f), true)))) AS same
+                  FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
+                 WHERE u.rel = v_relation) x;
+        SELECT coalesce(array_agg(x.i), '{}'), coalesce(array_agg(x.key), '{}') INTO v_same, v_same_keys
+          FROM unnest(v_is, v_keys, v_sames) AS x(i, key, same) WHERE x.same;
         PERFORM set_config('role', v_owner, true);
         RETURN QUERY EXECUTE format(
             -- One evaluation per key (OFFSET 0): inlined into a join, an underestimating
             -- planner scanned and sorted the whole projection per batch (capture's
             -- membership evaluation measured 113 ms against 1.3 ms for 1,000 keys).
-            'SELECT a.i, coalesce(array_remove(array_agg(e.s::text), NULL), ''{}'')
-               FROM unnest($1, $2) AS a(i, k)
-               LEFT JOIN LATERAL (SELECT f.s FROM %s(a.k::%s) AS f(s) OFFSET 0) AS e ON true
-              GROUP BY a.i', v_function, v_key_type)
+            'WITH k AS (SELECT DISTINCT k FROM unnest($2) AS k),
+                  e AS (SELECT k.k, coalesce(array_remove(array_agg(e.s::text), NULL), ''{}'') AS s
+                          FROM k LEFT JOIN LATERAL (SELECT f.s FROM %s(k.k::%s) AS f(s) OFFSET 0) AS e ON true
+                         GROUP BY k.k)
+             SELECT a.i, e.s FROM unnest($1, $2) AS a(i, k) JOIN e ON e.k = a.k', v_function, v_key_type)
           USING v_same, v_same_keys;
         PERFORM set_config('role', 'synchro_worker', true);
         IF NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies d
@@ -478,10 +537,9 @@ BEGIN
             FOR v_round IN
                 SELECT array_agg(x.i ORDER BY x.i) AS ords, array_agg(x.kw ORDER BY x.i) AS kws,
                        array_agg(x.key ORDER BY x.i) AS keys, array_agg(x.row ORDER BY x.i) AS rows
-                  FROM (SELECT u.i::integer AS i, u.kw, u.key, u.row,
-                               row_number() OVER (PARTITION BY u.kw ORDER BY u.i) AS n
-                          FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
-                         WHERE u.rel = v_relation AND u.i <> ALL (v_same)) x
+                  FROM (SELECT u.i, u.kw, u.key, u.row, row_number() OVER (PARTITION BY u.kw ORDER BY u.i) AS n
+                          FROM unnest(v_is, v_kws, v_keys, v_rows, v_sames) AS u(i, kw, key, row, same)
+                         WHERE NOT u.same) x
                  GROUP BY x.n ORDER BY x.n LOOP
                 BEGIN
                     INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
@@ -505,9 +563,9 @@ BEGIN
             CONTINUE;
         END IF;
         -- Every other row placed and evaluated on its own.
-        FOR v_row IN SELECT u.i::integer AS i, u.kw, u.key, u.row
-                       FROM unnest(p_relation_ids, p_key_wires, p_keys, p_rows) WITH ORDINALITY AS u(rel, kw, key, row, i)
-                      WHERE u.rel = v_relation AND u.i <> ALL (v_same) LOOP
+        FOR v_row IN SELECT u.i, u.kw, u.key, u.row
+                       FROM unnest(v_is, v_kws, v_keys, v_rows, v_sames) AS u(i, kw, key, row, same)
+                      WHERE NOT u.same LOOP
             BEGIN
                 INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
                 VALUES (v_relation, v_row.kw, v_row.row, '0')

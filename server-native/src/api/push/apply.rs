@@ -97,7 +97,7 @@ pub(super) async fn apply(
         .iter()
         .map(|p| p.table.relation_id.as_str())
         .collect();
-    let (loaded, savepoint) = futures_util::join!(
+    let (loaded, read, savepoint) = futures_util::join!(
         futures_util::future::try_join_all(relations.iter().map(|relation| async move {
             tx.query_typed(
                 "SELECT field_id, type_oid FROM synchro.synchro_push_fields($1)",
@@ -105,21 +105,33 @@ pub(super) async fn apply(
             )
             .await
         })),
+        futures_util::future::try_join_all(relations.iter().map(|relation| async move {
+            tx.query_typed_one(
+                "SELECT synchro.synchro_push_rule_reads($1)",
+                &[(relation, Type::TEXT)],
+            )
+            .await
+        })),
         tx.batch_execute("SAVEPOINT synchro_batch")
     );
-    let loaded = loaded?;
+    let (loaded, read) = (loaded?, read?);
     savepoint?;
     let fields: HashMap<&str, ImageFields> = relations
-        .into_iter()
+        .iter()
         .zip(loaded)
         .map(|(relation, rows)| {
             (
-                relation,
+                *relation,
                 rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
             )
         })
         .collect();
-    if let Some(outcomes) = optimistic(tx, membership, cx, writes, &fields).await? {
+    let reads: Reads = relations
+        .into_iter()
+        .zip(read)
+        .map(|(relation, row)| (relation, row.get(0)))
+        .collect();
+    if let Some(outcomes) = optimistic(tx, membership, cx, writes, &fields, &reads).await? {
         return Ok(outcomes);
     }
     sequential(tx, membership, cx, writes, &fields).await
@@ -134,11 +146,23 @@ async fn optimistic(
     cx: &Context<'_>,
     writes: &[Prepared<'_>],
     fields: &HashMap<&str, ImageFields>,
+    reads: &Reads<'_>,
 ) -> Result<Option<Vec<Outcome>>, ApiError> {
     let mut discard = vec![false; writes.len()];
     let mut scopes: HashMap<(String, String, String), BTreeSet<String>> = HashMap::new();
     for _ in 0..ATTEMPTS {
-        match run(tx, membership, cx, writes, fields, &discard, &mut scopes).await {
+        match run(
+            tx,
+            membership,
+            cx,
+            writes,
+            fields,
+            reads,
+            &discard,
+            &mut scopes,
+        )
+        .await
+        {
             Ok(Ok(outcomes)) => return Ok(Some(outcomes)),
             Ok(Err(next)) => discard = next,
             Err(_) => break,
@@ -153,12 +177,16 @@ async fn optimistic(
 
 /// One whole-batch run undoing the writes `discard` names: the outcomes when the run kept
 /// exactly the writes authorization keeps, otherwise the writes to undo in the next run.
+/// An after-image equal to its before-image in every field the rule reads has the
+/// before-image's scopes without an evaluation of its own.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     tx: &Transaction<'_>,
     membership: &mut Client,
     cx: &Context<'_>,
     writes: &[Prepared<'_>],
     fields: &HashMap<&str, ImageFields>,
+    reads: &Reads<'_>,
     discard: &[bool],
     scopes: &mut HashMap<(String, String, String), BTreeSet<String>>,
 ) -> Result<Result<Vec<Outcome>, Vec<bool>>, ApiError> {
@@ -184,8 +212,19 @@ async fn run(
     let mut probes = Vec::new();
     let mut probed = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    // (after-image, before-image) pairs with the same scopes.
+    let mut alike = Vec::new();
     for (p, (pre, post)) in writes.iter().zip(&rows) {
-        for r in [pre, post].into_iter().flatten() {
+        let mut images = vec![pre.as_ref()];
+        match (pre, post) {
+            (Some(before), Some(after))
+                if agree(reads.get(p.table.relation_id.as_str()), before, after) =>
+            {
+                alike.push((key(p, after), key(p, before)));
+            }
+            _ => images.push(post.as_ref()),
+        }
+        for r in images.into_iter().flatten() {
             let k = key(p, r);
             if !scopes.contains_key(&k) && seen.insert(k.clone()) {
                 probes.push(Probe {
@@ -200,6 +239,13 @@ async fn run(
     }
     let evaluated = evaluate(membership, &probes).await?;
     scopes.extend(probed.into_iter().zip(evaluated));
+    for (after, before) in alike {
+        let same = scopes
+            .get(&before)
+            .cloned()
+            .ok_or_else(ApiError::integrity)?;
+        scopes.insert(after, same);
+    }
 
     let mut outcomes = Vec::with_capacity(writes.len());
     // Whether authorization keeps each write, and whether the database did.
@@ -274,6 +320,24 @@ async fn sequential(
         outcomes.push(o);
     }
     Ok(outcomes)
+}
+
+/// The fields each relation's live rule reads (`synchro_push_rule_reads`; `None`: any).
+type Reads<'a> = HashMap<&'a str, Option<Vec<String>>>;
+
+/// Whether two images of a row agree in every field of `read` (the fields the relation's
+/// rule reads; `None` when unknown, then they never agree).
+fn agree(read: Option<&Option<Vec<String>>>, a: &Row, b: &Row) -> bool {
+    let Some(Some(read)) = read else {
+        return false;
+    };
+    let (Json::Object(a), Json::Object(b)) = (&a.json, &b.json) else {
+        return false;
+    };
+    let value = |fields: &'_ [(String, Json)], id: &str| {
+        fields.iter().find(|(f, _)| f == id).map(|(_, v)| v.clone())
+    };
+    read.iter().all(|id| value(a, id) == value(b, id))
 }
 
 /// Authorization of one write from the scopes of its before-image (when the row existed)
