@@ -170,21 +170,20 @@ impl Storage {
                 "more columns than a mutation may carry",
             ));
         }
-        let columns_json = Json::Array(
+        // The intent's columns as queued (and pushed).
+        let columns_json = to_output_string(&Json::Array(
             columns
                 .iter()
-                .map(|(f, v)| {
+                .map(|(id, v)| {
                     Json::Object(vec![
-                        ("field_id".into(), Json::String(f.clone())),
+                        ("field_id".into(), Json::String(id.clone())),
                         ("value".into(), v.to_wire()),
                     ])
                 })
                 .collect(),
-        );
+        ));
         let pk_text = pk.to_wire_text();
-        if to_output_string(&columns_json).len() + pk_text.len() + MUTATION_ENVELOPE_BYTES
-            > limits.mutation_bytes
-        {
+        if columns_json.len() + pk_text.len() + MUTATION_ENVELOPE_BYTES > limits.mutation_bytes {
             return Err(StorageError::TooLarge(
                 "the mutation's values are larger than a push may carry",
             ));
@@ -279,17 +278,6 @@ impl Storage {
                     new_batch_id
                 }
             };
-            let columns_json = to_output_string(&Json::Array(
-                columns
-                    .iter()
-                    .map(|(id, v)| {
-                        Json::Object(vec![
-                            ("field_id".into(), Json::String(id.clone())),
-                            ("value".into(), v.to_wire()),
-                        ])
-                    })
-                    .collect(),
-            ));
             run(
                 tx,
                 r#"INSERT INTO "_synchro_mutations" ("mutation_id", "batch_id", "local_order", "table_id", "pk", "operation",

@@ -261,7 +261,6 @@ BEGIN
                     END IF;
                 END LOOP;
                 IF cardinality(v_ok_keys) > 0 THEN
-                    v_writing := true;
                     v_count := 0;
                     v_query := CASE v_op
                         WHEN 'update' THEN format(

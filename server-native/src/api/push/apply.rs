@@ -327,15 +327,15 @@ type Reads<'a> = HashMap<&'a str, Option<Vec<String>>>;
 
 /// Whether two images of a row agree in every field of `read` (the fields the relation's
 /// rule reads; `None` when unknown, then they never agree).
-fn agree(read: Option<&Option<Vec<String>>>, a: &Row, b: &Row) -> bool {
+fn agree<'a>(read: Option<&Option<Vec<String>>>, a: &'a Row, b: &'a Row) -> bool {
     let Some(Some(read)) = read else {
         return false;
     };
     let (Json::Object(a), Json::Object(b)) = (&a.json, &b.json) else {
         return false;
     };
-    let value = |fields: &'_ [(String, Json)], id: &str| {
-        fields.iter().find(|(f, _)| f == id).map(|(_, v)| v.clone())
+    let value = |fields: &'a [(String, Json)], id: &str| {
+        fields.iter().find(|(f, _)| f == id).map(|(_, v)| v)
     };
     read.iter().all(|id| value(a, id) == value(b, id))
 }
