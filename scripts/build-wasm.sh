@@ -3,6 +3,7 @@
 # For each crate: cargo build for wasm32 -> wasm-bindgen per target -> wasm-opt, with all
 # settings from wasm-pack.toml. Output: target/wasm-pkg/<crate>/<target>/.
 #   SYNCHRO_WASM_FEATURES="--features bench"  extra cargo build arguments.
+#   SYNCHRO_WASM_TARGETS="web"                 only these wasm-bindgen targets.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,7 +21,7 @@ wasm_cargo() {
 }
 
 if [ $# -gt 0 ]; then crates=("$@"); else read -ra crates <<<"$(cfg build.crates)"; fi
-read -ra targets <<<"$(cfg build.targets)"
+read -ra targets <<<"${SYNCHRO_WASM_TARGETS:-$(cfg build.targets)}"
 read -ra opt_args <<<"$(cfg wasm-opt.args)"
 read -ra extra <<<"${SYNCHRO_WASM_FEATURES:-}"
 profile=$(cfg build.profile)

@@ -138,6 +138,10 @@ impl FetchTransport {
 /// cancels the stream (which closes the connection).
 pub struct FetchEventStream {
     reader: web_sys::ReadableStreamDefaultReader,
+    /// A read not yet answered. The session drops `next_chunk` whenever the application
+    /// calls in while it waits; the read's promise still resolves with the next chunk, so it
+    /// is kept and awaited again (a new `read()` would skip that chunk: a lost `changed`).
+    pending: Option<JsFuture>,
 }
 
 impl Drop for FetchEventStream {
@@ -149,7 +153,13 @@ impl Drop for FetchEventStream {
 impl EventStream for FetchEventStream {
     async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, TransportError> {
         let failed = |_| TransportError("the events stream failed".into());
-        let read = JsFuture::from(self.reader.read()).await.map_err(failed)?;
+        let reader = &self.reader;
+        let read = self
+            .pending
+            .get_or_insert_with(|| JsFuture::from(reader.read()))
+            .await;
+        self.pending = None;
+        let read = read.map_err(failed)?;
         if Reflect::get(&read, &"done".into())
             .map_err(failed)?
             .is_truthy()
@@ -190,6 +200,7 @@ impl EventTransport for FetchTransport {
             .ok_or_else(|| TransportError("the events response has no body".into()))?;
         Ok(Opened::Stream(FetchEventStream {
             reader: stream.get_reader().unchecked_into(),
+            pending: None,
         }))
     }
 
@@ -340,6 +351,21 @@ impl SynchroClient {
         query(&self.inner, &sql, params)
     }
 
+    /// The tables a read-only statement reads (from its compiled program: every b-tree it
+    /// opens, an index counted as its table), or `null` when that cannot be known (a virtual
+    /// table). A live query re-runs only when one of them changed.
+    #[wasm_bindgen(js_name = readTables)]
+    pub fn read_tables(&self, sql: String) -> Result<JsValue, JsValue> {
+        read_tables(&self.inner, &sql)
+    }
+
+    /// `{state, version, action}`: the engine state, the installed schema version (0 before
+    /// one is installed) and the schema action of this engine's last connect (`none`,
+    /// `replace`, `rebuild_local`, ...; `null` before it connected).
+    pub fn schema(&self) -> JsValue {
+        schema(&self.inner)
+    }
+
     /// Writes to the synced table `table` and queues the intent in one transaction.
     /// `operation` is `insert`, `update` or `delete`; `pk` and the values of `columns` (an
     /// object keyed by field name, in the order the fields should be recorded; a `null` is
@@ -466,6 +492,70 @@ fn query(
         out.push(&o);
     }
     Ok(out)
+}
+
+/// See [`SynchroClient::read_tables`].
+fn read_tables(client: &Client<FetchTransport>, sql: &str) -> Result<JsValue, JsValue> {
+    let sqlite = |e| storage_error(StorageError::Sqlite(e));
+    let conn = client.storage().connection();
+    if !conn.prepare(sql).map_err(sqlite)?.readonly() {
+        return Err(js_error(
+            "invalid_request",
+            "query runs read-only statements only",
+            false,
+        ));
+    }
+    let mut roots = std::collections::HashMap::new();
+    let mut schema = conn
+        .prepare("SELECT rootpage, tbl_name FROM main.sqlite_schema WHERE rootpage > 0")
+        .map_err(sqlite)?;
+    let mut rows = schema.query([]).map_err(sqlite)?;
+    while let Some(r) = rows.next().map_err(sqlite)? {
+        roots.insert(
+            r.get::<_, i64>(0).map_err(sqlite)?,
+            r.get::<_, String>(1).map_err(sqlite)?,
+        );
+    }
+    roots.insert(1, "sqlite_schema".to_owned());
+    // EXPLAIN's columns: addr, opcode, p1, p2, p3, p4, p5, comment.
+    let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).map_err(sqlite)?;
+    let mut ops = explain.query([]).map_err(sqlite)?;
+    let mut tables = std::collections::BTreeSet::new();
+    while let Some(r) = ops.next().map_err(sqlite)? {
+        let opcode: String = r.get(1).map_err(sqlite)?;
+        match opcode.as_str() {
+            "OpenRead" | "ReopenIdx" => {
+                let (root, db): (i64, i64) = (r.get(3).map_err(sqlite)?, r.get(4).map_err(sqlite)?);
+                match roots.get(&root) {
+                    Some(name) if db == 0 => {
+                        tables.insert(name.clone());
+                    }
+                    // Another attached database, or a table the schema does not name.
+                    _ => return Ok(JsValue::NULL),
+                }
+            }
+            "VOpen" => return Ok(JsValue::NULL),
+            _ => {}
+        }
+    }
+    Ok(strings(tables).into())
+}
+
+/// See [`SynchroClient::schema`].
+fn schema(client: &Client<FetchTransport>) -> JsValue {
+    let o = Object::new();
+    set(&o, "state", client.state().as_str().into());
+    set(
+        &o,
+        "version",
+        (client.manifest().map_or(0, |m| m.schema_version) as f64).into(),
+    );
+    set(
+        &o,
+        "action",
+        client.last_action().map_or(JsValue::NULL, JsValue::from),
+    );
+    o.into()
 }
 
 /// Writes to the synced table `table` and queues the intent in one transaction.

@@ -70,7 +70,7 @@ pub mod types;
 pub mod value;
 pub mod wire;
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", feature = "js"))]
 pub mod wasm;
 
 pub use error::{Error, Result};

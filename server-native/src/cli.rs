@@ -830,6 +830,7 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
     dev::create_demo_schema(&admin).await?;
     let mut operator = connect_db(&url_for("synchro_dev_operator")).await?;
     dev::register_demo(&operator).await?;
+    dev::create_board(&admin, &operator).await?;
     publish::publish(&mut operator).await?;
     let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
     let assignment = connect_db(&url_for("synchro_dev_operator")).await?;

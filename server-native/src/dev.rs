@@ -128,3 +128,82 @@ pub async fn register_demo(operator: &Client) -> Result<()> {
     }
     Ok(())
 }
+
+/// The task board of the web demo (`web-demo/`): `app.tasks` beside `app.projects`, both
+/// single_scope with a membership rule putting every row in the shared scope `board:demo`,
+/// which the development users `dev-user`, `alice` and `bob` hold. `admin` creates the
+/// table and the `rules` schema; `operator` registers, writes the rules and grants. What
+/// exists already is kept (a rule is registered once).
+pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
+    let exists = |sql: &'static str| async move {
+        admin
+            .query_opt(sql, &[])
+            .await
+            .map(|r| r.is_some())
+            .context("reading the catalog")
+    };
+    if !exists("SELECT 1 FROM pg_class WHERE oid = to_regclass('app.tasks')").await? {
+        admin
+            .batch_execute(
+                "SET ROLE app_owner;
+                 CREATE TABLE app.tasks (
+                   id text PRIMARY KEY, project_id text NOT NULL, title text NOT NULL,
+                   done boolean NOT NULL DEFAULT false, assignee text, position integer NOT NULL DEFAULT 0,
+                   updated_at timestamptz NOT NULL DEFAULT now());
+                 RESET ROLE;",
+            )
+            .await
+            .context("creating app.tasks")?;
+    }
+    register(
+        operator,
+        &RegisterRequest::synced("app", "tasks", "single_scope"),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("registering app.tasks: {e}"))?;
+    if !exists("SELECT 1 FROM pg_namespace WHERE nspname = 'rules'").await? {
+        admin
+            .batch_execute(
+                "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
+                 GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+            )
+            .await
+            .context("creating the rules schema")?;
+    }
+    // The worker evaluates membership rules as their owner.
+    grant_role_once(admin, "synchro_dev_operator", "synchro_dev_worker").await?;
+    for (relation, function) in [("projects", "board_projects"), ("tasks", "board_tasks")] {
+        let registered = operator
+            .query_opt(
+                "SELECT 1 FROM pg_proc WHERE proname = $1 AND pronamespace = 'rules'::regnamespace",
+                &[&function],
+            )
+            .await?
+            .is_some();
+        if registered {
+            continue;
+        }
+        operator
+            .batch_execute(&format!(
+                "CREATE FUNCTION rules.{function}(p_id text) RETURNS SETOF text LANGUAGE sql STABLE
+                 BEGIN ATOMIC
+                   SELECT 'board:demo' FROM synchro_projection.\"app.{relation}\" WHERE id = p_id;
+                 END;
+                 REVOKE EXECUTE ON FUNCTION rules.{function}(text) FROM PUBLIC;
+                 GRANT EXECUTE ON FUNCTION rules.{function}(text) TO synchro_worker;
+                 SELECT synchro.synchro_register_membership_function('app', '{relation}', 'rules.{function}(text)');"
+            ))
+            .await
+            .with_context(|| format!("the membership rule of app.{relation}"))?;
+    }
+    for user in ["dev-user", "alice", "bob"] {
+        operator
+            .execute(
+                "SELECT synchro.synchro_grant_user_scope($1, 'board:demo')",
+                &[&user],
+            )
+            .await
+            .context("granting board:demo")?;
+    }
+    Ok(())
+}

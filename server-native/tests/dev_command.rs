@@ -65,7 +65,7 @@ async fn dev_serves_the_demo_schema_and_stops_cleanly() {
         .iter()
         .map(|t| t["composition"].as_str().unwrap())
         .collect();
-    assert_eq!(tables.len(), 2);
+    assert_eq!(tables.len(), 3, "projects, notes and the board's tasks");
     assert!(tables.contains(&"multi_scope") && tables.contains(&"single_scope"));
 
     // SIGINT: graceful shutdown, which also stops and deletes the throwaway cluster.

@@ -243,6 +243,8 @@ pub struct Client<T: Transport> {
     listeners: Vec<Listener>,
     random: Random,
     clock: Clock,
+    /// The schema action of the last successful connect.
+    last_action: Option<String>,
 }
 
 impl<T: Transport> Client<T> {
@@ -297,6 +299,7 @@ impl<T: Transport> Client<T> {
             listeners: Vec::new(),
             random: Box::new(random),
             clock: Box::new(system_ms),
+            last_action: None,
         };
         client.recover()?;
         Ok(client)
@@ -315,6 +318,12 @@ impl<T: Transport> Client<T> {
     /// The engine state.
     pub fn state(&self) -> ClientState {
         self.machine.state()
+    }
+
+    /// The schema action (`none`, `replace`, `rebuild_local`, ...) of the last successful
+    /// connect of this engine, if it connected.
+    pub fn last_action(&self) -> Option<&str> {
+        self.last_action.as_deref()
     }
 
     /// The active manifest, if one is installed.
@@ -387,7 +396,10 @@ impl<T: Transport> Client<T> {
         self.may_connect()?;
         self.go(ClientState::Connecting)?;
         match self.connect_and_migrate().await {
-            Ok(action) => Ok(action),
+            Ok(action) => {
+                self.last_action = Some(action.0.clone());
+                Ok(action)
+            }
             Err(e) => {
                 let back = match &e {
                     ClientError::UpgradeRequired(_) => ClientState::UpgradeRequired,

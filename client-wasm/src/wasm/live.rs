@@ -15,7 +15,10 @@ use js_sys::{Array, Function, Object, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::{client_error, js_error, mutations, query, set, write, FetchTransport, SynchroClient};
+use super::{
+    client_error, js_error, mutations, query, read_tables, schema, set, write, FetchTransport,
+    SynchroClient,
+};
 use crate::engine::{LiveConfig, LiveEnd, LiveHandle, LiveStatus};
 
 /// A running live session (see the module documentation).
@@ -174,6 +177,19 @@ impl LiveSession {
         let job = self
             .handle
             .with_client(move |c| write(c, &table, &operation, &pk, &columns).map(JsValue::from));
+        future_to_promise(async move { job.await.map_err(not_running)? })
+    }
+
+    /// `SynchroClient.readTables`, run between two requests.
+    #[wasm_bindgen(js_name = readTables)]
+    pub fn read_tables(&self, sql: String) -> Promise {
+        let job = self.handle.with_client(move |c| read_tables(c, &sql));
+        future_to_promise(async move { job.await.map_err(not_running)? })
+    }
+
+    /// `SynchroClient.schema`, run between two requests.
+    pub fn schema(&self) -> Promise {
+        let job = self.handle.with_client(|c| Ok(schema(c)));
         future_to_promise(async move { job.await.map_err(not_running)? })
     }
 

@@ -1,0 +1,102 @@
+/** A wire value: int64 and decimal as strings (or BigInt for int64), bytes as Uint8Array. */
+export type Value = string | number | bigint | boolean | null | Uint8Array | { [k: string]: unknown } | unknown[];
+/** A row as `query` returns it: INTEGER a number when safe, else a BigInt; BLOB a Uint8Array. */
+export type Row = Record<string, string | number | bigint | null | Uint8Array>;
+
+export interface ClientOptions {
+  /** The sync server (or edge gateway), absolute or relative to the page. */
+  url: string;
+  /** Returns a bearer token; asked again after the server answered 401. */
+  token: () => string | Promise<string>;
+  /** The database's name (one OPFS database per name per origin). Default "synchro". */
+  name?: string;
+  /** SQL for the app's local-only tables, one entry per version (1..N), applied in order. */
+  localMigrations?: string[];
+  /** The app's runtime version presented on connect (SemVer 2.0.0). */
+  clientVersion?: string;
+  /** Live session tuning (milliseconds). */
+  live?: { safetyPollMs?: number; backoffMinMs?: number; backoffMaxMs?: number; streamIdleMs?: number };
+}
+
+export interface Progress {
+  phase: string;
+  scope: string | null;
+  pages: number;
+  rows: number;
+  totalRows?: number;
+}
+
+export interface StatusError {
+  code: string;
+  status?: number | null;
+  retryable: boolean;
+  message?: string;
+  retryInMs?: number;
+}
+
+export interface Status {
+  /** starting, connecting, syncing, live, offline, upgrade_required, error, stopped */
+  phase: "starting" | "connecting" | "syncing" | "live" | "offline" | "upgrade_required" | "error" | "stopped";
+  connected: boolean;
+  syncing: boolean;
+  offline: boolean;
+  /** Whether this tab holds the database (the others reach it through this one). */
+  leader: boolean;
+  /** The running pull or rebuild, page by page. */
+  progress: Progress | null;
+  /** When the client last caught up with the server (ms since the epoch). */
+  lastSyncedAt: number | null;
+  lastError: StatusError | null;
+  /** The engine state, installed schema version and the last connect's schema action. */
+  schema: { state: string; version: number; action: string | null };
+  /** Set while phase is upgrade_required: why, and what the app should do. */
+  upgrade: { reason: "client_runtime" | "schema_history"; action: string } | null;
+  /** Local writes not yet answered by the server. */
+  pendingWrites: number;
+}
+
+export interface Mutation {
+  mutationId: string;
+  batchId: string;
+  localOrder: number;
+  tableId: string;
+  pk: unknown;
+  operation: "insert" | "update" | "delete";
+  baseVersion: string | null;
+  clientVersion: number;
+  columns: Record<string, unknown> | null;
+  authoredSchema: { version: number; hash: string };
+  /** The server's outcome once answered. */
+  outcome: Record<string, unknown> | null;
+  state: "pending" | "applied" | "conflict" | "rejected_terminal";
+}
+
+export class SynchroError extends Error {
+  /** A stable code: network_error, unauthorized, unknown_table, invalid_value, write_too_large, closed, ... */
+  readonly code: string;
+  /** Whether trying again later can succeed. */
+  readonly retryable: boolean;
+  /** For upgrade_required: client_runtime or schema_history. */
+  readonly reason?: string;
+}
+
+export interface SynchroClient {
+  readonly status: Status;
+  onStatus(callback: (status: Status) => void): () => void;
+  query<R = Row>(sql: string, params?: Value[]): Promise<R[]>;
+  watch<R = Row>(sql: string, params: Value[], callback: (rows: R[]) => void, onError?: (e: SynchroError) => void): () => void;
+  insert(table: string, key: Value, values: Record<string, Value>): Promise<string>;
+  update(table: string, key: Value, values: Record<string, Value>): Promise<string>;
+  delete(table: string, key: Value): Promise<string>;
+  mutations(): Promise<Mutation[]>;
+  outcome(mutationId: string): Promise<Mutation>;
+  onMutation(callback: (m: Mutation) => void): () => void;
+  onConflict(callback: (m: Mutation) => void): () => void;
+  onRejected(callback: (m: Mutation) => void): () => void;
+  onChange(callback: (tables: string[]) => void): () => void;
+  syncNow(): Promise<void>;
+  requestSchemaReset(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export function createClient(options: ClientOptions): SynchroClient;

@@ -1,0 +1,226 @@
+// The dedicated worker of the leader tab: it alone opens the database on OPFS (the
+// sync-access-handle pool), runs the live session, and answers the tabs' requests.
+// Messages from the page: {id, method, args}; answers: {id, ok, value} or {id, ok: false,
+// error}; events: {event: "status" | "changed" | "mutation" | "token", ...}.
+import init, { SynchroClient } from "../wasm/synchro_client.js";
+
+let client = null; // the SynchroClient while no live session holds it
+let live = null; // the running LiveSession
+let options = null;
+let closing = false;
+const tokenWaiters = new Map();
+let nextToken = 0;
+// What the worker last saw of each queued mutation's state, to report changes once.
+const states = new Map();
+
+const post = (m) => self.postMessage(m);
+
+function errorOf(e) {
+  return {
+    code: (e && e.code) || "internal_error",
+    message: (e && e.message) || String(e),
+    retryable: Boolean(e && e.retryable),
+    reason: e && e.reason,
+    status: e && e.status,
+  };
+}
+
+// The token provider the engine calls before every request: asks the page.
+function token() {
+  return new Promise((resolve, reject) => {
+    const id = ++nextToken;
+    tokenWaiters.set(id, { resolve, reject });
+    post({ event: "token", id });
+  });
+}
+
+const status = {
+  phase: "starting",
+  progress: null,
+  lastSyncedAt: null,
+  lastError: null,
+  schema: { state: "fresh", version: 0, action: null },
+  upgrade: null,
+  pendingWrites: 0,
+};
+
+function publish(patch) {
+  Object.assign(status, patch);
+  post({ event: "status", status: { ...status } });
+}
+
+// The mutations whose state changed since the last look; reports each change once.
+async function reportMutations() {
+  const all = live ? await live.mutations() : client ? client.mutations() : [];
+  let pending = 0;
+  for (const m of all) {
+    if (m.state === "pending") pending++;
+    if (states.get(m.mutationId) !== m.state) {
+      const first = !states.has(m.mutationId);
+      states.set(m.mutationId, m.state);
+      if (!(first && m.state === "pending")) post({ event: "mutation", mutation: m });
+    }
+  }
+  return pending;
+}
+
+async function afterRound(phase) {
+  try {
+    const pendingWrites = await reportMutations();
+    const schema = live ? await live.schema() : client.schema();
+    const patch = { pendingWrites, schema };
+    if (phase === "live") Object.assign(patch, { lastSyncedAt: Date.now(), progress: null });
+    publish(patch);
+  } catch {
+    // The session ended meanwhile; its end reports.
+  }
+}
+
+function startLive() {
+  const c = client;
+  client = null;
+  live = c.startLive(options.live || {}, (s) => {
+    const patch = { phase: s.status };
+    if (s.status === "offline") patch.lastError = { ...s.error, retryInMs: s.retryInMs };
+    if (s.status === "live") patch.lastError = null;
+    publish(patch);
+    if (s.status === "live" || s.status === "offline") afterRound(s.status);
+  });
+  live.done.then((d) => {
+    live = null;
+    client = d.client;
+    if (closing) return;
+    if (d.end === "upgrade_required") {
+      publish({
+        phase: "upgrade_required",
+        schema: client.schema(),
+        upgrade: {
+          reason: d.reason,
+          action:
+            d.reason === "client_runtime"
+              ? "The server needs a newer version of this app: reload it once a newer version is deployed."
+              : "The server's schema changed in a way this app version cannot follow: load the new app version, then call requestSchemaReset().",
+        },
+      });
+    } else if (d.end === "error") {
+      publish({ phase: "error", lastError: errorOf(d.error), schema: client.schema() });
+    } else {
+      publish({ phase: "stopped" });
+    }
+  });
+}
+
+async function open(o) {
+  options = o;
+  await init();
+  // A new leader may find the previous leader's OPFS handles not yet released (its tab is
+  // closing): retry for a while before giving up.
+  let last;
+  for (let attempt = 0; attempt < 60; attempt++) {
+    try {
+      client = await SynchroClient.open(o.name, o.url, token, o.localMigrations || [], {
+        clientVersion: o.clientVersion,
+      });
+      break;
+    } catch (e) {
+      last = e;
+      if (e && e.code === "invalid_client_version") throw e;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  }
+  if (!client) throw last;
+  client.subscribe((tables) => post({ event: "changed", tables: [...tables] }));
+  client.onProgress((p) => publish({ progress: { phase: p.phase, scope: p.scope, pages: p.pages, rows: p.rows } }));
+  for (const m of client.mutations()) states.set(m.mutationId, m.state);
+  publish({ schema: client.schema(), pendingWrites: [...states.values()].filter((s) => s === "pending").length });
+  if (client.state() === "upgrade_required") {
+    publish({
+      phase: "upgrade_required",
+      upgrade: {
+        reason: "schema_history",
+        action: "Load the new app version, then call requestSchemaReset().",
+      },
+    });
+  } else {
+    startLive();
+  }
+}
+
+// BigInt values go as strings (the wire form of int64 and decimal); bytes as base64url.
+function wire(v) {
+  if (typeof v === "bigint") return v.toString();
+  if (v instanceof Uint8Array) {
+    let s = "";
+    for (const b of v) s += String.fromCharCode(b);
+    return btoa(s).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
+  if (v && typeof v === "object" && !Array.isArray(v)) {
+    const o = {};
+    for (const [k, x] of Object.entries(v)) o[k] = wire(x);
+    return o;
+  }
+  return v;
+}
+
+const methods = {
+  open,
+  async query(sql, params) {
+    return live ? live.query(sql, params || []) : ready().query(sql, params || []);
+  },
+  async readTables(sql) {
+    return live ? live.readTables(sql) : ready().readTables(sql);
+  },
+  async write(table, operation, key, values) {
+    const args = [table, operation, wire(key), values == null ? null : wire(values)];
+    const id = live ? await live.write(...args) : ready().write(...args);
+    states.set(id, "pending");
+    publish({ pendingWrites: status.pendingWrites + 1 });
+    return id;
+  },
+  async mutations() {
+    return live ? live.mutations() : ready().mutations();
+  },
+  async syncNow() {
+    if (live) live.syncNow();
+  },
+  async requestSchemaReset() {
+    if (live) throw Object.assign(new Error("the schema can only be reset while an upgrade is required"), { code: "invalid_state", retryable: false });
+    ready().requestSchemaReset();
+    publish({ phase: "connecting", upgrade: null });
+    startLive();
+  },
+  async close() {
+    closing = true;
+    if (live) {
+      live.stop();
+      const d = await live.done;
+      client = d.client;
+      live = null;
+    }
+    if (client) client.free();
+    client = null;
+    publish({ phase: "stopped" });
+  },
+};
+
+function ready() {
+  if (!client) throw Object.assign(new Error("the database is not open"), { code: "not_open", retryable: true });
+  return client;
+}
+
+self.onmessage = async (e) => {
+  const m = e.data;
+  if (m.tokenReply !== undefined) {
+    const w = tokenWaiters.get(m.tokenReply);
+    tokenWaiters.delete(m.tokenReply);
+    if (w) m.error ? w.reject(new Error(m.error)) : w.resolve(m.token);
+    return;
+  }
+  try {
+    const fn = methods[m.method];
+    if (!fn) throw Object.assign(new Error("no such method"), { code: "invalid_request" });
+    post({ id: m.id, ok: true, value: await fn(...(m.args || [])) });
+  } catch (err) {
+    post({ id: m.id, ok: false, error: errorOf(err) });
+  }
+};

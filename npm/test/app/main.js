@@ -1,0 +1,36 @@
+// The test app: a client over the database named by ?db= (default "board"), with its
+// tokens from the test (window.mintToken, exposed by Playwright), and two live queries.
+import { createClient, SynchroError } from "@synchro/client";
+
+const q = new URLSearchParams(location.search);
+window.tokenAsks = 0;
+const client = createClient({
+  url: "/",
+  name: q.get("db") || "board",
+  token: async () => {
+    window.tokenAsks++;
+    return window.mintToken(q.get("user") || "alice");
+  },
+  // No safety poll within a test: every change must arrive through the events stream.
+  live: { backoffMinMs: 200, backoffMaxMs: 1000, safetyPollMs: 600000 },
+});
+window.client = client;
+window.SynchroError = SynchroError;
+window.statuses = [];
+client.onStatus((s) => window.statuses.push(s));
+window.mutationEvents = [];
+client.onMutation((m) => window.mutationEvents.push(m));
+window.tasks = null;
+window.taskDeliveries = 0;
+client.watch("SELECT id, title, done FROM tasks ORDER BY id", [], (rows) => {
+  window.tasks = rows;
+  window.taskDeliveries++;
+  window.taskDeliveredAt = performance.timeOrigin + performance.now();
+});
+window.projects = null;
+window.projectDeliveries = 0;
+client.watch("SELECT id, name FROM projects ORDER BY id", [], (rows) => {
+  window.projects = rows;
+  window.projectDeliveries++;
+});
+document.getElementById("state").textContent = "ready";

@@ -1,0 +1,5 @@
+// The app is served by `vite preview`; /sync goes to the synchro server, so the page and
+// the server share an origin (no CORS). Nothing here configures @synchro/client.
+export default {
+  preview: { proxy: { "/sync": { target: process.env.SYNCHRO_URL, changeOrigin: true } } },
+};

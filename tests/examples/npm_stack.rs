@@ -1,0 +1,113 @@
+//! A whole stack for the npm package's browser tests (`npm/test/browser.test.mjs`): a
+//! throwaway PostgreSQL with the development schema and its task board (`app.projects`,
+//! `app.tasks`, every row in the scope `board:demo`, which `alice` and `bob` hold; see
+//! `synchro_server::dev::create_board`), and the server program
+//! (`synchro-server-under-test`) on a free port. Prints `SYNCHRO_URL=...`, then answers one
+//! command per line of its standard input, one line each:
+//!
+//! - `sql <statements>` runs them as the superuser: `ok`, or `error <message>`;
+//! - `rows <select>` runs the query as the superuser: `rows <JSON array of its rows>`;
+//! - `token <user> <ttl seconds>`: `token <jwt>`;
+//! - `publish`: publishes the registry (after a reconfiguration) and waits until the server
+//!   serves it: `published <version> <class>` or `unchanged <version>`.
+//!
+//! It stops its server and drops its cluster when its standard input closes.
+
+use std::io::BufRead;
+use std::time::{Duration, Instant};
+
+use synchro_server::auth::mint;
+use synchro_server::publish::{load_serving_lineage, publish, PublishOutcome};
+use synchro_testkit::pg::{free_port, start_server_binary_with, wait_ready, Env};
+
+const SECRET: &str = "npm-browser-secret-0123456789abcd";
+
+#[tokio::main]
+async fn main() {
+    let env = Env::installed().await;
+    synchro_server::dev::create_demo_schema(&env.admin)
+        .await
+        .unwrap();
+    let mut operator = env.login("synchro_dev_operator").await;
+    synchro_server::dev::register_demo(&operator).await.unwrap();
+    synchro_server::dev::create_board(&env.admin, &operator)
+        .await
+        .unwrap();
+    publish(&mut operator).await.unwrap();
+    let bin = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("synchro-server-under-test");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let _server = start_server_binary_with(bin.to_str().unwrap(), &env, port, SECRET, &[]);
+    wait_ready(&reqwest::Client::new(), &base).await;
+    println!("SYNCHRO_URL={base}");
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(line) = rx.recv().await {
+        let (command, rest) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+        let answer = match command {
+            "sql" => match env.admin.batch_execute(rest).await {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => format!(
+                    "error {}",
+                    synchro_server::install::describe(&e).replace('\n', " ")
+                ),
+            },
+            "rows" => match env
+                .admin
+                .query_one(
+                    &format!("SELECT coalesce(json_agg(t), '[]')::text FROM ({rest}) t"),
+                    &[],
+                )
+                .await
+            {
+                Ok(row) => format!("rows {}", row.get::<_, String>(0)),
+                Err(e) => format!(
+                    "error {}",
+                    synchro_server::install::describe(&e).replace('\n', " ")
+                ),
+            },
+            "token" => {
+                let (user, ttl) = rest.split_once(' ').unwrap_or((rest, "3600"));
+                let ttl: u64 = ttl.parse().unwrap_or(3600);
+                format!("token {}", mint(SECRET.as_bytes(), user, ttl))
+            }
+            "publish" => match publish(&mut operator).await {
+                Ok(PublishOutcome::Published { version, class, .. }) => {
+                    served(&env, version).await;
+                    format!("published {version} {class}")
+                }
+                Ok(PublishOutcome::Unchanged { version }) => format!("unchanged {version}"),
+                Err(e) => format!("error {}", e.to_string().replace('\n', " ")),
+            },
+            _ => "error unknown command".to_owned(),
+        };
+        println!("{answer}");
+    }
+}
+
+/// Waits until capture activated `version` (the server serves it).
+async fn served(env: &Env, version: u64) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline {
+        let lineage = load_serving_lineage(&env.admin).await.unwrap();
+        if lineage.current().map(|m| m.schema_version) == Some(version) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("version {version} never served");
+}
