@@ -44,20 +44,38 @@ use crate::transport::{EventStream, EventTransport, Opened, Response, Transport,
 use synchro_protocol::value::TypedValue;
 
 thread_local! {
-    static OPFS: std::cell::RefCell<Option<OpfsSAHPoolUtil>> = const { std::cell::RefCell::new(None) };
+    /// The installed pool and its directory.
+    static OPFS: std::cell::RefCell<Option<(OpfsSAHPoolUtil, String)>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Installs the OPFS pool VFS as SQLite's default (once per worker). Must run in a
-/// dedicated worker of a secure context.
+/// The pool directory of [`install_opfs`].
+const DEFAULT_OPFS_DIRECTORY: &str = ".synchro";
+
+/// Installs the OPFS pool VFS (in `.synchro`) as SQLite's default (once per worker). Must
+/// run in a dedicated worker of a secure context.
 pub async fn install_opfs() -> Result<(), StorageError> {
-    if OPFS.with(|o| o.borrow().is_some()) {
-        return Ok(());
+    install_opfs_in(DEFAULT_OPFS_DIRECTORY).await
+}
+
+/// [`install_opfs`] with the pool in `directory`. One worker holds a pool directory at a
+/// time (its files' sync access handles are exclusive), so workers that run at once (two
+/// databases of one origin, each in its own worker) need their own directories. A worker
+/// installs one pool: asking for another directory afterwards is an error.
+pub async fn install_opfs_in(directory: &str) -> Result<(), StorageError> {
+    match OPFS.with(|o| o.borrow().as_ref().map(|(_, d)| d == directory)) {
+        Some(true) => return Ok(()),
+        Some(false) => {
+            return Err(StorageError::Schema(
+                "this worker already holds another OPFS storage directory".into(),
+            ))
+        }
+        None => {}
     }
-    let cfg = OpfsSAHPoolCfgBuilder::new().directory(".synchro").build();
+    let cfg = OpfsSAHPoolCfgBuilder::new().directory(directory).build();
     let util = install::<sqlite_wasm_rs::WasmOsCallback>(&cfg, true)
         .await
         .map_err(|_| opfs_unavailable())?;
-    OPFS.with(|o| *o.borrow_mut() = Some(util));
+    OPFS.with(|o| *o.borrow_mut() = Some((util, directory.to_owned())));
     Ok(())
 }
 
@@ -70,7 +88,7 @@ fn opfs_unavailable() -> StorageError {
 pub async fn ensure_opfs_capacity(files: usize) -> Result<(), StorageError> {
     install_opfs().await?;
     let util = OPFS
-        .with(|o| o.borrow().clone())
+        .with(|o| o.borrow().as_ref().map(|(u, _)| u.clone()))
         .ok_or_else(opfs_unavailable)?;
     util.ensure_capacity(files)
         .await
@@ -241,6 +259,26 @@ fn client_error(e: ClientError) -> JsValue {
     error
 }
 
+/// `options.opfsDirectory` of `SynchroClient.open` (default `.synchro`): the OPFS pool
+/// directory, one per worker that runs at once (see [`install_opfs_in`]).
+fn opfs_directory(options: &Option<Object>) -> Result<String, JsValue> {
+    let v = options
+        .as_ref()
+        .map(|o| Reflect::get(o, &"opfsDirectory".into()).unwrap_or(JsValue::UNDEFINED))
+        .unwrap_or(JsValue::UNDEFINED);
+    if v.is_undefined() || v.is_null() {
+        return Ok(DEFAULT_OPFS_DIRECTORY.to_owned());
+    }
+    match v.as_string() {
+        Some(d) if !d.is_empty() && !d.contains('/') => Ok(d),
+        _ => Err(js_error(
+            "invalid_request",
+            "opfsDirectory must be a non-empty name without '/'",
+            false,
+        )),
+    }
+}
+
 /// The `options` of `SynchroClient.open`: `{ clientVersion?: string }`, checked before
 /// anything is opened.
 fn client_config(options: Option<Object>) -> Result<ClientConfig, JsValue> {
@@ -296,7 +334,9 @@ impl SynchroClient {
     /// returns a client for the server at `url` whose bearer tokens come from `tokenProvider`.
     /// `options.clientVersion` is the runtime version presented on connect (SemVer 2.0.0;
     /// the default is this package's version); a malformed one throws
-    /// `invalid_client_version` before the database is opened.
+    /// `invalid_client_version` before the database is opened. `options.opfsDirectory`
+    /// (default `.synchro`) is the OPFS pool directory: workers that run at once need
+    /// their own.
     pub async fn open(
         name: String,
         url: String,
@@ -304,8 +344,10 @@ impl SynchroClient {
         #[wasm_bindgen(js_name = localMigrations)] local_migrations: Option<Vec<String>>,
         options: Option<Object>,
     ) -> Result<SynchroClient, JsValue> {
+        let directory = opfs_directory(&options)?;
         let config = client_config(options)?;
-        let mut storage = open_opfs(&name).await.map_err(storage_error)?;
+        install_opfs_in(&directory).await.map_err(storage_error)?;
+        let mut storage = Storage::open(&name).map_err(storage_error)?;
         let ladder = local_migrations.unwrap_or_default();
         let ladder: Vec<&str> = ladder.iter().map(String::as_str).collect();
         storage.migrate_local(&ladder).map_err(storage_error)?;

@@ -60,6 +60,8 @@ class SynchroClient {
     }
     this._open = {
       name: `${name}.db`,
+      // Each database's worker holds its own OPFS pool (a pool is exclusive to one worker).
+      opfsDirectory: `.synchro-${encodeURIComponent(name)}`,
       url: new URL(url, globalThis.location ? location.href : undefined).href,
       localMigrations,
       clientVersion,

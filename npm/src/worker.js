@@ -120,6 +120,7 @@ async function open(o) {
     try {
       client = await SynchroClient.open(o.name, o.url, token, o.localMigrations || [], {
         clientVersion: o.clientVersion,
+        opfsDirectory: o.opfsDirectory,
       });
       break;
     } catch (e) {

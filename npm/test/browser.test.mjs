@@ -80,3 +80,96 @@ test("a server commit reaches the live query; a query reading another table is n
   await until("the renamed project", () => a.evaluate(() => window.projects?.find((p) => p.id === "p1")?.name === "Launch!"));
   assert.equal(await a.evaluate(() => window.taskDeliveries), after.t, "the tasks query got nothing");
 });
+
+const NOW = "2026-12-02T08:00:00.000000Z";
+const task = (title) => ({ project_id: "p1", title, done: false, assignee: null, position: 0, updated_at: NOW });
+
+test("writes made offline are durable at once, and converge on reconnect", async () => {
+  await context.setOffline(true);
+  await until("offline", async () => {
+    await a.evaluate(() => window.client.syncNow());
+    return a.evaluate(() => window.client.status.offline);
+  });
+  const ids = await a.evaluate(async (t) => {
+    const first = await window.client.insert("tasks", "t200", t[0]);
+    const second = await window.client.update("tasks", "t001", { done: true });
+    return [first, second];
+  }, [task("written offline")]);
+  assert.equal(ids.length, 2);
+  // Visible locally before any server saw them, and counted as pending.
+  await until("the local insert in the live query", async () => (await tasksOf(a))?.includes("t200"));
+  assert.equal(await a.evaluate(() => window.client.status.pendingWrites), 2);
+  // Meanwhile the server changes too.
+  await stack.sql(`INSERT INTO app.tasks (id, project_id, title) VALUES ('t201', 'p1', 'server while offline')`);
+  await new Promise((r) => setTimeout(r, 500));
+  assert.deepEqual(await stack.rows(`SELECT id FROM app.tasks WHERE id = 't200'`), [], "nothing reached the server offline");
+  await context.setOffline(false);
+  await until("both sides converged", async () => {
+    const server = await stack.rows(`SELECT id FROM app.tasks WHERE id IN ('t200', 't001') AND (id = 't200' OR done)`);
+    const local = await tasksOf(a);
+    return server.length === 2 && local?.includes("t201");
+  });
+  const outcomes = await a.evaluate((ids) => Promise.all(ids.map((id) => window.client.outcome(id))), ids);
+  assert.deepEqual(outcomes.map((m) => m.state), ["applied", "applied"]);
+  await until("no pending writes", () => a.evaluate(() => window.client.status.pendingWrites === 0));
+});
+
+test("two tabs share one database; the leader's tab closes mid-session and nothing is lost", async () => {
+  const b = await open();
+  await until("the second tab sees the board through the first", async () => (await tasksOf(b))?.includes("t201"));
+  assert.equal(await b.evaluate(() => window.client.status.leader), false, "one leader");
+  assert.equal(await a.evaluate(() => window.client.status.leader), true);
+  // The follower writes through the leader.
+  const viaLeader = await b.evaluate((t) => window.client.insert("tasks", "t300", t), task("from the second tab"));
+  await until("the follower's write on the server", async () => (await stack.rows(`SELECT id FROM app.tasks WHERE id = 't300'`)).length === 1);
+  assert.equal((await b.evaluate((id) => window.client.outcome(id), viaLeader)).state, "applied");
+  // Close the leader while the follower keeps writing: the writes wait for the next leader.
+  const writes = b.evaluate(async (t) => {
+    const out = [];
+    for (let i = 0; i < 5; i++) out.push(await window.client.insert("tasks", `t31${i}`, t));
+    return out;
+  }, task("while the leader closes"));
+  await a.close();
+  const ids = await writes;
+  assert.equal(new Set(ids).size, 5);
+  await until("the second tab leads", () => b.evaluate(() => window.client.status.leader && window.client.status.connected), 60000);
+  await until("every write on the server", async () => (await stack.rows(`SELECT id FROM app.tasks WHERE id LIKE 't31_'`)).length === 5);
+  await stack.sql(`INSERT INTO app.tasks (id, project_id, title) VALUES ('t320', 'p1', 'after the hand-over')`);
+  await until("the new leader's live query", async () => (await tasksOf(b))?.includes("t320"));
+  a = b;
+});
+
+test("an expired token is refreshed and the session continues", async () => {
+  // A client of its own (another database) whose first token the server accepts for three
+  // more seconds (its exp is 27 s ago; the server allows 30 s of clock skew).
+  ttl = -27;
+  const t = await open("?db=tokens");
+  await until("its first sync", async () => (await tasksOf(t))?.includes("t320"));
+  ttl = 3600;
+  assert.equal(await t.evaluate(() => window.tokenAsks), 1, "one token while it is valid");
+  await new Promise((r) => setTimeout(r, 3500)); // the token has expired
+  await stack.sql(`INSERT INTO app.tasks (id, project_id, title) VALUES ('t400', 'p1', 'after the token expired')`);
+  await until("the change seen with a fresh token", async () => (await tasksOf(t))?.includes("t400"), 60000);
+  const refused = await t.evaluate(() => window.statuses.filter((s) => s.lastError?.status === 401).length);
+  assert.ok(refused > 0, "the server refused the expired token");
+  assert.equal(await t.evaluate(() => window.tokenAsks), 2, "asked once more, after the 401");
+  await t.close();
+});
+
+test("a schema change published on the server is seen through status: replace, then rebuild_local", async () => {
+  await stack.sql(`BEGIN; ALTER TABLE app.tasks ADD COLUMN note text;
+    SELECT synchro.synchro_reconfigure_relation('app', 'tasks'); COMMIT;`);
+  assert.match(await stack.publish(), /^published 2 class_2$/);
+  await stack.sql(`UPDATE app.tasks SET title = 'after v2' WHERE id = 't002'`);
+  await until("version 2 installed by replace", () =>
+    a.evaluate(() => window.client.status.schema.version === 2 && window.client.status.schema.action === "replace" && window.client.status.connected), 60000);
+  await stack.sql(`BEGIN; ALTER TABLE app.tasks ADD COLUMN priority integer; UPDATE app.tasks SET priority = 7 WHERE id = 't003';
+    SELECT synchro.synchro_reconfigure_relation('app', 'tasks'); COMMIT;`);
+  assert.match(await stack.publish(), /^published 3 class_3$/);
+  await until("version 3 installed by rebuild_local", () =>
+    a.evaluate(() => window.client.status.schema.version === 3 && window.client.status.schema.action === "rebuild_local" && window.client.status.connected), 60000);
+  const rows = await a.evaluate(() => window.client.query("SELECT priority FROM tasks WHERE id = 't003'"));
+  assert.deepEqual(rows, [{ priority: 7 }]);
+  const phases = await a.evaluate(() => window.statuses.filter((s) => s.progress).map((s) => s.progress.phase));
+  assert.ok(phases.includes("rebuild"), `a rebuild was reported as progress (${[...new Set(phases)]})`);
+});

@@ -131,7 +131,9 @@ pub async fn register_demo(operator: &Client) -> Result<()> {
 
 /// The task board of the web demo (`web-demo/`): `app.tasks` beside `app.projects`, both
 /// single_scope with a membership rule putting every row in the shared scope `board:demo`,
-/// which the development users `dev-user`, `alice` and `bob` hold. `admin` creates the
+/// which the development users `dev-user`, `alice` and `bob` hold. A task's title is at
+/// most 200 characters (a CHECK constraint: a longer one pushed is refused for good,
+/// `rejected_terminal`, which the demo shows). `admin` creates the
 /// table and the `rules` schema; `operator` registers, writes the rules and grants. What
 /// exists already is kept (a rule is registered once).
 pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
@@ -147,7 +149,8 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
             .batch_execute(
                 "SET ROLE app_owner;
                  CREATE TABLE app.tasks (
-                   id text PRIMARY KEY, project_id text NOT NULL, title text NOT NULL,
+                   id text PRIMARY KEY, project_id text NOT NULL,
+                   title text NOT NULL CONSTRAINT tasks_title_length CHECK (length(title) <= 200),
                    done boolean NOT NULL DEFAULT false, assignee text, position integer NOT NULL DEFAULT 0,
                    updated_at timestamptz NOT NULL DEFAULT now());
                  RESET ROLE;",

@@ -7,7 +7,8 @@
 //!
 //! - `sql <statements>` runs them as the superuser: `ok`, or `error <message>`;
 //! - `rows <select>` runs the query as the superuser: `rows <JSON array of its rows>`;
-//! - `token <user> <ttl seconds>`: `token <jwt>`;
+//! - `token <user> <ttl seconds>`: `token <jwt>` (a negative ttl: expired, but within the
+//!   server's 30 s leeway for that much less);
 //! - `publish`: publishes the registry (after a reconfiguration) and waits until the server
 //!   serves it: `published <version> <class>` or `unchanged <version>`.
 //!
@@ -16,7 +17,7 @@
 use std::io::BufRead;
 use std::time::{Duration, Instant};
 
-use synchro_server::auth::mint;
+use synchro_server::auth::mint_claims;
 use synchro_server::publish::{load_serving_lineage, publish, PublishOutcome};
 use synchro_testkit::pg::{free_port, start_server_binary_with, wait_ready, Env};
 
@@ -74,7 +75,9 @@ async fn main() {
                 )
                 .await
             {
-                Ok(row) => format!("rows {}", row.get::<_, String>(0)),
+                // json_agg puts a line break between elements (a raw one is never inside a
+                // JSON string).
+                Ok(row) => format!("rows {}", row.get::<_, String>(0).replace('\n', "")),
                 Err(e) => format!(
                     "error {}",
                     synchro_server::install::describe(&e).replace('\n', " ")
@@ -82,8 +85,15 @@ async fn main() {
             },
             "token" => {
                 let (user, ttl) = rest.split_once(' ').unwrap_or((rest, "3600"));
-                let ttl: u64 = ttl.parse().unwrap_or(3600);
-                format!("token {}", mint(SECRET.as_bytes(), user, ttl))
+                // A negative lifetime mints a token already past its `exp`, accepted only
+                // within the server's clock-skew leeway (30 s): one that expires soon.
+                let ttl: i64 = ttl.parse().unwrap_or(3600);
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64;
+                let claims = serde_json::json!({"sub": user, "exp": now + ttl});
+                format!("token {}", mint_claims(SECRET.as_bytes(), &claims))
             }
             "publish" => match publish(&mut operator).await {
                 Ok(PublishOutcome::Published { version, class, .. }) => {
