@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every test: format, lints (native and wasm32), native
 # tests (the server's against throwaway PostgreSQL clusters), wasm tests in node and in
-# headless Chromium, the wasm packages, the native/wasm parity test and the conformance run.
+# headless Chromium, the wasm packages, the native/wasm parity test, the conformance run and
+# the npm package's and web demo's tests (scripts/test-npm.sh).
 # Ends with each runner's summary lines.
 #   SYNCHRO_SKIP_SETUP=1  skip scripts/setup-toolchain.sh (tools already installed)
 set -uo pipefail
@@ -90,4 +91,6 @@ step build-wasm scripts/build-wasm.sh
 step test-parity-node node --test protocol/js-tests/
 step conformance cargo run -q --release -p synchro-protocol --bin synchro-conformance -- \
     check vectors/conformance-v1.json vectors/synchro-v1.json
+# The npm package and the web demo in headless Chromium against real servers.
+step test-npm scripts/test-npm.sh
 finish

@@ -173,3 +173,29 @@ test("a schema change published on the server is seen through status: replace, t
   const phases = await a.evaluate(() => window.statuses.filter((s) => s.progress).map((s) => s.progress.phase));
   assert.ok(phases.includes("rebuild"), `a rebuild was reported as progress (${[...new Set(phases)]})`);
 });
+
+test("a conflict and a rejection put the server's row back, and the live query shows it", async () => {
+  const titleOf = (id) => a.evaluate((id) => window.tasks.find((t) => t.id === id)?.title, id);
+  // A value the server refuses for good (app.tasks checks length(title) <= 200).
+  const rejected = await a.evaluate(() => window.client.update("tasks", "t005", { title: "x".repeat(300) }));
+  const r = await a.evaluate((id) => window.client.outcome(id), rejected);
+  assert.equal(r.state, "rejected_terminal");
+  await until("the rejected title undone", async () => (await titleOf("t005")) === "seed 5");
+  // A stale update: made offline while the server changed the row.
+  await context.setOffline(true);
+  await until("offline", async () => {
+    await a.evaluate(() => window.client.syncNow());
+    return a.evaluate(() => window.client.status.offline);
+  });
+  const stale = await a.evaluate(() => window.client.update("tasks", "t004", { title: "mine, offline" }));
+  assert.equal(await titleOf("t004"), "mine, offline");
+  await stack.sql(`UPDATE app.tasks SET title = 'theirs' WHERE id = 't004'`);
+  await context.setOffline(false);
+  const c = await a.evaluate((id) => window.client.outcome(id), stale);
+  assert.equal(c.state, "conflict");
+  await until("the server's title back", async () => (await titleOf("t004")) === "theirs");
+  const events = await a.evaluate(() => window.mutationEvents.map((m) => [m.mutationId, m.state]));
+  assert.ok(events.some(([id, s]) => id === rejected && s === "rejected_terminal"), "onMutation heard the rejection");
+  assert.ok(events.some(([id, s]) => id === stale && s === "conflict"), "onMutation heard the conflict");
+  assert.deepEqual(await stack.rows(`SELECT title FROM app.tasks WHERE id IN ('t004', 't005') ORDER BY id`), [{ title: "theirs" }, { title: "seed 5" }]);
+});

@@ -3,6 +3,8 @@
 //! until each has its outcomes stored durably; a `schema_mismatch` moves the batch's
 //! unresolved mutations, unchanged, into a successor.
 
+use std::collections::BTreeSet;
+
 use synchro_protocol::json::Json;
 use synchro_protocol::state::ClientState;
 use synchro_protocol::wire::{Message, PushRequest};
@@ -54,6 +56,20 @@ impl<T: Transport> Client<T> {
                     self.fail(Failpoint::BeforeOutcomes)?;
                     self.storage
                         .record_outcomes(&manifest, &batch_id, &r.body)?;
+                    // A conflict or a rejection put the server's row back: the tables the
+                    // batch wrote changed for the application's queries.
+                    let tables = match request.get("mutations") {
+                        Some(Json::Array(ms)) => ms
+                            .iter()
+                            .filter_map(|m| match m.get("table_id") {
+                                Some(Json::String(id)) => manifest.table(id),
+                                _ => None,
+                            })
+                            .map(|t| t.name.clone())
+                            .collect(),
+                        _ => BTreeSet::new(),
+                    };
+                    self.notify(tables);
                     continue;
                 }
                 let e = ClientError::from_response(&r);
