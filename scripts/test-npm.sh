@@ -16,7 +16,7 @@ cargo build -q -p synchro-server --bin synchro-server
 SYNCHRO_NPM_TARBALL=$(scripts/build-npm.sh)
 export SYNCHRO_NPM_TARBALL
 (cd npm && npm ci --no-audit --no-fund --loglevel=error)
-(cd npm && node --test --test-timeout=240000 test/*.test.mjs)
+(cd npm && node --test --test-timeout=600000 test/*.test.mjs)
 if [ -d web-demo/test ]; then
     (cd web-demo && npm ci --no-audit --no-fund --loglevel=error && npm test)
 fi

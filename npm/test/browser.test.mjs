@@ -188,7 +188,7 @@ test("a conflict and a rejection put the server's row back, and the live query s
     return a.evaluate(() => window.client.status.offline);
   });
   const stale = await a.evaluate(() => window.client.update("tasks", "t004", { title: "mine, offline" }));
-  assert.equal(await titleOf("t004"), "mine, offline");
+  await until("the offline edit in the live query", async () => (await titleOf("t004")) === "mine, offline");
   await stack.sql(`UPDATE app.tasks SET title = 'theirs' WHERE id = 't004'`);
   await context.setOffline(false);
   const c = await a.evaluate((id) => window.client.outcome(id), stale);

@@ -12,6 +12,7 @@ const client = createClient({
     return window.mintToken(q.get("user") || "alice");
   },
   // No safety poll within a test: every change must arrive through the events stream.
+  clientVersion: q.get("v") || undefined,
   live: { backoffMinMs: 200, backoffMaxMs: 1000, safetyPollMs: 600000 },
 });
 window.client = client;
