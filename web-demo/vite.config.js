@@ -54,8 +54,9 @@ function demoAuth() {
 
 const proxy = { "/sync": { target: SYNCHRO_URL, changeOrigin: true } };
 
-// `@synchro/client` is `file:../npm`, which npm links: the package's files live outside this
-// folder, so the dev server must be allowed to serve them.
+// `@synchro/client` is `file:../npm`, which npm links: the package's files (its worker and
+// wasm) live outside this folder, so the dev server must be allowed to serve them (else
+// "outside of Vite serving allow list" and the client's status is `error`).
 const here = path.dirname(fileURLToPath(import.meta.url));
 let linked;
 try {
@@ -73,10 +74,9 @@ export default defineConfig({
     // hooks of @synchro/client/react must share this app's one copy.
     dedupe: ["react", "react-dom"],
   },
-  // Pre-bundling would move the package's entry into .vite/deps, where its
-  // `new Worker(new URL("./worker.js", import.meta.url))` finds no worker.js (nor the wasm
-  // beside it): serve the package as it is.
-  optimizeDeps: { exclude: ["@synchro/client"] },
+  // No optimizeDeps.exclude is needed for @synchro/client: Vite 8's dep optimizer rewrites
+  // the package's `new Worker(new URL("./worker.js", import.meta.url))` to the package's own
+  // file (checked in dev mode with this linked package and with the packed tarball).
   server: {
     proxy,
     fs: { allow: [searchForWorkspaceRoot(process.cwd()), linked] },

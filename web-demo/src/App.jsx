@@ -8,6 +8,9 @@ import { canonicalDecimal, isTrue, newId, nowDatetime, showTime, sqlText } from 
 
 export const USERS = ["alice", "bob"];
 
+/** A title quoted for a one-line summary. */
+const q = (t) => `"${t.length > 60 ? `${t.slice(0, 57)}…` : t}"`;
+
 /** Links to the board as each user (one database per user: `board-<user>`). */
 export function UserPicker({ current }) {
   return (
@@ -162,7 +165,7 @@ function Projects({ client, selected, onSelect, write }) {
     const id = newId("p");
     const values = { name: name.trim(), archived: false, updated_at: nowDatetime() };
     if (amount !== null) values.budget = amount;
-    if (await write.run("insert", "projects", id, values, `add project "${values.name}"`)) {
+    if (await write.run("insert", "projects", id, values, `add project ${q(values.name)}`)) {
       setName("");
       setBudget("");
       onSelect(id);
@@ -202,7 +205,7 @@ function TaskRow({ task, write }) {
   const save = async (e) => {
     e.preventDefault();
     setEditing(false);
-    if (title !== task.title) await write.run("update", "tasks", task.id, { title, updated_at: nowDatetime() }, `rename "${task.title}" to "${title}"`);
+    if (title !== task.title) await write.run("update", "tasks", task.id, { title, updated_at: nowDatetime() }, `rename ${q(task.title)} to ${q(title)}`);
   };
   return (
     <li data-testid="task" data-id={task.id} data-done={String(done)} className={done ? "done" : ""}>
@@ -210,7 +213,7 @@ function TaskRow({ task, write }) {
         type="checkbox"
         data-testid="task-done"
         checked={done}
-        onChange={() => write.run("update", "tasks", task.id, { done: !done, updated_at: nowDatetime() }, `mark "${task.title}" ${done ? "not done" : "done"}`)}
+        onChange={() => write.run("update", "tasks", task.id, { done: !done, updated_at: nowDatetime() }, `mark ${q(task.title)} ${done ? "not done" : "done"}`)}
       />
       {editing ? (
         <form onSubmit={save} className="rename">
@@ -236,7 +239,7 @@ function TaskRow({ task, write }) {
           Rename
         </button>
       )}
-      <button data-testid="task-delete" onClick={() => write.run("delete", "tasks", task.id, null, `delete "${task.title}"`)}>
+      <button data-testid="task-delete" onClick={() => write.run("delete", "tasks", task.id, null, `delete ${q(task.title)}`)}>
         Delete
       </button>
     </li>
@@ -258,7 +261,7 @@ function Tasks({ client, projectId, write }) {
     if (!title.trim()) return;
     const position = (rows || []).reduce((m, t) => Math.max(m, Number(t.position) + 1), 0);
     const values = { project_id: projectId, title: title.trim(), done: false, position, updated_at: nowDatetime() };
-    if (await write.run("insert", "tasks", newId("t"), values, `add task "${values.title}"`)) setTitle("");
+    if (await write.run("insert", "tasks", newId("t"), values, `add task ${q(values.title)}`)) setTitle("");
   };
   return (
     <section className="tasks" data-testid="tasks">
@@ -302,7 +305,7 @@ function Issues({ client, log }) {
             const now = titles.get(m.pk);
             return (
               <li key={m.mutationId} data-testid="issue" data-state={m.state} data-code={code} data-key={String(m.pk)}>
-                <b>{m.state === "conflict" ? "Conflict" : "Rejected"}</b> <code>{code}</code>: {log[m.mutationId] || `${m.operation} of ${String(m.pk)}`}
+                {m.state === "conflict" ? <b>Conflict</b> : <><b>Rejected</b> <code>{code}</code></>}: {log[m.mutationId] || `${m.operation} of ${String(m.pk)}`}
                 {m.outcome?.message && <span className="dim"> ({m.outcome.message})</span>}
                 {now !== undefined && (
                   <span>

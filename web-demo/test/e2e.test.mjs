@@ -246,8 +246,30 @@ test("alice and bob both see the board", async () => {
     assert.equal(await text(page, "status-error"), "none");
     assert.equal(await text(page, "status-schema"), "v1");
     const seen = await page.evaluate(() => window.__progressSeen);
-    assert.ok(seen.some((t) => /^\w+: \d+ rows$/.test(t)), `the status bar showed sync progress: ${JSON.stringify(seen)}`);
+    assert.ok(seen.some((t) => /^\S+: \d+ rows$/.test(t)), `the status bar showed sync progress: ${JSON.stringify(seen)}`);
     await shot(page, `board-${user}`);
+  }
+});
+
+test("alice and bob share one browser profile (a database each); alice's second tab goes through her first", async () => {
+  const context = await browser.newContext();
+  try {
+    const pages = [];
+    for (const user of ["alice", "bob", "alice"]) {
+      const page = await context.newPage();
+      page.on("pageerror", (e) => assert.fail(`${user}: ${e.message}`));
+      await page.goto(`${site.origin}/?user=${user}`);
+      pages.push(page);
+    }
+    for (const page of pages) {
+      await connected(page);
+      await until("the board", async () => JSON.stringify(await titles(page)) === JSON.stringify(SEED));
+    }
+    const holders = await Promise.all(pages.map((p) => p.getByText(/this tab holds the database|through another tab/).textContent()));
+    assert.deepEqual(holders, ["this tab holds the database", "this tab holds the database", "through another tab"]);
+    await shot(pages[2], "second-tab");
+  } finally {
+    await context.close();
   }
 });
 
@@ -322,6 +344,25 @@ test("a title longer than the server's CHECK allows is rejected for good, shown 
   await shot(alice.page, "rejected");
 });
 
+test("alice adds a project with a budget and deletes a task; bob sees both", async () => {
+  const { alice, bob } = users;
+  await alice.page.getByTestId("new-project-name").fill("Marketing");
+  await alice.page.getByTestId("new-project-budget").fill("2500.50");
+  await alice.page.getByTestId("add-project").click();
+  await until("bob to see alice's project", async () => JSON.stringify(await bob.page.getByTestId("project-name").allTextContents()) === JSON.stringify(["Launch", "Marketing", "Ops"]));
+  // The typed budget went as canonical decimal text into numeric(12,2).
+  assert.equal(await psql("SELECT budget FROM app.projects WHERE name = 'Marketing'"), "2500.50");
+  assert.equal(await alice.page.locator('[data-testid="project"].selected [data-testid="project-name"]').textContent(), "Marketing");
+
+  await alice.page.getByTestId("project").filter({ hasText: "Launch" }).click();
+  const id = await taskId(alice.page, "Send the invitations");
+  await taskRow(alice.page, id).getByTestId("task-delete").click();
+  await until("bob to see the task gone", async () => !(await titles(bob.page)).includes("Send the invitations"));
+  assert.equal(await psql(`SELECT count(*) FROM app.tasks WHERE id = '${id}'`), "0");
+  assert.deepEqual(await titles(alice.page), await titles(bob.page));
+  await shot(bob.page, "project-added-task-deleted");
+});
+
 test("an incompatible schema change stops both boards until each installs the new schema", async () => {
   const { alice, bob } = users;
   // Retiring a synced field is Class 4: clients on the old schema cannot follow it.
@@ -329,8 +370,10 @@ test("an incompatible schema change stops both boards until each installs the ne
   const plan = JSON.parse(stdout);
   assert.equal(plan.class, "class_4", stdout);
   assert.equal(plan.schema_version, 2, stdout);
+  // A live session meets a new schema at its next round: the next change in its scopes
+  // (this one), else its safety poll (30 s).
+  await psql("UPDATE app.tasks SET position = position + 1 WHERE id = 't-4'");
   for (const { page } of [alice, bob]) {
-    // The next round (at the latest the live session's 30 s safety poll) meets the change.
     await until("the upgrade banner", async () => (await page.getByTestId("upgrade-banner").count()) === 1, 75000);
     assert.equal(await text(page, "status-phase"), "upgrade_required");
     assert.match(await text(page, "upgrade-action"), /requestSchemaReset\(\)/);
@@ -342,7 +385,7 @@ test("an incompatible schema change stops both boards until each installs the ne
   await alice.page.getByTestId("upgrade-reset").click();
   await until("alice's board to be live on schema v2", async () => (await text(alice.page, "status-phase")) === "live" && (await text(alice.page, "status-schema")) === "v2");
   assert.equal(await alice.page.getByTestId("upgrade-banner").count(), 0);
-  await until("alice's rebuilt board", async () => (await titles(alice.page)).includes("Send the invitations"));
+  await until("alice's rebuilt board", async () => (await titles(alice.page)).includes("Order two cakes"));
   // She writes again; bob, still on the old schema, has not reset yet.
   await alice.page.getByTestId("new-task-title").fill("After the upgrade");
   await alice.page.getByTestId("add-task").click();
