@@ -561,7 +561,13 @@ fn read_tables(client: &Client<FetchTransport>, sql: &str) -> Result<JsValue, Js
     roots.insert(1, "sqlite_schema".to_owned());
     // EXPLAIN's columns: addr, opcode, p1, p2, p3, p4, p5, comment.
     let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).map_err(sqlite)?;
-    let mut ops = explain.query([]).map_err(sqlite)?;
+    // The program does not depend on the parameters' values: bind NULL to each.
+    for i in 1..=explain.parameter_count() {
+        explain
+            .raw_bind_parameter(i, rusqlite::types::Null)
+            .map_err(sqlite)?;
+    }
+    let mut ops = explain.raw_query();
     let mut tables = std::collections::BTreeSet::new();
     while let Some(r) = ops.next().map_err(sqlite)? {
         let opcode: String = r.get(1).map_err(sqlite)?;

@@ -73,6 +73,7 @@ test("a server commit reaches the live query; a query reading another table is n
   const before = await a.evaluate(() => ({ t: window.taskDeliveries, p: window.projectDeliveries }));
   await stack.sql(`INSERT INTO app.tasks (id, project_id, title) VALUES ('t100', 'p2', 'from the server')`);
   await until("the server's task", async () => (await tasksOf(a))?.includes("t100"));
+  await until("the parameterised live query", () => a.evaluate(() => window.p2Tasks?.join() === "t100"));
   const after = await a.evaluate(() => ({ t: window.taskDeliveries, p: window.projectDeliveries }));
   assert.equal(after.t, before.t + 1, "one delivery for one commit");
   assert.equal(after.p, before.p, "the projects query got nothing: its result did not change");

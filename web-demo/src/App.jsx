@@ -4,7 +4,7 @@
 // write goes to the local database at once and is queued for the server.
 import { useCallback, useEffect, useMemo, useState } from "react";
 import { useQuery, useStatus } from "@synchro/client/react";
-import { canonicalDecimal, isTrue, newId, nowDatetime, showTime, sqlText } from "./values.js";
+import { canonicalDecimal, isTrue, newId, nowDatetime, showTime } from "./values.js";
 
 export const USERS = ["alice", "bob"];
 
@@ -247,13 +247,10 @@ function TaskRow({ task, write }) {
 }
 
 function Tasks({ client, projectId, write }) {
-  // The project's key goes in as an SQL literal, not as a bound parameter: a watched query
-  // with a `?` fails in @synchro/client 0.1.0 (its readTables runs EXPLAIN without binding
-  // the parameters: "Wrong number of parameters passed to query"). Meant to be
-  // useQuery(client, "... WHERE project_id = ? ...", [projectId]).
   const { rows, error, loading } = useQuery(
     client,
-    `SELECT id, title, done, position, updated_at FROM tasks WHERE project_id = ${sqlText(projectId)} ORDER BY position, id`,
+    "SELECT id, title, done, position, updated_at FROM tasks WHERE project_id = ? ORDER BY position, id",
+    [projectId],
   );
   const [title, setTitle] = useState("");
   const add = async (e) => {

@@ -37,8 +37,3 @@ export function showTime(ms) {
   if (ms === null || ms === undefined) return "never";
   return new Date(ms).toLocaleTimeString();
 }
-
-/** A string as an SQLite string literal. */
-export function sqlText(s) {
-  return `'${String(s).replace(/'/g, "''")}'`;
-}

@@ -28,6 +28,9 @@ client.watch("SELECT id, title, done FROM tasks ORDER BY id", [], (rows) => {
   window.taskDeliveries++;
   window.taskDeliveredAt = performance.timeOrigin + performance.now();
 });
+// A live query with a parameter.
+window.p2Tasks = null;
+client.watch("SELECT id FROM tasks WHERE project_id = ? ORDER BY id", ["p2"], (rows) => (window.p2Tasks = rows.map((r) => r.id)), (e) => (window.p2Error = e.code));
 window.projects = null;
 window.projectDeliveries = 0;
 client.watch("SELECT id, name FROM projects ORDER BY id", [], (rows) => {
