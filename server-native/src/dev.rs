@@ -75,35 +75,47 @@ pub async fn ensure_worker_login(admin: &Client, login: &str) -> Result<()> {
     ensure_member_login(admin, login, "REPLICATION NOINHERIT", "synchro_worker").await
 }
 
+/// Whether the catalog query `sql` returns a row.
+async fn exists(admin: &Client, sql: &str) -> Result<bool> {
+    admin
+        .query_opt(sql, &[])
+        .await
+        .map(|r| r.is_some())
+        .context("reading the catalog")
+}
+
 /// Creates the demo application schema `app` owned by `app_owner`, and lets synchro_owner
 /// act for that owner (needed to add triggers and publication membership). Whatever exists
 /// already is kept, without DDL that would make PostgreSQL emit a NOTICE.
 pub async fn create_demo_schema(admin: &Client) -> Result<()> {
-    let exists = |sql: &'static str| async move {
-        admin
-            .query_opt(sql, &[])
-            .await
-            .map(|r| r.is_some())
-            .context("reading the catalog")
-    };
-    if !exists("SELECT 1 FROM pg_roles WHERE rolname = 'app_owner'").await? {
+    if !exists(admin, "SELECT 1 FROM pg_roles WHERE rolname = 'app_owner'").await? {
         admin.batch_execute("CREATE ROLE app_owner NOLOGIN").await?;
     }
     grant_role_once(admin, "app_owner", "synchro_owner").await?;
-    if !exists("SELECT 1 FROM pg_namespace WHERE nspname = 'app'").await? {
+    if !exists(admin, "SELECT 1 FROM pg_namespace WHERE nspname = 'app'").await? {
         admin
             .batch_execute("CREATE SCHEMA app AUTHORIZATION app_owner")
             .await?;
     }
     let mut ddl = String::from("SET ROLE app_owner;");
-    if !exists("SELECT 1 FROM pg_class WHERE oid = to_regclass('app.projects')").await? {
+    if !exists(
+        admin,
+        "SELECT 1 FROM pg_class WHERE oid = to_regclass('app.projects')",
+    )
+    .await?
+    {
         ddl.push_str(
             "CREATE TABLE app.projects (
                id text PRIMARY KEY, name text NOT NULL, budget numeric(12,2), archived boolean NOT NULL DEFAULT false,
                updated_at timestamptz NOT NULL DEFAULT now());",
         );
     }
-    if !exists("SELECT 1 FROM pg_class WHERE oid = to_regclass('app.notes')").await? {
+    if !exists(
+        admin,
+        "SELECT 1 FROM pg_class WHERE oid = to_regclass('app.notes')",
+    )
+    .await?
+    {
         ddl.push_str(
             "CREATE TABLE app.notes (
                id bigint PRIMARY KEY, project_id text NOT NULL, body text, meta jsonb, attachment bytea);",
@@ -137,14 +149,12 @@ pub async fn register_demo(operator: &Client) -> Result<()> {
 /// table and the `rules` schema; `operator` registers, writes the rules and grants. What
 /// exists already is kept (a rule is registered once).
 pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
-    let exists = |sql: &'static str| async move {
-        admin
-            .query_opt(sql, &[])
-            .await
-            .map(|r| r.is_some())
-            .context("reading the catalog")
-    };
-    if !exists("SELECT 1 FROM pg_class WHERE oid = to_regclass('app.tasks')").await? {
+    if !exists(
+        admin,
+        "SELECT 1 FROM pg_class WHERE oid = to_regclass('app.tasks')",
+    )
+    .await?
+    {
         admin
             .batch_execute(
                 "SET ROLE app_owner;
@@ -164,7 +174,7 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
     )
     .await
     .map_err(|e| anyhow::anyhow!("registering app.tasks: {e}"))?;
-    if !exists("SELECT 1 FROM pg_namespace WHERE nspname = 'rules'").await? {
+    if !exists(admin, "SELECT 1 FROM pg_namespace WHERE nspname = 'rules'").await? {
         admin
             .batch_execute(
                 "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
