@@ -291,8 +291,8 @@ test("alice edits offline: the writes wait, then converge when she is back onlin
   await rename(alice.page, "t-1", "Write the launch post");
   await until("alice's two writes to be pending while offline", async () => (await text(alice.page, "status-pending")) === "2" && (await text(alice.page, "status-connection")) === "offline");
   // Her page shows her edits at once; the server and bob have none of them.
-  assert.equal(await taskRow(alice.page, "t-2").getAttribute("data-done"), "true");
-  assert.equal(await taskRow(alice.page, "t-1").getByTestId("task-title").textContent(), "Write the launch post");
+  // (The live query re-renders just after the pending count changes: wait for it.)
+  await until("alice's edits on her page", async () => (await taskRow(alice.page, "t-2").getAttribute("data-done")) === "true" && (await taskRow(alice.page, "t-1").getByTestId("task-title").textContent()) === "Write the launch post");
   assert.equal(await psql("SELECT title || ' ' || (SELECT done FROM app.tasks WHERE id = 't-2') FROM app.tasks WHERE id = 't-1'"), `${SEED[0]} false`);
   assert.equal(await taskRow(bob.page, "t-1").getByTestId("task-title").textContent(), SEED[0]);
   assert.equal(await text(alice.page, "status-error"), "network_error");
