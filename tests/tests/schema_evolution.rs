@@ -422,6 +422,56 @@ async fn an_added_all_null_column_is_class_2_replace_for_old_and_new_clients() {
     converge(&s, &mut new, "title").await;
 }
 
+/// A live session pushes between connects: a write queued after a publish it has not
+/// connected for is refused under the client's own (current to it) schema. The push must
+/// end with the 422 so that the round connects; it once resealed and resent the batch
+/// forever, a new batch per 422, never connecting.
+#[tokio::test]
+async fn a_push_refused_under_the_clients_own_schema_ends_so_that_the_round_connects() {
+    let s = Stack::start("push-between-connects").await;
+    let (mut old, _, log) = s.client("old.db").await;
+    let (mut new, _, _) = s.client("new.db").await;
+    old.sync_once().await.unwrap();
+    new.sync_once().await.unwrap();
+    s.env
+        .as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
+        .await;
+    let request = ReconfigureRequest {
+        schema: "app".into(),
+        relation: "docs".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        published(&s.reconfigure(request, true).await),
+        (2, "class_2".to_owned())
+    );
+    s.served(2).await;
+    // Both hold a write queued under version 1, after the publish.
+    let old_write = queue_update(&mut old, 3, "title", "old app, queued");
+    let new_write = queue_update(&mut new, 9, "title", "new app, queued");
+    let pushes = |log: &Log| {
+        log.borrow()
+            .iter()
+            .filter(|(p, _, _)| p == "/sync/push")
+            .count()
+    };
+    let e = tokio::time::timeout(Duration::from_secs(20), old.push())
+        .await
+        .expect("the push ends")
+        .unwrap_err();
+    assert_eq!(e.code(), "schema_mismatch", "{e:?}");
+    assert_eq!(pushes(&log), 1, "one request, refused; nothing resent");
+    assert_eq!(mutation_state(&old, &old_write), ("pending".into(), 1));
+    // The round that follows connects (replace) and the write is applied, as is the
+    // other client's.
+    assert_eq!(old.sync_once().await.unwrap().action, "replace");
+    assert_eq!(new.sync_once().await.unwrap().action, "replace");
+    assert_eq!(mutation_state(&old, &old_write), ("applied".into(), 1));
+    assert_eq!(mutation_state(&new, &new_write), ("applied".into(), 1));
+    converge(&s, &mut old, "title").await;
+    converge(&s, &mut new, "title").await;
+}
+
 #[tokio::test]
 async fn an_added_column_with_values_is_class_3_and_rebuilds_only_the_affected_scopes() {
     let s = Stack::start("class3").await;

@@ -6,10 +6,12 @@
 use std::collections::BTreeSet;
 
 use synchro_protocol::json::Json;
+use synchro_protocol::manifest::SchemaRef;
 use synchro_protocol::state::ClientState;
 use synchro_protocol::wire::{Message, PushRequest};
 
-use super::{schema_json, Client, ClientError, Failpoint, Transport};
+use super::{Client, ClientError, Failpoint, Transport};
+use crate::store::hex;
 
 impl<T: Transport> Client<T> {
     /// Seals the open batch under the active schema and sends every sealed batch in order
@@ -76,12 +78,13 @@ impl<T: Transport> Client<T> {
                 if e.is_server("schema_mismatch") {
                     let successor = self.new_id();
                     self.storage.supersede(&batch_id, &successor)?;
-                    let current = schema_json(Some(manifest.schema_ref()));
-                    if request.get("schema") != Some(&current) {
+                    if !sealed_under(&request, &manifest.schema_ref()) {
                         // Sealed under an earlier schema: reseal under this one and go on.
                         break;
                     }
                 }
+                // Refused under the client's own schema: the server serves a newer one;
+                // the error makes the round connect.
                 return Err(e);
             }
         }
@@ -98,4 +101,15 @@ impl<T: Transport> Client<T> {
         let after = self.storage.pending_count()?;
         Ok(before - after)
     }
+}
+
+/// Whether a sealed batch's request names `schema`. Its members are compared, not the
+/// object: the stored request is canonical JSON, whose members are in another order than a
+/// freshly built reference's (comparing the objects, every batch looked sealed under an
+/// earlier schema, so a 422 under the current one resealed and resent it forever).
+fn sealed_under(request: &Json, schema: &SchemaRef) -> bool {
+    let sealed = request.get("schema");
+    let member = |name| sealed.and_then(|s| s.get(name));
+    member("version") == Some(&Json::Number(schema.version.to_string()))
+        && member("hash").and_then(Json::as_str) == Some(hex(&schema.hash).as_str())
 }
