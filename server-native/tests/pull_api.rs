@@ -870,6 +870,86 @@ async fn events_stream_names_changed_scopes_right_after_the_commit_without_data(
 }
 
 #[tokio::test]
+async fn events_streams_end_with_schema_changed_at_publish_and_at_activation() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    let (http, base) = (s.http.clone(), s.base.clone());
+    let open = || {
+        http.post(format!("{base}/sync/events"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(
+                json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
+                    .to_string(),
+            )
+            .send()
+    };
+    let ends_with_schema_changed = |mut resp: reqwest::Response, what: &'static str| async move {
+        let mut buffer = String::new();
+        assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
+        let (name, data) = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            next_event(&mut resp, &mut buffer),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no event after {what}"));
+        assert_eq!(
+            (name.as_str(), data),
+            ("end", json!({"reason": "schema_changed"})),
+            "{what}"
+        );
+    };
+
+    // A reconfiguration: its publish ends the stream (the new manifest waits for capture)...
+    let resp = open().await.unwrap();
+    s.env
+        .as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    let request = synchro_server::registry::ReconfigureRequest {
+        schema: "app".into(),
+        relation: "docs".into(),
+        ..Default::default()
+    };
+    synchro_server::registry::reconfigure(&mut op, &request, true)
+        .await
+        .unwrap();
+    ends_with_schema_changed(resp, "the publish").await;
+    // ...and so does the capture commit that activates it, from which connect serves it.
+    let resp = open().await.unwrap();
+    let before = served_version(&s).await;
+    s.capture().await;
+    ends_with_schema_changed(resp, "the activation").await;
+    assert_eq!(served_version(&s).await, before + 1);
+
+    // A commit with no schema change ends nothing.
+    let mut resp = open().await.unwrap();
+    let mut buffer = String::new();
+    assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs (id, owner, title) VALUES (20, 'alice', 'x')")
+        .await
+        .unwrap();
+    s.capture().await;
+    let (name, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        next_event(&mut resp, &mut buffer),
+    )
+    .await
+    .unwrap();
+    assert_eq!(name, "changed");
+}
+
+async fn served_version(s: &Stack) -> u64 {
+    let db = s.env.login("synchro_dev_adapter").await;
+    let lineage = synchro_server::publish::load_serving_lineage(&db)
+        .await
+        .unwrap();
+    lineage.current().unwrap().schema_version
+}
+
+#[tokio::test]
 async fn connect_bridges_valid_cursors_across_a_compatible_schema_change() {
     let mut s = stack().await;
     let token = mint(SECRET, "alice", 3600);

@@ -14,13 +14,20 @@
 //! assigned scopes and checks its generation. The dispatcher's own fallback tick covers notifications lost while
 //! the listener reconnects.
 //!
+//! A new manifest that connect serves (published, or a published reconfiguration activated
+//! by the capture worker) sends `NOTIFY synchro_schema` in its transaction; every stream then
+//! ends with `schema_changed` (each after a random delay below [`SCHEMA_SPREAD`], so that
+//! the clients' connects do not all arrive at once), and its client connects to learn its
+//! schema action (`replace`, `rebuild_local`, `unsupported`) at once instead of at its next
+//! round.
+//!
 //! Stream events (each `data` is a JSON object):
 //! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
 //! - `changed` `{"scopes": [...]}`: these assigned scopes have new effects; pull them.
-//! - `end` `{"reason": "client_generation_expired" | "lifetime" | "shutdown"}`: the stream
-//!   closes; reconnect (after `connect` for an expired generation). `shutdown`: the server
-//!   is stopping ([`Notifier::stop`], at SIGTERM), so its graceful shutdown need not wait
-//!   for the streams' lifetime.
+//! - `end` `{"reason": "client_generation_expired" | "schema_changed" | "lifetime" |
+//!   "shutdown"}`: the stream closes; reconnect (after `connect` for an expired generation
+//!   or a changed schema). `shutdown`: the server is stopping ([`Notifier::stop`], at
+//!   SIGTERM), so its graceful shutdown need not wait for the streams' lifetime.
 //!
 //! Comment lines (`: keepalive`) are sent when the stream has been quiet for a while.
 //!
@@ -56,11 +63,15 @@ const DISPATCHER_SILENCE: Duration = Duration::from_secs(30);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A stream's lifetime; the client reconnects (and re-authenticates) after it.
 const LIFETIME: Duration = Duration::from_secs(300);
+/// After a schema notification, each stream ends within this (at random).
+const SCHEMA_SPREAD: Duration = Duration::from_secs(2);
 
 /// Wakes streams when the capture worker commits effects, and counts the open ones.
 #[derive(Clone)]
 pub struct Notifier {
     tx: Arc<watch::Sender<u64>>,
+    /// Bumped by every `NOTIFY synchro_schema`.
+    schema: Arc<watch::Sender<u64>>,
     streams: Arc<Mutex<OpenStreams>>,
     updates: Arc<tokio::sync::OnceCell<watch::Receiver<Arc<Update>>>>,
     /// Set once the server stops: every stream ends.
@@ -72,6 +83,7 @@ impl Default for Notifier {
     fn default() -> Self {
         Notifier {
             tx: Arc::new(watch::channel(0).0),
+            schema: Arc::new(watch::channel(0).0),
             streams: Arc::default(),
             updates: Arc::default(),
             stopping: Arc::new(watch::channel(false).0),
@@ -114,14 +126,17 @@ impl Drop for StreamSlot {
 }
 
 impl Notifier {
-    /// A notifier fed by a `LISTEN synchro_effects` session on `url` (any login; the
-    /// channel carries no data). Reconnects forever; every (re)connection also bumps.
+    /// A notifier fed by a `LISTEN synchro_effects, synchro_schema` session on `url` (any
+    /// login; the channels carry no data). Reconnects forever; every (re)connection also
+    /// bumps the effects (not the schema: a manifest published while it was away is seen by
+    /// each client's next round).
     pub fn listen(url: String) -> Notifier {
         let notifier = Notifier::default();
         let tx = notifier.tx.clone();
+        let schema = notifier.schema.clone();
         tokio::spawn(async move {
             loop {
-                if let Err(e) = listen_once(&url, &tx).await {
+                if let Err(e) = listen_once(&url, &tx, &schema).await {
                     tracing::warn!(error = %e, "change listener ended; reconnecting");
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -133,6 +148,11 @@ impl Notifier {
     /// Wakes every stream now.
     pub fn bump(&self) {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Ends every open stream with `schema_changed` (within [`SCHEMA_SPREAD`]).
+    pub fn schema_changed(&self) {
+        self.schema.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Ends every open stream (`end` `{"reason":"shutdown"}`) and every later one at once:
@@ -188,19 +208,29 @@ impl Notifier {
     }
 }
 
-async fn listen_once(url: &str, tx: &watch::Sender<u64>) -> anyhow::Result<()> {
+async fn listen_once(
+    url: &str,
+    tx: &watch::Sender<u64>,
+    schema: &watch::Sender<u64>,
+) -> anyhow::Result<()> {
     use futures_util::StreamExt;
     let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .map_err(|e| anyhow::anyhow!("{}", crate::install::describe_for_log(&e)))?;
     let (ended_tx, mut ended_rx) = tokio::sync::oneshot::channel::<()>();
     let bump_tx = tx.clone();
+    let schema_tx = schema.clone();
     let pump = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(m) = messages.next().await {
             match m {
-                Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
-                    bump_tx.send_modify(|n| *n = n.wrapping_add(1))
+                Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                    let to = if n.channel() == "synchro_schema" {
+                        &schema_tx
+                    } else {
+                        &bump_tx
+                    };
+                    to.send_modify(|n| *n = n.wrapping_add(1))
                 }
                 Ok(_) => {}
                 Err(_) => break,
@@ -209,7 +239,7 @@ async fn listen_once(url: &str, tx: &watch::Sender<u64>) -> anyhow::Result<()> {
         let _ = ended_tx.send(());
     });
     client
-        .batch_execute("LISTEN synchro_effects")
+        .batch_execute("LISTEN synchro_effects; LISTEN synchro_schema")
         .await
         .map_err(|e| anyhow::anyhow!("{}", crate::install::describe_for_log(&e)))?;
     tx.send_modify(|n| *n = n.wrapping_add(1));
@@ -303,6 +333,8 @@ pub(crate) async fn events(
     let mut updates = state.events.updates(&state).await;
     updates.mark_unchanged();
     let mut stopping = state.events.stopping.subscribe();
+    let mut schema = state.events.schema.subscribe();
+    schema.mark_unchanged();
     tokio::spawn(async move {
         let _slot = slot;
         let deadline = tokio::time::Instant::now() + LIFETIME;
@@ -341,6 +373,15 @@ pub(crate) async fn events(
                 }
                 _ = stopped(&mut stopping) => {
                     let _ = tx.send(end("shutdown")).await;
+                    break;
+                }
+                _ = bumped(&mut schema) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(jitter(SCHEMA_SPREAD)) => {
+                            let _ = tx.send(end("schema_changed")).await;
+                        }
+                        _ = tx.closed() => {}
+                    }
                     break;
                 }
                 _ = tx.closed() => break, // the client went away
@@ -388,6 +429,13 @@ pub(crate) async fn events(
     headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
     headers.insert(header::CACHE_CONTROL, "no-store".parse().unwrap());
     Ok((StatusCode::OK, headers, body).into_response())
+}
+
+/// Completes at the next bump of `rx`.
+async fn bumped(rx: &mut watch::Receiver<u64>) {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await; // no notifier left to bump it
+    }
 }
 
 /// Completes once [`Notifier::stop`] was called.

@@ -161,6 +161,11 @@ impl Worker {
             a.record_scopes(db, diff).await?;
             a.activate(db, commit_lsn, diff).await?;
         }
+        if !activations.is_empty() || !bootstrapped.is_empty() {
+            // A manifest waiting for this activation or table is served from this commit:
+            // clients are told to connect (api::events).
+            db.batch_execute("NOTIFY synchro_schema").await?;
+        }
         commit(db, &self.statements, effects, tx).await
     }
 

@@ -14,7 +14,9 @@
 //!   its `ready` event triggers a catch-up pull;
 //! - a fresh connect happens only when the protocol requires one: 409
 //!   `client_generation_expired`, 422 `schema_mismatch`, an `end` event for an expired
-//!   generation, or a 426 on the stream (the connect records the refusal);
+//!   generation or a changed schema (`schema_changed`: the server serves a new manifest, so
+//!   the schema action is learnt at once), or a 426 on the stream (the connect records the
+//!   refusal);
 //! - HTTP 426 or the `unsupported` action ends the session with
 //!   [`LiveEnd::UpgradeRequired`], the queue and local data kept;
 //! - anything that blocks the engine (a local inconsistency, a contract failure) ends it
@@ -57,8 +59,8 @@ struct Open<S> {
 enum Heard {
     /// `ready` or `changed`: pull.
     Changed,
-    /// The generation was replaced: connect.
-    Expired,
+    /// The generation was replaced or the served schema changed: connect.
+    Connect,
     /// The stream ended, failed or went silent; `failed` when it counts as a failure.
     Dropped { failed: bool },
 }
@@ -210,7 +212,7 @@ impl<T: EventTransport> Client<T> {
             .await;
             match heard {
                 First::A(Heard::Changed) => due = true,
-                First::A(Heard::Expired) => {
+                First::A(Heard::Connect) => {
                     stream = None;
                     connect = true;
                 }
@@ -320,8 +322,10 @@ async fn read_event<T: EventTransport>(
         if let Some(e) = open.decoder.next_event() {
             return match e {
                 Ok(StreamEvent::Ready | StreamEvent::Changed { .. }) => Heard::Changed,
-                Ok(StreamEvent::End { reason }) if reason == "client_generation_expired" => {
-                    Heard::Expired
+                Ok(StreamEvent::End { reason })
+                    if reason == "client_generation_expired" || reason == "schema_changed" =>
+                {
+                    Heard::Connect
                 }
                 Ok(StreamEvent::End { .. }) => Heard::Dropped { failed: false },
                 // A malformed event is the server's contract failure: drop the stream.
