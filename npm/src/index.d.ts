@@ -89,6 +89,7 @@ export interface SynchroClient {
   update(table: string, key: Value, values: Record<string, Value>): Promise<string>;
   delete(table: string, key: Value): Promise<string>;
   mutations(): Promise<Mutation[]>;
+  /** Settles once the mutation is final; rejects with `unknown_mutation` for an ID the queue does not hold. */
   outcome(mutationId: string): Promise<Mutation>;
   onMutation(callback: (m: Mutation) => void): () => void;
   onConflict(callback: (m: Mutation) => void): () => void;

@@ -181,22 +181,34 @@ class SynchroClient {
     return this._call("mutations", []);
   }
 
-  /** Resolves when the mutation reached a final state (applied, conflict, rejected_terminal). */
+  /**
+   * Resolves when the mutation reached a final state (applied, conflict, rejected_terminal);
+   * rejects with `unknown_mutation` when the queue has no such mutation.
+   */
   async outcome(mutationId) {
-    const done = new Promise((resolve) => {
+    const done = new Promise((resolve, reject) => {
       const stop = this.onMutation((m) => {
         if (m.mutationId === mutationId && TERMINAL.has(m.state)) {
           stop();
           resolve(m);
         }
       });
-      this.mutations().then((all) => {
-        const m = all.find((x) => x.mutationId === mutationId);
-        if (m && TERMINAL.has(m.state)) {
+      this.mutations().then(
+        (all) => {
+          const m = all.find((x) => x.mutationId === mutationId);
+          if (!m) {
+            stop();
+            reject(fail("unknown_mutation", "no queued mutation has this ID"));
+          } else if (TERMINAL.has(m.state)) {
+            stop();
+            resolve(m);
+          }
+        },
+        (e) => {
           stop();
-          resolve(m);
-        }
-      }, () => {});
+          reject(e);
+        },
+      );
     });
     return done;
   }

@@ -113,6 +113,9 @@ test("writes made offline are durable at once, and converge on reconnect", async
   const outcomes = await a.evaluate((ids) => Promise.all(ids.map((id) => window.client.outcome(id))), ids);
   assert.deepEqual(outcomes.map((m) => m.state), ["applied", "applied"]);
   await until("no pending writes", () => a.evaluate(() => window.client.status.pendingWrites === 0));
+  // An ID the queue never held settles too, with a typed error.
+  const unknown = await a.evaluate(() => window.client.outcome("01000000-0000-7000-8000-000000000000").then(() => "resolved", (e) => `${e.name} ${e.code}`));
+  assert.equal(unknown, "SynchroError unknown_mutation");
 });
 
 test("two tabs share one database; the leader's tab closes mid-session and nothing is lost", async () => {
