@@ -412,15 +412,24 @@ impl SynchroClient {
     /// `operation` is `insert`, `update` or `delete`; `pk` and the values of `columns` (an
     /// object keyed by field name, in the order the fields should be recorded; a `null` is
     /// a present null) are wire values (int64 and decimal as strings). Resolves to the
-    /// mutation ID.
+    /// mutation ID. With `mutationId` (a canonical lowercase UUID) the write is queued at
+    /// most once under that ID: when the queue holds it already, nothing is written.
     pub fn write(
         &mut self,
         table: String,
         operation: String,
         pk: JsValue,
         columns: JsValue,
+        #[wasm_bindgen(js_name = mutationId)] mutation_id: Option<String>,
     ) -> Result<String, JsValue> {
-        write(&mut self.inner, &table, &operation, &pk, &columns)
+        write(
+            &mut self.inner,
+            &table,
+            &operation,
+            &pk,
+            &columns,
+            mutation_id.as_deref(),
+        )
     }
 
     /// Every queued mutation in local order with its state (`pending`, `applied`,
@@ -610,13 +619,14 @@ fn schema(client: &Client<FetchTransport>) -> JsValue {
 /// `operation` is `insert`, `update` or `delete`; `pk` and the values of `columns` (an
 /// object keyed by field name, in the order the fields should be recorded; a `null` is
 /// a present null) are wire values (int64 and decimal as strings). Resolves to the
-/// mutation ID.
+/// mutation ID; with `mutation_id`, at most once under it ([`Client::write_once`]).
 fn write(
     client: &mut Client<FetchTransport>,
     table: &str,
     operation: &str,
     pk: &JsValue,
     columns: &JsValue,
+    mutation_id: Option<&str>,
 ) -> Result<String, JsValue> {
     let bad = |what: &str| js_error("invalid_value", what, false);
     let manifest = client
@@ -656,14 +666,17 @@ fn write(
     let operation = parse_operation(operation)
         .ok_or_else(|| bad("operation must be insert, update or delete"))?;
     let table_id = t.table_id.clone();
-    client
-        .write(&LocalWrite {
-            table_id: &table_id,
-            operation,
-            pk: &key,
-            columns: &values,
-        })
-        .map_err(client_error)
+    let w = LocalWrite {
+        table_id: &table_id,
+        operation,
+        pk: &key,
+        columns: &values,
+    };
+    match mutation_id {
+        Some(id) => client.write_once(&w, id),
+        None => client.write(&w),
+    }
+    .map_err(client_error)
 }
 
 /// Every queued mutation in local order with its state (`pending`, `applied`,

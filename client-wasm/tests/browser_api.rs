@@ -63,6 +63,7 @@ async fn open_query_and_typed_errors() {
             "insert".into(),
             JsValue::from_str("1"),
             JsValue::NULL,
+            None,
         )
         .unwrap_err();
     assert_eq!(member(&e, "code"), "local_schema_error");

@@ -88,7 +88,13 @@ async fn a_live_session_receives_a_notification_through_streaming_fetch_and_appl
     let columns = Object::new();
     Reflect::set(&columns, &"title".into(), &title.clone().into()).unwrap();
     writer
-        .write("docs".into(), "update".into(), "2".into(), columns.into())
+        .write(
+            "docs".into(),
+            "update".into(),
+            "2".into(),
+            columns.into(),
+            None,
+        )
         .unwrap();
     writer.sync().await.unwrap();
     let pushed = js_sys::Date::now();

@@ -392,3 +392,46 @@ async fn writes_and_batches_fit_what_a_push_may_carry() {
         .count();
     assert_eq!(applied, 30);
 }
+
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn a_write_under_a_chosen_id_is_queued_at_most_once() {
+    let (_server, mut c) = synced().await;
+    let pk3 = key(3);
+    let insert = LocalWrite {
+        table_id: "tbl_docs",
+        operation: Operation::Insert,
+        pk: &pk3,
+        columns: &[("f2".into(), text(Some("once")))],
+    };
+    let id = "0197e83a-f7e8-7e21-92c0-c621732bd5de";
+    assert_eq!(c.write_once(&insert, id).unwrap(), id);
+    // The same request again (re-sent by a caller that could not know it committed):
+    // nothing more is written, not even the insert's duplicate key refused.
+    assert_eq!(c.write_once(&insert, id).unwrap(), id);
+    let m = c.storage().mutations().unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].mutation_id, id);
+    assert_eq!(title(&c, 3), Some(Some("once".into())));
+    // Still once after its outcome.
+    c.sync_once().await.unwrap();
+    assert_eq!(c.write_once(&insert, id).unwrap(), id);
+    let m = c.storage().mutations().unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].state, MutationState::Applied);
+    // An ID that is not a canonical UUID is refused, and nothing is written.
+    let pk4 = key(4);
+    let other = LocalWrite { pk: &pk4, ..insert };
+    for bad in [
+        "",
+        "0197E83A-F7E8-7E21-92C0-C621732BD5DE",
+        "0197e83a-f7e8-7e21-92c0-c621732bd5d",
+        "0197e83af7e87e2192c0c621732bd5de0000",
+        "0197e83a-f7e8-7e21-92c0_c621732bd5de",
+    ] {
+        let e = c.write_once(&other, bad).unwrap_err();
+        assert_eq!(e.code(), "invalid_value", "{bad:?}");
+    }
+    assert_eq!(c.storage().mutations().unwrap().len(), 1);
+    assert_eq!(title(&c, 4), None);
+}

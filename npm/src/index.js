@@ -21,6 +21,20 @@ function fail(code, message, retryable = false) {
   return new SynchroError({ code, message, retryable });
 }
 
+/** A UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, the version, the variant, randomness. */
+function uuidv7() {
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  let ms = Date.now();
+  for (let i = 5; i >= 0; i--) {
+    b[i] = ms % 256;
+    ms = Math.floor(ms / 256);
+  }
+  b[6] = 0x70 | (b[6] & 0x0f);
+  b[8] = 0x80 | (b[8] & 0x3f);
+  const h = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
 /** Creates the client for the database `name` (one per name per origin; tabs share it). */
 export function createClient(options) {
   return new SynchroClient(options);
@@ -161,19 +175,22 @@ class SynchroClient {
     };
   }
 
+  // Each write carries its mutation ID, chosen here: a request re-sent to the next leader
+  // (its first one closed, maybe after committing it) is then queued at most once.
+
   /** Queues a local insert; resolves to the mutation ID once it is durable. */
   insert(table, key, values) {
-    return this._call("write", [table, "insert", key, values ?? {}]);
+    return this._call("write", [table, "insert", key, values ?? {}, uuidv7()]);
   }
 
   /** Queues a local update of the given fields; resolves to the mutation ID. */
   update(table, key, values) {
-    return this._call("write", [table, "update", key, values ?? {}]);
+    return this._call("write", [table, "update", key, values ?? {}, uuidv7()]);
   }
 
   /** Queues a local delete; resolves to the mutation ID. */
   delete(table, key) {
-    return this._call("write", [table, "delete", key, null]);
+    return this._call("write", [table, "delete", key, null, uuidv7()]);
   }
 
   /** Every queued mutation in local order, with its state and the server's outcome. */

@@ -171,11 +171,15 @@ const methods = {
   async readTables(sql) {
     return live ? live.readTables(sql) : ready().readTables(sql);
   },
-  async write(table, operation, key, values) {
-    const args = [table, operation, wire(key), values == null ? null : wire(values)];
+  async write(table, operation, key, values, mutationId) {
+    const args = [table, operation, wire(key), values == null ? null : wire(values), mutationId];
     const id = live ? await live.write(...args) : ready().write(...args);
-    states.set(id, "pending");
-    publish({ pendingWrites: status.pendingWrites + 1 });
+    // A re-sent write the queue held already (from this worker or the previous leader's,
+    // whose queue states were read at open) is not counted again.
+    if (!states.has(id)) {
+      states.set(id, "pending");
+      publish({ pendingWrites: status.pendingWrites + 1 });
+    }
     return id;
   },
   async mutations() {

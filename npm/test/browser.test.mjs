@@ -138,6 +138,19 @@ test("two tabs share one database; the leader's tab closes mid-session and nothi
   assert.equal(new Set(ids).size, 5);
   await until("the second tab leads", () => b.evaluate(() => window.client.status.leader && window.client.status.connected), 60000);
   await until("every write on the server", async () => (await stack.rows(`SELECT id FROM app.tasks WHERE id LIKE 't31_'`)).length === 5);
+  // Each queued once, even one re-sent to the new leader after the old one committed it.
+  const queued = await b.evaluate(() => window.client.mutations().then((ms) => ms.filter((m) => /^t31/.test(m.pk)).map((m) => m.mutationId)));
+  assert.deepEqual(queued.sort(), [...ids].sort());
+  // A write request sent twice (as a re-send does) is queued once, under the tab's ID.
+  const twice = await b.evaluate(async (t) => {
+    const id = "0197e83a-f7e8-7e21-92c0-c621732bd5de";
+    const answers = [await window.client._call("write", ["tasks", "insert", "t330", t, id]), await window.client._call("write", ["tasks", "insert", "t330", t, id])];
+    const ms = (await window.client.mutations()).filter((m) => m.mutationId === id);
+    return { answers, queued: ms.length, pending: window.client.status.pendingWrites };
+  }, task("sent twice"));
+  assert.deepEqual(twice.answers, ["0197e83a-f7e8-7e21-92c0-c621732bd5de", "0197e83a-f7e8-7e21-92c0-c621732bd5de"]);
+  assert.equal(twice.queued, 1);
+  assert.ok(twice.pending <= 1, `pending writes counted once (${twice.pending})`);
   await stack.sql(`INSERT INTO app.tasks (id, project_id, title) VALUES ('t320', 'p1', 'after the hand-over')`);
   await until("the new leader's live query", async () => (await tasksOf(b))?.includes("t320"));
   a = b;

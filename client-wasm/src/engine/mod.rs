@@ -192,6 +192,15 @@ pub fn uuid_v7(unix_ms: u64, random: [u8; 16]) -> String {
     )
 }
 
+/// Whether `s` is a UUID in canonical form: 8-4-4-4-12 lowercase hexadecimal digits.
+fn is_canonical_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
+
 /// A schema reference as requests carry it (version 0 and an empty hash before install).
 fn schema_json(r: Option<SchemaRef>) -> Json {
     match r {
@@ -371,7 +380,47 @@ impl<T: Transport> Client<T> {
         }
         let now = (self.clock)();
         let ids = (uuid_v7(now, (self.random)()), uuid_v7(now, (self.random)()));
-        let id = self.storage.write_local(&manifest, write, ids)?;
+        self.write_local(&manifest, write, ids)
+    }
+
+    /// [`Client::write`] under a mutation ID the caller chose (a canonical lowercase UUID),
+    /// at most once: when the queue already holds `mutation_id`, nothing is written and the
+    /// ID is returned. A caller that may send one write twice (a request re-sent after the
+    /// process that received it went away, not knowing whether it committed) gives each
+    /// write its own ID and so never queues it twice.
+    pub fn write_once(
+        &mut self,
+        write: &LocalWrite<'_>,
+        mutation_id: &str,
+    ) -> Result<String, ClientError> {
+        let manifest = self
+            .manifest
+            .clone()
+            .ok_or(ClientError::Blocked("no schema is installed"))?;
+        if !is_canonical_uuid(mutation_id) {
+            return Err(ClientError::Storage(StorageError::InvalidValue {
+                field_id: "(mutation_id)".into(),
+            }));
+        }
+        if self.storage.has_mutation(mutation_id)? {
+            return Ok(mutation_id.to_owned());
+        }
+        if self.storage.journal_phase()? == Some(Phase::Pending) {
+            return Err(ClientError::Blocked(
+                "a pending migration must finish before local writes",
+            ));
+        }
+        let batch = uuid_v7((self.clock)(), (self.random)());
+        self.write_local(&manifest, write, (mutation_id.to_owned(), batch))
+    }
+
+    fn write_local(
+        &mut self,
+        manifest: &Manifest,
+        write: &LocalWrite<'_>,
+        ids: (String, String),
+    ) -> Result<String, ClientError> {
+        let id = self.storage.write_local(manifest, write, ids)?;
         let name = manifest
             .table(write.table_id)
             .map(|t| t.name.clone())

@@ -305,6 +305,19 @@ impl Storage {
         batch_mutations(self.connection(), None)
     }
 
+    /// Whether the queue holds the mutation `mutation_id` (in any state).
+    pub(crate) fn has_mutation(&self, mutation_id: &str) -> Result<bool, StorageError> {
+        Ok(self
+            .connection()
+            .query_row(
+                r#"SELECT 1 FROM "_synchro_mutations" WHERE "mutation_id" = ?"#,
+                [mutation_id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
     /// How many mutations wait for their outcome.
     pub(crate) fn pending_count(&self) -> Result<usize, StorageError> {
         Ok(self

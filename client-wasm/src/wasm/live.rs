@@ -173,10 +173,11 @@ impl LiveSession {
         operation: String,
         pk: JsValue,
         columns: JsValue,
+        #[wasm_bindgen(js_name = mutationId)] mutation_id: Option<String>,
     ) -> Promise {
-        let job = self
-            .handle
-            .with_client(move |c| write(c, &table, &operation, &pk, &columns).map(JsValue::from));
+        let job = self.handle.with_client(move |c| {
+            write(c, &table, &operation, &pk, &columns, mutation_id.as_deref()).map(JsValue::from)
+        });
         future_to_promise(async move { job.await.map_err(not_running)? })
     }
 

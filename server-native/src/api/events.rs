@@ -16,10 +16,10 @@
 //!
 //! A new manifest that connect serves (published, or a published reconfiguration activated
 //! by the capture worker) sends `NOTIFY synchro_schema` in its transaction; every stream then
-//! ends with `schema_changed` (each after a random delay below [`SCHEMA_SPREAD`], so that
-//! the clients' connects do not all arrive at once), and its client connects to learn its
-//! schema action (`replace`, `rebuild_local`, `unsupported`) at once instead of at its next
-//! round.
+//! ends with `schema_changed` (each after a random delay below [`schema_spread`]: 2 s, one
+//! more second per 1,000 open streams, at most 30 s, so that the clients' connects do not
+//! all arrive at once), and its client connects to learn its schema action (`replace`,
+//! `rebuild_local`, `unsupported`) at once instead of at its next round.
 //!
 //! Stream events (each `data` is a JSON object):
 //! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
@@ -63,8 +63,11 @@ const DISPATCHER_SILENCE: Duration = Duration::from_secs(30);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A stream's lifetime; the client reconnects (and re-authenticates) after it.
 const LIFETIME: Duration = Duration::from_secs(300);
-/// After a schema notification, each stream ends within this (at random).
-const SCHEMA_SPREAD: Duration = Duration::from_secs(2);
+/// After a schema notification, each of `open` streams ends within this (at random): the
+/// connects that follow arrive at about 1,000 per second at most, up to 30,000 streams.
+fn schema_spread(open: usize) -> Duration {
+    Duration::from_millis((open as u64).clamp(2_000, 30_000))
+}
 
 /// Wakes streams when the capture worker commits effects, and counts the open ones.
 #[derive(Clone)]
@@ -150,7 +153,7 @@ impl Notifier {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Ends every open stream with `schema_changed` (within [`SCHEMA_SPREAD`]).
+    /// Ends every open stream with `schema_changed` (within [`schema_spread`]).
     pub fn schema_changed(&self) {
         self.schema.send_modify(|n| *n = n.wrapping_add(1));
     }
@@ -376,8 +379,9 @@ pub(crate) async fn events(
                     break;
                 }
                 _ = bumped(&mut schema) => {
+                    let spread = schema_spread(state.events.open_streams());
                     tokio::select! {
-                        _ = tokio::time::sleep(jitter(SCHEMA_SPREAD)) => {
+                        _ = tokio::time::sleep(jitter(spread)) => {
                             let _ = tx.send(end("schema_changed")).await;
                         }
                         _ = tx.closed() => {}
@@ -480,4 +484,17 @@ async fn changed(
         current: r.get(2),
         assigned: r.get(3),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_spread_grows_with_the_open_streams_within_its_bounds() {
+        assert_eq!(schema_spread(0), Duration::from_secs(2));
+        assert_eq!(schema_spread(2_000), Duration::from_secs(2));
+        assert_eq!(schema_spread(10_000), Duration::from_secs(10));
+        assert_eq!(schema_spread(1_000_000), Duration::from_secs(30));
+    }
 }
