@@ -135,7 +135,8 @@ async fn forward(
     let status = resp.status_code();
     let out = passed_headers(&resp, rid)?;
     if status < 400 {
-        // Streamed through as it arrives (the events stream never ends on its own).
+        // Streamed through as it arrives (the events stream lasts minutes; its events pass
+        // unread).
         let (_, body) = resp.into_parts();
         return Ok(ResponseBuilder::new()
             .with_status(status)

@@ -476,8 +476,8 @@ async fn insert(tx: &impl GenericClient, m: &Manifest) -> Result<()> {
     )
     .await
     .map_err(|e| anyhow::anyhow!("inserting the manifest: {}", crate::install::describe(&e)))?;
-    // At commit, serving processes end their events streams so that clients connect now
-    // (api::events); carries no data.
+    // At commit, serving processes look at the served manifest, and when it changed end
+    // their events streams so that clients connect now (api::events); carries no data.
     tx.batch_execute("NOTIFY synchro_schema").await?;
     Ok(())
 }

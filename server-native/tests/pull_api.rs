@@ -870,38 +870,41 @@ async fn events_stream_names_changed_scopes_right_after_the_commit_without_data(
 }
 
 #[tokio::test]
-async fn events_streams_end_with_schema_changed_at_publish_and_at_activation() {
+async fn events_streams_end_with_schema_changed_when_the_served_manifest_changes() {
     let mut s = stack().await;
     let token = mint(SECRET, "alice", 3600);
     let generation = s.connect(&token, "c1").await;
     let (http, base) = (s.http.clone(), s.base.clone());
-    let open = || {
-        http.post(format!("{base}/sync/events"))
+    let open = || async {
+        let mut resp = http
+            .post(format!("{base}/sync/events"))
             .header("authorization", format!("Bearer {token}"))
             .body(
                 json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
                     .to_string(),
             )
             .send()
-    };
-    let ends_with_schema_changed = |mut resp: reqwest::Response, what: &'static str| async move {
+            .await
+            .unwrap();
         let mut buffer = String::new();
         assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
-        let (name, data) = tokio::time::timeout(
-            std::time::Duration::from_secs(10),
+        (resp, buffer)
+    };
+    // The next event within `secs`, if any.
+    let next_within = |secs: u64, (mut resp, mut buffer): (reqwest::Response, String)| async move {
+        let e = tokio::time::timeout(
+            std::time::Duration::from_secs(secs),
             next_event(&mut resp, &mut buffer),
         )
         .await
-        .unwrap_or_else(|_| panic!("no event after {what}"));
-        assert_eq!(
-            (name.as_str(), data),
-            ("end", json!({"reason": "schema_changed"})),
-            "{what}"
-        );
+        .ok();
+        (e, (resp, buffer))
     };
+    let schema_changed = Some(("end".to_owned(), json!({"reason": "schema_changed"})));
 
-    // A reconfiguration: its publish ends the stream (the new manifest waits for capture)...
-    let resp = open().await.unwrap();
+    // A reconfiguration: its publish serves nothing new yet (capture activates it), so no
+    // stream ends (each would end within 2 s)...
+    let stream = open().await;
     s.env
         .as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
         .await;
@@ -914,31 +917,56 @@ async fn events_streams_end_with_schema_changed_at_publish_and_at_activation() {
     synchro_server::registry::reconfigure(&mut op, &request, true)
         .await
         .unwrap();
-    ends_with_schema_changed(resp, "the publish").await;
-    // ...and so does the capture commit that activates it, from which connect serves it.
-    let resp = open().await.unwrap();
-    let before = served_version(&s).await;
+    let v1 = served_version(&s).await;
+    let (e, stream) = next_within(3, stream).await;
+    assert_eq!(e, None, "nothing is served anew at the publish");
+    // ...the capture commit that activates it does.
     s.capture().await;
-    ends_with_schema_changed(resp, "the activation").await;
-    assert_eq!(served_version(&s).await, before + 1);
+    assert_eq!(served_version(&s).await, v1 + 1);
+    assert_eq!(
+        next_within(10, stream).await.0,
+        schema_changed,
+        "the activation"
+    );
+
+    // A new (empty) table with its membership rule: served from its publish.
+    let stream = open().await;
+    s.env
+        .as_app_owner("CREATE TABLE app.tags (id bigint PRIMARY KEY, owner text NOT NULL)")
+        .await;
+    register(&op, &RegisterRequest::synced("app", "tags", "multi_scope"))
+        .await
+        .unwrap();
+    op.batch_execute(
+        "CREATE FUNCTION rules.tag_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.tags\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.tag_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.tag_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'tags', 'rules.tag_scopes(bigint)');",
+    )
+    .await
+    .unwrap();
+    publish(&mut op).await.unwrap();
+    assert_eq!(served_version(&s).await, v1 + 2);
+    let (e, stream) = next_within(10, stream).await;
+    assert_eq!(e, schema_changed, "the publish of a new table");
+    // Its bootstrap and its rule going live serve nothing new: the next stream stays open.
+    let stream2 = open().await;
+    drop(stream);
+    s.capture().await;
+    let (e, _) = next_within(3, stream2).await;
+    assert_eq!(e, None, "nothing changed for clients");
 
     // A commit with no schema change ends nothing.
-    let mut resp = open().await.unwrap();
-    let mut buffer = String::new();
-    assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
+    let stream = open().await;
     s.env
         .admin
         .batch_execute("INSERT INTO app.docs (id, owner, title) VALUES (20, 'alice', 'x')")
         .await
         .unwrap();
     s.capture().await;
-    let (name, _) = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        next_event(&mut resp, &mut buffer),
-    )
-    .await
-    .unwrap();
-    assert_eq!(name, "changed");
+    let (e, _) = next_within(10, stream).await;
+    assert_eq!(e.map(|(name, _)| name).as_deref(), Some("changed"));
 }
 
 async fn served_version(s: &Stack) -> u64 {

@@ -14,12 +14,16 @@
 //! assigned scopes and checks its generation. The dispatcher's own fallback tick covers notifications lost while
 //! the listener reconnects.
 //!
-//! A new manifest that connect serves (published, or a published reconfiguration activated
-//! by the capture worker) sends `NOTIFY synchro_schema` in its transaction; every stream then
-//! ends with `schema_changed` (each after a random delay below [`schema_spread`]: 2 s, one
-//! more second per 1,000 open streams, at most 30 s, so that the clients' connects do not
-//! all arrive at once), and its client connects to learn its schema action (`replace`,
-//! `rebuild_local`, `unsupported`) at once instead of at its next round.
+//! What can change the manifest connect serves sends `NOTIFY synchro_schema` in its
+//! transaction: a publish, and the capture commits that activate a reconfiguration, finish a
+//! table's bootstrap or make a staged membership rule live. On each, one task per server
+//! ([`Notifier`]'s served-schema watch) reads the served lineage once; only when its current
+//! manifest differs from the last one seen does every stream end with `schema_changed`, each
+//! after a random delay below [`schema_spread`] (the larger of 2 s and 1 ms per open stream
+//! of this server, at most 30 s, so that the connects that follow do not all arrive at once),
+//! and its client connects to learn its schema action (`replace`, `rebuild_local`,
+//! `unsupported`) at once instead of at its next round. A stream opened after the change
+//! needs no notice: its `ready` makes the client pull, and the pull's 422 makes it connect.
 //!
 //! Stream events (each `data` is a JSON object):
 //! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
@@ -46,6 +50,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, watch};
 
+use synchro_protocol::manifest::SchemaRef;
 use synchro_protocol::wire::{EventsRequest, StreamEvent};
 
 use super::{ApiError, AppState};
@@ -63,8 +68,9 @@ const DISPATCHER_SILENCE: Duration = Duration::from_secs(30);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A stream's lifetime; the client reconnects (and re-authenticates) after it.
 const LIFETIME: Duration = Duration::from_secs(300);
-/// After a schema notification, each of `open` streams ends within this (at random): the
-/// connects that follow arrive at about 1,000 per second at most, up to 30,000 streams.
+/// After the served manifest changed, each of `open` streams ends within this (at random):
+/// the connects that follow reach this server at about 1,000 per second at most, up to
+/// 30,000 streams.
 fn schema_spread(open: usize) -> Duration {
     Duration::from_millis((open as u64).clamp(2_000, 30_000))
 }
@@ -75,6 +81,9 @@ pub struct Notifier {
     tx: Arc<watch::Sender<u64>>,
     /// Bumped by every `NOTIFY synchro_schema`.
     schema: Arc<watch::Sender<u64>>,
+    /// The served current manifest, re-read at each schema notification (started with the
+    /// first stream).
+    served: Arc<tokio::sync::OnceCell<watch::Receiver<Option<SchemaRef>>>>,
     streams: Arc<Mutex<OpenStreams>>,
     updates: Arc<tokio::sync::OnceCell<watch::Receiver<Arc<Update>>>>,
     /// Set once the server stops: every stream ends.
@@ -87,6 +96,7 @@ impl Default for Notifier {
         Notifier {
             tx: Arc::new(watch::channel(0).0),
             schema: Arc::new(watch::channel(0).0),
+            served: Arc::default(),
             streams: Arc::default(),
             updates: Arc::default(),
             stopping: Arc::new(watch::channel(false).0),
@@ -131,8 +141,7 @@ impl Drop for StreamSlot {
 impl Notifier {
     /// A notifier fed by a `LISTEN synchro_effects, synchro_schema` session on `url` (any
     /// login; the channels carry no data). Reconnects forever; every (re)connection also
-    /// bumps the effects (not the schema: a manifest published while it was away is seen by
-    /// each client's next round).
+    /// bumps both (what was committed while it was away is looked at then).
     pub fn listen(url: String) -> Notifier {
         let notifier = Notifier::default();
         let tx = notifier.tx.clone();
@@ -151,11 +160,6 @@ impl Notifier {
     /// Wakes every stream now.
     pub fn bump(&self) {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// Ends every open stream with `schema_changed` (within [`schema_spread`]).
-    pub fn schema_changed(&self) {
-        self.schema.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Ends every open stream (`end` `{"reason":"shutdown"}`) and every later one at once:
@@ -178,6 +182,20 @@ impl Notifier {
                     scopes: Default::default(),
                 }));
                 tokio::spawn(dispatch(state.clone(), self.subscribe(), tx));
+                rx
+            })
+            .await
+            .clone()
+    }
+
+    /// The served current manifest, starting its watch with the first stream.
+    async fn served(&self, state: &Arc<AppState>) -> watch::Receiver<Option<SchemaRef>> {
+        self.served
+            .get_or_init(|| async {
+                let notified = self.schema.subscribe();
+                let now = served_schema(state).await;
+                let (tx, rx) = watch::channel(now);
+                tokio::spawn(watch_served(state.clone(), notified, tx));
                 rx
             })
             .await
@@ -246,6 +264,7 @@ async fn listen_once(
         .await
         .map_err(|e| anyhow::anyhow!("{}", crate::install::describe_for_log(&e)))?;
     tx.send_modify(|n| *n = n.wrapping_add(1));
+    schema.send_modify(|n| *n = n.wrapping_add(1));
     let _ = (&mut ended_rx).await;
     pump.abort();
     anyhow::bail!("listener connection closed")
@@ -283,6 +302,37 @@ async fn dispatch(
         after = Some(to);
         let scopes = row.get::<_, Vec<String>>(1).into_iter().collect();
         tx.send_replace(Arc::new(Update { from, to, scopes }));
+    }
+}
+
+/// The served current manifest (`None` when there is none, or the database did not answer).
+async fn served_schema(state: &AppState) -> Option<SchemaRef> {
+    crate::publish::load_serving_lineage(&state.db)
+        .await
+        .ok()
+        .and_then(|l| l.current().map(|m| m.schema_ref()))
+}
+
+/// At each schema notification, reads the served manifest and publishes it when it changed.
+/// A read the database does not answer is tried again every second.
+async fn watch_served(
+    state: Arc<AppState>,
+    mut notified: watch::Receiver<u64>,
+    tx: watch::Sender<Option<SchemaRef>>,
+) {
+    let mut last = *tx.borrow();
+    while notified.changed().await.is_ok() {
+        let now = loop {
+            match served_schema(&state).await {
+                Some(r) => break Some(r),
+                None if last.is_none() => break None,
+                None => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        };
+        if now != last {
+            last = now;
+            tx.send_replace(now);
+        }
     }
 }
 
@@ -336,8 +386,8 @@ pub(crate) async fn events(
     let mut updates = state.events.updates(&state).await;
     updates.mark_unchanged();
     let mut stopping = state.events.stopping.subscribe();
-    let mut schema = state.events.schema.subscribe();
-    schema.mark_unchanged();
+    let mut served = state.events.served(&state).await;
+    served.mark_unchanged();
     tokio::spawn(async move {
         let _slot = slot;
         let deadline = tokio::time::Instant::now() + LIFETIME;
@@ -346,6 +396,8 @@ pub(crate) async fn events(
         let mut last_sent = tokio::time::Instant::now();
         let silence = DISPATCHER_SILENCE + jitter(DISPATCHER_SILENCE);
         let mut heard = last_sent;
+        // Set when the served manifest changed: the stream ends then.
+        let mut schema_end: Option<tokio::time::Instant> = None;
         if tx.send(event(&StreamEvent::Ready)).await.is_err() {
             return;
         }
@@ -378,14 +430,13 @@ pub(crate) async fn events(
                     let _ = tx.send(end("shutdown")).await;
                     break;
                 }
-                _ = bumped(&mut schema) => {
+                _ = bumped(&mut served), if schema_end.is_none() => {
                     let spread = schema_spread(state.events.open_streams());
-                    tokio::select! {
-                        _ = tokio::time::sleep(jitter(spread)) => {
-                            let _ = tx.send(end("schema_changed")).await;
-                        }
-                        _ = tx.closed() => {}
-                    }
+                    schema_end = Some(tokio::time::Instant::now() + jitter(spread));
+                    continue;
+                }
+                _ = tokio::time::sleep_until(schema_end.unwrap_or(deadline)), if schema_end.is_some() => {
+                    let _ = tx.send(end("schema_changed")).await;
                     break;
                 }
                 _ = tx.closed() => break, // the client went away
@@ -435,8 +486,8 @@ pub(crate) async fn events(
     Ok((StatusCode::OK, headers, body).into_response())
 }
 
-/// Completes at the next bump of `rx`.
-async fn bumped(rx: &mut watch::Receiver<u64>) {
+/// Completes at the next change of `rx`.
+async fn bumped<T>(rx: &mut watch::Receiver<T>) {
     if rx.changed().await.is_err() {
         std::future::pending::<()>().await; // no notifier left to bump it
     }

@@ -162,8 +162,8 @@ impl Worker {
             a.activate(db, commit_lsn, diff).await?;
         }
         if !activations.is_empty() || !bootstrapped.is_empty() {
-            // A manifest waiting for this activation or table is served from this commit:
-            // clients are told to connect (api::events).
+            // A manifest waiting for this activation or table may be served from this commit
+            // (api::events checks, and tells clients to connect when it is).
             db.batch_execute("NOTIFY synchro_schema").await?;
         }
         commit(db, &self.statements, effects, tx).await

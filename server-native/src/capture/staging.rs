@@ -67,6 +67,8 @@ impl Worker {
                 if effects > 0 {
                     db.batch_execute("NOTIFY synchro_effects").await?;
                 }
+                // A table is served once its rule is live (api::events checks the manifest).
+                db.batch_execute("NOTIFY synchro_schema").await?;
                 tracing::info!(effects, "staged membership rule activated");
                 None
             } else {
