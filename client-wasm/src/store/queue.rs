@@ -318,13 +318,15 @@ impl Storage {
             .is_some())
     }
 
-    /// How many mutations wait for their outcome.
+    /// How many mutations wait for their outcome (counted by SQLite: the live session asks
+    /// after every closure, and the queue keeps every resolved mutation).
     pub(crate) fn pending_count(&self) -> Result<usize, StorageError> {
-        Ok(self
-            .mutations()?
-            .iter()
-            .filter(|m| m.state == MutationState::Pending)
-            .count())
+        let n: i64 = self.connection().query_row(
+            r#"SELECT count(*) FROM "_synchro_mutations" WHERE "state" = ?"#,
+            [MutationState::Pending],
+            |r| r.get(0),
+        )?;
+        Ok(n as usize)
     }
 
     /// Seals the open batch (at most [`MAX_BATCH`] mutations, [`MAX_BATCH_BYTES`] of them,
