@@ -81,7 +81,39 @@ impl Stack {
             &[("MAX_BODY_BYTES", &max_body.to_string())],
         )
         .await;
-        wait_ready(&http, &edge.base).await;
+        // The edge's /ready is the origin's (503 while the origin does not answer it): on a
+        // timeout, both sides' output says why (one CI run saw 60 s of 503 here).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut last, mut ready) = (None, false);
+        while Instant::now() < deadline {
+            match http.get(format!("{}/ready", edge.base)).send().await {
+                Ok(r) if r.status() == 200 => {
+                    ready = true;
+                    break;
+                }
+                Ok(r) => {
+                    last = Some(format!(
+                        "{} {}",
+                        r.status(),
+                        r.text().await.unwrap_or_default()
+                    ))
+                }
+                Err(e) => last = Some(e.to_string()),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !ready {
+            let origin_now = http
+                .get(format!("{origin}/ready"))
+                .send()
+                .await
+                .map(|r| r.status());
+            panic!(
+                "the edge never became ready (last answer {last:?}; the origin's /ready now {origin_now:?})\nedge output:\n{}\norigin log:\n{}",
+                edge.output(),
+                std::fs::read_to_string(&origin_log).unwrap_or_default()
+            );
+        }
         Stack {
             env,
             origin,
