@@ -359,7 +359,9 @@ test("alice adds a project with a budget and deletes a task; bob sees both", asy
   await taskRow(alice.page, id).getByTestId("task-delete").click();
   await until("bob to see the task gone", async () => !(await titles(bob.page)).includes("Send the invitations"));
   assert.equal(await psql(`SELECT count(*) FROM app.tasks WHERE id = '${id}'`), "0");
-  assert.deepEqual(await titles(alice.page), await titles(bob.page));
+  // Alice's own board can show her delete after bob's does: a live session runs the app's
+  // queries between two rounds, not during one (see the closing note of 2026-12-02).
+  await until("both boards alike", async () => JSON.stringify(await titles(alice.page)) === JSON.stringify(await titles(bob.page)));
   await shot(bob.page, "project-added-task-deleted");
 });
 
