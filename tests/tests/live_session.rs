@@ -2,21 +2,24 @@
 //! a change committed on the server arrives through the events stream long before the
 //! safety poll; the server restarted under an open stream, the session reconnects the
 //! stream (no fresh connect) and catches up; a local write while live is pushed and its
-//! outcome recorded; a 503 from the server backs off (seen through the status callback) and
+//! outcome recorded, also when it is made while a round's request is in flight (it waits for
+//! no round); a 503 from the server backs off (seen through the status callback) and
 //! recovers; a replaced client generation makes the session connect again.
 
 mod common;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use common::{free_port, start_server_with, wait_ready, Env, Server};
 use synchro_client::engine::{Client, LiveConfig, LiveEnd, LiveHandle, LiveStatus};
-use synchro_client::http::HttpTransport;
+use synchro_client::engine::{Response, Transport, TransportError};
+use synchro_client::http::{HttpEventStream, HttpTransport};
 use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_client::storage::Storage;
+use synchro_client::transport::{EventTransport, Opened};
 use synchro_protocol::value::{Scalar, TypedValue};
 use synchro_server::auth::mint;
 
@@ -66,11 +69,15 @@ impl Stack {
     }
 
     fn client(&self) -> Client<HttpTransport> {
+        self.client_over(|t| t)
+    }
+
+    fn client_over<T: Transport>(&self, over: impl FnOnce(HttpTransport) -> T) -> Client<T> {
         let token = mint(SECRET.as_bytes(), "alice", 3600);
         let mut n = 0u8;
         Client::open(
             Storage::open(self.dir.join("alice.db")).unwrap(),
-            HttpTransport::new(self.base.clone(), move || token.clone()),
+            over(HttpTransport::new(self.base.clone(), move || token.clone())),
             move || {
                 n = n.wrapping_add(1);
                 let mut r = [0x5a; 16];
@@ -92,6 +99,39 @@ impl Stack {
             .await
             .unwrap()
             .get(0)
+    }
+}
+
+/// The real transport, with a gate that holds `/sync/pull` requests while closed.
+struct Gated {
+    inner: HttpTransport,
+    closed: Rc<Cell<bool>>,
+    /// How many pull requests are being held now.
+    held: Rc<Cell<usize>>,
+}
+
+impl Transport for Gated {
+    async fn post(&self, path: &str, body: String) -> Result<Response, TransportError> {
+        if path == "/sync/pull" && self.closed.get() {
+            self.held.set(self.held.get() + 1);
+            while self.closed.get() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.held.set(self.held.get() - 1);
+        }
+        self.inner.post(path, body).await
+    }
+}
+
+impl EventTransport for Gated {
+    type Stream = HttpEventStream;
+
+    async fn open_events(&self, body: String) -> Result<Opened<HttpEventStream>, TransportError> {
+        self.inner.open_events(body).await
+    }
+
+    async fn sleep(&self, ms: u64) {
+        self.inner.sleep(ms).await
     }
 }
 
@@ -128,7 +168,7 @@ async fn status_seen(statuses: &Statuses, from: usize, f: impl Fn(&LiveStatus) -
     .await;
 }
 
-/// The local title of doc `id`, read between two requests of the session (no request).
+/// The local title of doc `id`, read while the session waits (no request).
 async fn local_title(live: &Live, id: i64) -> Option<String> {
     live.with_client(move |c| {
         c.storage()
@@ -315,6 +355,91 @@ async fn a_local_write_while_live_is_pushed_at_once_and_its_outcome_recorded() {
         })
         .await
         .unwrap();
+        live.stop();
+    };
+    let (ended, ()) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
+    assert_eq!(connects(&statuses), 1);
+}
+
+#[tokio::test]
+async fn a_write_while_a_rounds_request_is_in_flight_runs_at_once_and_is_pushed_after() {
+    let stack = Stack::start().await;
+    let (closed, held) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(0)));
+    let mut client = stack.client_over(|inner| Gated {
+        inner,
+        closed: closed.clone(),
+        held: held.clone(),
+    });
+    let live = LiveHandle::<Gated>::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        // A round whose pull the gate holds.
+        closed.set(true);
+        live.sync_now();
+        until("a held pull", || {
+            let held = held.get();
+            async move { held == 1 }
+        })
+        .await;
+        let write = live.with_client(|c| {
+            let docs = c.manifest().unwrap().tables[0].clone();
+            let title = docs.fields.iter().find(|f| f.name == "title").unwrap();
+            let pk = TypedValue::from_scalar(Scalar::Int64(4)).unwrap();
+            let id = c
+                .write(&LocalWrite {
+                    table_id: &docs.table_id,
+                    operation: Operation::Update,
+                    pk: &pk,
+                    columns: &[(
+                        title.field_id.clone(),
+                        TypedValue::from_scalar(Scalar::String("written mid-round".into()))
+                            .unwrap(),
+                    )],
+                })
+                .unwrap();
+            let local: String = c
+                .storage()
+                .connection()
+                .query_row("SELECT title FROM docs WHERE id = 4", [], |r| r.get(0))
+                .unwrap();
+            (id, local)
+        });
+        // It runs while the round waits for its pull (on the old engine it waited for the
+        // round to end, which the closed gate never lets happen).
+        let (mutation, local) = tokio::time::timeout(Duration::from_secs(10), write)
+            .await
+            .expect("the closure ran while the pull was in flight")
+            .unwrap();
+        assert_eq!(local, "written mid-round");
+        assert_eq!(held.get(), 1, "the pull is still held");
+        // The round pushed before the write, so the server has not seen it yet.
+        assert_eq!(stack.source_title(4).await.as_deref(), Some("seed 4"));
+        closed.set(false);
+        // The round ends; the write made during it makes another round, which pushes it.
+        until("the outcome", || {
+            let mutation = mutation.clone();
+            let live = live.clone();
+            async move {
+                live.with_client(move |c| {
+                    c.storage()
+                        .mutations()
+                        .unwrap()
+                        .iter()
+                        .any(|m| m.mutation_id == mutation && m.state == MutationState::Applied)
+                })
+                .await
+                .unwrap()
+            }
+        })
+        .await;
+        assert_eq!(
+            stack.source_title(4).await.as_deref(),
+            Some("written mid-round")
+        );
         live.stop();
     };
     let (ended, ()) = tokio::join!(session, driver);

@@ -30,6 +30,8 @@ mod push;
 mod rebuild;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::rc::Rc;
 
 use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
@@ -241,7 +243,9 @@ impl From<JournalError> for ClientError {
 /// A local database kept in sync with one server.
 pub struct Client<T: Transport> {
     storage: Storage,
-    transport: T,
+    /// Shared with the request in flight, so that the live session's closures can run on
+    /// the client while it waits ([`Client::awaiting`]).
+    transport: Rc<T>,
     machine: StateMachine,
     client_id: String,
     client_version: String,
@@ -254,6 +258,11 @@ pub struct Client<T: Transport> {
     clock: Clock,
     /// The schema action of the last successful connect.
     last_action: Option<String>,
+    /// The running live session's handle: its closures run while a request is awaited.
+    live: Option<LiveHandle<T>>,
+    /// Whether a closure ran while a request was awaited (since the live session last
+    /// took this).
+    ran_while_waiting: bool,
 }
 
 impl<T: Transport> Client<T> {
@@ -297,7 +306,7 @@ impl<T: Transport> Client<T> {
         };
         let mut client = Client {
             storage,
-            transport,
+            transport: Rc::new(transport),
             machine: StateMachine::new(state),
             client_id: identity.client_id,
             client_version,
@@ -309,6 +318,8 @@ impl<T: Transport> Client<T> {
             random: Box::new(random),
             clock: Box::new(system_ms),
             last_action: None,
+            live: None,
+            ran_while_waiting: false,
         };
         client.recover()?;
         Ok(client)
@@ -656,11 +667,23 @@ impl<T: Transport> Client<T> {
         manifest.tables.iter().map(|t| t.name.clone()).collect()
     }
 
-    async fn post(&self, path: &str, request: &impl Message) -> Result<Response, ClientError> {
-        Ok(self
-            .transport
-            .post(path, to_output_string(&request.to_json()))
-            .await?)
+    async fn post(
+        &mut self,
+        path: &'static str,
+        request: &impl Message,
+    ) -> Result<Response, ClientError> {
+        let asked = self.send(path, to_output_string(&request.to_json()));
+        Ok(self.awaiting(asked).await?)
+    }
+
+    /// Sends a request; the future holds the transport, not the client.
+    fn send(
+        &self,
+        path: &'static str,
+        body: String,
+    ) -> impl Future<Output = Result<Response, TransportError>> {
+        let transport = Rc::clone(&self.transport);
+        async move { transport.post(path, body).await }
     }
 
     fn schema_json(&self) -> Json {

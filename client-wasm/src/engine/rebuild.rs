@@ -70,9 +70,8 @@ impl<T: Transport> Client<T> {
                 Some(r) => r,
                 None => {
                     let body = next.take().expect("a request to send");
-                    self.transport
-                        .post("/sync/rebuild", to_output_string(&body))
-                        .await?
+                    let asked = self.send("/sync/rebuild", to_output_string(&body));
+                    self.awaiting(asked).await?
                 }
             };
             if r.status != 200 {
@@ -95,7 +94,7 @@ impl<T: Transport> Client<T> {
             let done = match &following {
                 Some(c) => {
                     let body = to_output_string(&request(Some(c.clone())).to_json());
-                    let mut asked = std::pin::pin!(self.transport.post("/sync/rebuild", body));
+                    let mut asked = std::pin::pin!(self.send("/sync/rebuild", body));
                     // Polled once, the request is on its way while the page is applied
                     // (an answer ready at once is kept: a finished future is not polled again).
                     let early = asked
@@ -106,7 +105,7 @@ impl<T: Transport> Client<T> {
                         .apply_rebuild_page(&manifest, scope, &page, first)?;
                     prefetched = Some(match early {
                         std::task::Poll::Ready(answer) => answer?,
-                        std::task::Poll::Pending => asked.await?,
+                        std::task::Poll::Pending => self.awaiting(asked).await?,
                     });
                     done
                 }

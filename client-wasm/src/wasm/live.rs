@@ -157,7 +157,8 @@ impl LiveSession {
         self.handle.sync_now();
     }
 
-    /// `SynchroClient.query`, run between two requests of the session.
+    /// `SynchroClient.query`, run as soon as the session waits (for a request or between
+    /// rounds: no round holds it up).
     pub fn query(&self, sql: String, params: Option<Array>) -> Promise {
         let job = self
             .handle
@@ -165,7 +166,7 @@ impl LiveSession {
         future_to_promise(async move { job.await.map_err(not_running)? })
     }
 
-    /// `SynchroClient.write`, run between two requests; the write is durable when this
+    /// `SynchroClient.write`, run as soon as the session waits; the write is durable when this
     /// resolves (to the mutation ID), and pushed right after.
     pub fn write(
         &self,
@@ -181,20 +182,20 @@ impl LiveSession {
         future_to_promise(async move { job.await.map_err(not_running)? })
     }
 
-    /// `SynchroClient.readTables`, run between two requests.
+    /// `SynchroClient.readTables`, run as soon as the session waits.
     #[wasm_bindgen(js_name = readTables)]
     pub fn read_tables(&self, sql: String) -> Promise {
         let job = self.handle.with_client(move |c| read_tables(c, &sql));
         future_to_promise(async move { job.await.map_err(not_running)? })
     }
 
-    /// `SynchroClient.schema`, run between two requests.
+    /// `SynchroClient.schema`, run as soon as the session waits.
     pub fn schema(&self) -> Promise {
         let job = self.handle.with_client(|c| Ok(schema(c)));
         future_to_promise(async move { job.await.map_err(not_running)? })
     }
 
-    /// `SynchroClient.mutations`, run between two requests.
+    /// `SynchroClient.mutations`, run as soon as the session waits.
     pub fn mutations(&self) -> Promise {
         let job = self.handle.with_client(|c| mutations(c).map(JsValue::from));
         future_to_promise(async move { job.await.map_err(not_running)? })

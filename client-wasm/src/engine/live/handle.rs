@@ -1,7 +1,7 @@
 //! The application's hand on a running live session ([`LiveHandle`]): closures run on the
-//! client between two requests, a round asked for, a stop; and the small single-threaded
-//! future plumbing the session waits with (no async runtime: natively tokio drives it, in
-//! the browser the JavaScript event loop).
+//! client while the session waits (between rounds or for a request), a round asked for, a
+//! stop; and the small single-threaded future plumbing the session waits with (no async
+//! runtime: natively tokio drives it, in the browser the JavaScript event loop).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -29,8 +29,8 @@ struct Shared<T: Transport> {
     waker: Option<Waker>,
 }
 
-/// The application's hand on a running session: run closures on the client between
-/// requests, ask for a round, stop. Cheap to clone; single-threaded (like the client).
+/// The application's hand on a running session: run closures on the client while it
+/// waits, ask for a round, stop. Cheap to clone; single-threaded (like the client).
 pub struct LiveHandle<T: Transport> {
     shared: Rc<RefCell<Shared<T>>>,
 }
@@ -87,7 +87,8 @@ impl<T: Transport> LiveHandle<T> {
         self.shared.borrow().ended
     }
 
-    /// Runs `f` on the client between two requests of the session (or when it starts) and
+    /// Runs `f` on the client as soon as the session is waiting: between rounds, or while a
+    /// request of a round is in flight (a write or query waits for no round to finish), and
     /// resolves to its result. When `f` leaves queued intent (a local write), a round
     /// follows at once and pushes it; a read costs no request.
     /// A write is durable when this resolves. [`NotRunning`] after the session ended.
@@ -130,6 +131,18 @@ impl<T: Transport> LiveHandle<T> {
         poll_fn(|cx| {
             let mut s = self.shared.borrow_mut();
             if s.stop || s.sync_now || !s.jobs.is_empty() {
+                return Poll::Ready(());
+            }
+            s.waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+    }
+
+    /// Resolves when a closure is queued.
+    pub(super) fn job_queued(&self) -> impl Future<Output = ()> + '_ {
+        poll_fn(|cx| {
+            let mut s = self.shared.borrow_mut();
+            if !s.jobs.is_empty() {
                 return Poll::Ready(());
             }
             s.waker = Some(cx.waker().clone());

@@ -23,10 +23,11 @@
 //!   with the error.
 //!
 //! The application reaches the client while the session runs through its [`LiveHandle`]:
-//! [`LiveHandle::with_client`] runs a closure on the client between two requests (a local
-//! write, a query), after which queued intent is pushed; [`LiveHandle::stop`] ends the
-//! session cleanly at the next such point (an in-flight page finishes or is not applied at
-//! all). Statuses ([`LiveStatus`]) go to a callback. Nothing logged or reported carries a
+//! [`LiveHandle::with_client`] runs a closure on the client (a local write, a query) as
+//! soon as the session waits, between rounds or for any request of a round (the round does
+//! not hold the application up), after which queued intent is pushed; [`LiveHandle::stop`]
+//! ends the session cleanly between two requests (an in-flight page finishes or is not
+//! applied at all). Statuses ([`LiveStatus`]) go to a callback. Nothing logged or reported carries a
 //! row value, key, identifier or token: a [`LiveError`] is a code and a status.
 
 mod config;
@@ -41,9 +42,12 @@ use handle::{first, First};
 pub use handle::{LiveHandle, NotRunning};
 pub use status::{LiveEnd, LiveError, LiveStatus};
 
+use std::future::Future;
+use std::pin::pin;
+
 use super::{needs_reconnect, system_ms, Client, ClientError};
 use crate::error::StorageError;
-use crate::transport::{EventStream, EventTransport, Opened};
+use crate::transport::{EventStream, EventTransport, Opened, Transport};
 
 /// A stream that ends sooner than this after opening counts as a failure (backs off).
 const SHORT_STREAM_MS: u64 = 1000;
@@ -88,6 +92,38 @@ fn classify(e: &ClientError) -> Next {
     }
 }
 
+impl<T: Transport> Client<T> {
+    /// Awaits `request` (a request of a round, holding no borrow of the client). While a
+    /// live session runs, its queued closures run meanwhile: an application's write or
+    /// query waits for no round to finish. The round's own state is safe from them: no
+    /// transaction is open across a request, and each page applies against the queue as it
+    /// is then (rows with queued intent keep the local value). A closure that queued a
+    /// write makes the session run another round after this one.
+    pub(super) async fn awaiting<F: Future>(&mut self, request: F) -> F::Output {
+        let Some(handle) = self.live.clone() else {
+            return request.await;
+        };
+        let mut request = pin!(request);
+        loop {
+            let heard = first(
+                request.as_mut(),
+                std::future::pending::<()>(),
+                handle.job_queued(),
+            )
+            .await;
+            match heard {
+                First::A(out) => return out,
+                First::B(()) | First::Woken => {
+                    while let Some(job) = handle.next_job() {
+                        job(self);
+                        self.ran_while_waiting = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl<T: EventTransport> Client<T> {
     /// Runs a live session until `handle` stops it, the server requires an upgrade, or an
     /// error blocks the engine (see the module documentation of `live` for what each
@@ -109,7 +145,10 @@ impl<T: EventTransport> Client<T> {
                 last = Some(s);
             }
         };
+        self.live = Some(handle.clone());
+        self.ran_while_waiting = false;
         let result = self.live_loop(handle, config, &mut status).await;
+        self.live = None;
         // Closures queued before the end still run (a write is never dropped); later ones
         // resolve to NotRunning.
         while let Some(job) = handle.next_job() {
@@ -138,6 +177,8 @@ impl<T: EventTransport> Client<T> {
                 job(self);
                 ran = true;
             }
+            // (Or while the stream was being opened.)
+            ran |= std::mem::take(&mut self.ran_while_waiting);
             if handle.stopping() {
                 return Ok(LiveEnd::Stopped);
             }
@@ -156,10 +197,14 @@ impl<T: EventTransport> Client<T> {
                 } else {
                     self.connected_round().await
                 };
+                // A write made while the round's requests were in flight was not pushed
+                // by it (or only in part): another round follows.
+                let wrote = std::mem::take(&mut self.ran_while_waiting)
+                    && self.storage.pending_count()? > 0;
                 match round {
                     Ok(_) => {
                         connect = false;
-                        due = false;
+                        due = wrote;
                         failures = 0;
                         last_round = system_ms();
                     }
@@ -205,7 +250,7 @@ impl<T: EventTransport> Client<T> {
             }
             let poll_in = (last_round + config.safety_poll_ms()).saturating_sub(system_ms());
             let heard = first(
-                read_event(open, &self.transport, config.stream_idle_ms()),
+                read_event(open, &*self.transport, config.stream_idle_ms()),
                 self.transport.sleep(poll_in.max(1)),
                 handle.woken(),
             )
@@ -290,11 +335,10 @@ impl<T: EventTransport> Client<T> {
             client_id: self.client_id.clone(),
             client_generation: self.connected_generation()?,
         };
-        match self
-            .transport
-            .open_events(to_output_string(&request.to_json()))
-            .await?
-        {
+        let transport = std::rc::Rc::clone(&self.transport);
+        let body = to_output_string(&request.to_json());
+        let opening = async move { transport.open_events(body).await };
+        match self.awaiting(opening).await? {
             Opened::Stream(body) => Ok(Open {
                 body,
                 decoder: SseDecoder::new(),
