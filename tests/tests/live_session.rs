@@ -180,6 +180,41 @@ async fn local_title(live: &Live, id: i64) -> Option<String> {
     .unwrap()
 }
 
+/// Writes `title` to doc `id` (an update, queued); returns the mutation ID.
+fn write_title<T: Transport>(c: &mut Client<T>, id: i64, title: &str) -> String {
+    let docs = c.manifest().unwrap().tables[0].clone();
+    let field = docs.fields.iter().find(|f| f.name == "title").unwrap();
+    c.write(&LocalWrite {
+        table_id: &docs.table_id,
+        operation: Operation::Update,
+        pk: &TypedValue::from_scalar(Scalar::Int64(id)).unwrap(),
+        columns: &[(
+            field.field_id.clone(),
+            TypedValue::from_scalar(Scalar::String(title.into())).unwrap(),
+        )],
+    })
+    .unwrap()
+}
+
+/// Waits until the mutation `id` is applied.
+async fn until_applied<T: Transport + 'static>(live: &LiveHandle<T>, id: &str) {
+    until("the outcome", || {
+        let (id, live) = (id.to_owned(), live.clone());
+        async move {
+            live.with_client(move |c| {
+                c.storage()
+                    .mutations()
+                    .unwrap()
+                    .iter()
+                    .any(|m| m.mutation_id == id && m.state == MutationState::Applied)
+            })
+            .await
+            .unwrap()
+        }
+    })
+    .await;
+}
+
 fn connects(statuses: &Statuses) -> usize {
     statuses
         .borrow()
@@ -315,39 +350,10 @@ async fn a_local_write_while_live_is_pushed_at_once_and_its_outcome_recorded() {
         status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
         let written = Instant::now();
         let mutation = live
-            .with_client(|c| {
-                let docs = c.manifest().unwrap().tables[0].clone();
-                let title = docs.fields.iter().find(|f| f.name == "title").unwrap();
-                let pk = TypedValue::from_scalar(Scalar::Int64(2)).unwrap();
-                c.write(&LocalWrite {
-                    table_id: &docs.table_id,
-                    operation: Operation::Update,
-                    pk: &pk,
-                    columns: &[(
-                        title.field_id.clone(),
-                        TypedValue::from_scalar(Scalar::String("written live".into())).unwrap(),
-                    )],
-                })
-                .unwrap()
-            })
+            .with_client(|c| write_title(c, 2, "written live"))
             .await
             .unwrap();
-        until("the outcome", || {
-            let mutation = mutation.clone();
-            let live = live.clone();
-            async move {
-                live.with_client(move |c| {
-                    c.storage()
-                        .mutations()
-                        .unwrap()
-                        .iter()
-                        .any(|m| m.mutation_id == mutation && m.state == MutationState::Applied)
-                })
-                .await
-                .unwrap()
-            }
-        })
-        .await;
+        until_applied(&live, &mutation).await;
         assert!(written.elapsed() < Duration::from_millis(SAFETY_POLL_MS / 4));
         assert_eq!(stack.source_title(2).await.as_deref(), Some("written live"));
         live.with_client(move |c| {
@@ -386,21 +392,7 @@ async fn a_write_while_a_rounds_request_is_in_flight_runs_at_once_and_is_pushed_
         })
         .await;
         let write = live.with_client(|c| {
-            let docs = c.manifest().unwrap().tables[0].clone();
-            let title = docs.fields.iter().find(|f| f.name == "title").unwrap();
-            let pk = TypedValue::from_scalar(Scalar::Int64(4)).unwrap();
-            let id = c
-                .write(&LocalWrite {
-                    table_id: &docs.table_id,
-                    operation: Operation::Update,
-                    pk: &pk,
-                    columns: &[(
-                        title.field_id.clone(),
-                        TypedValue::from_scalar(Scalar::String("written mid-round".into()))
-                            .unwrap(),
-                    )],
-                })
-                .unwrap();
+            let id = write_title(c, 4, "written mid-round");
             let local: String = c
                 .storage()
                 .connection()
@@ -420,22 +412,7 @@ async fn a_write_while_a_rounds_request_is_in_flight_runs_at_once_and_is_pushed_
         assert_eq!(stack.source_title(4).await.as_deref(), Some("seed 4"));
         closed.set(false);
         // The round ends; the write made during it makes another round, which pushes it.
-        until("the outcome", || {
-            let mutation = mutation.clone();
-            let live = live.clone();
-            async move {
-                live.with_client(move |c| {
-                    c.storage()
-                        .mutations()
-                        .unwrap()
-                        .iter()
-                        .any(|m| m.mutation_id == mutation && m.state == MutationState::Applied)
-                })
-                .await
-                .unwrap()
-            }
-        })
-        .await;
+        until_applied(&live, &mutation).await;
         assert_eq!(
             stack.source_title(4).await.as_deref(),
             Some("written mid-round")
