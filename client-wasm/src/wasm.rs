@@ -438,6 +438,13 @@ impl SynchroClient {
         mutations(&self.inner)
     }
 
+    /// Clears every resolved mutation (with its outcome) from the queue; returns them (as
+    /// `mutations()` gave them just before). Pending ones stay.
+    #[wasm_bindgen(js_name = clearResolved)]
+    pub fn clear_resolved(&mut self) -> Result<Array, JsValue> {
+        clear_resolved(&mut self.inner)
+    }
+
     /// After an application upgrade, while `state()` is `upgrade_required`: the next
     /// `sync()` connects with `schema_reset`, installs the current schema and rebuilds,
     /// keeping local-only tables and every queued mutation.
@@ -677,6 +684,23 @@ fn write(
         None => client.write(&w),
     }
     .map_err(client_error)
+}
+
+/// The resolved mutations, read (as `mutations` gives them) and cleared at one step, so a
+/// caller that reports state changes learns the last state of each one it clears.
+fn clear_resolved(client: &mut Client<FetchTransport>) -> Result<Array, JsValue> {
+    let resolved: Array = mutations(client)?
+        .iter()
+        .filter(|m| {
+            Reflect::get(m, &"state".into())
+                .ok()
+                .and_then(|s| s.as_string())
+                .is_some_and(|s| s != "pending")
+        })
+        .collect();
+    let n = client.clear_resolved().map_err(client_error)?;
+    debug_assert_eq!(n, resolved.length() as usize);
+    Ok(resolved)
 }
 
 /// Every queued mutation in local order with its state (`pending`, `applied`,

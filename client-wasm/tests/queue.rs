@@ -2,7 +2,8 @@
 //! Chromium on OPFS: a local write changes the visible row and appends its mutation in one
 //! transaction, with presence kept apart from null, the authored schema, the base version,
 //! the per-row client version and the local order; a refused write leaves neither; pull and
-//! rebuild never overwrite a row with unresolved intent while still verifying the scope.
+//! rebuild never overwrite a row with unresolved intent while still verifying the scope;
+//! clearing resolved intent keeps what is pending, and no counter is handed out twice.
 
 use synchro_testkit::fake_server as fake;
 use synchro_testkit::manifests as common;
@@ -434,4 +435,101 @@ async fn a_write_under_a_chosen_id_is_queued_at_most_once() {
     }
     assert_eq!(c.storage().mutations().unwrap().len(), 1);
     assert_eq!(title(&c, 4), None);
+}
+
+/// `(local_order, client_version)` of every queued mutation, in local order.
+fn counters(c: &Client<Fake>) -> Vec<(i64, i64)> {
+    c.storage()
+        .mutations()
+        .unwrap()
+        .iter()
+        .map(|m| (m.local_order, m.client_version))
+        .collect()
+}
+
+/// The batches `(completed, mutations in it)` the queue keeps.
+fn batches(c: &Client<Fake>) -> Vec<(i64, i64)> {
+    let conn = c.storage().connection();
+    let mut q = conn
+        .prepare(
+            r#"SELECT b."completed", (SELECT count(*) FROM "_synchro_mutations" m WHERE m."batch_id" = b."batch_id")
+                 FROM "_synchro_batches" b ORDER BY b."seq""#,
+        )
+        .unwrap();
+    let out = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    out
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+async fn clearing_resolved_intent_keeps_what_is_pending_and_never_reuses_a_counter() {
+    let (server, mut c) = synced().await;
+    let update = |c: &mut Client<Fake>, id: i64, t: &str| {
+        c.write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation: Operation::Update,
+            pk: &key(id),
+            columns: &[("f2".into(), text(Some(t)))],
+        })
+        .unwrap()
+    };
+    assert_eq!(c.clear_resolved().unwrap(), 0, "nothing to clear");
+    let resolved = [
+        update(&mut c, 1, "a"),
+        update(&mut c, 1, "b"),
+        update(&mut c, 2, "c"),
+    ];
+    assert_eq!(c.push().await.unwrap(), 3);
+    let pending = update(&mut c, 1, "d");
+    assert_eq!(counters(&c), [(1, 1), (2, 2), (3, 1), (4, 3)]);
+
+    assert_eq!(c.clear_resolved().unwrap(), 3);
+    let m = c.storage().mutations().unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!(
+        (m[0].mutation_id.as_str(), m[0].state),
+        (pending.as_str(), MutationState::Pending)
+    );
+    for id in &resolved {
+        assert_eq!(
+            c.storage().outcome(id).unwrap(),
+            None,
+            "its outcome went too"
+        );
+    }
+    assert_eq!(
+        batches(&c),
+        [(0, 1)],
+        "only the open batch, with the pending write"
+    );
+    assert_eq!(
+        title(&c, 1),
+        Some(Some("d".into())),
+        "the visible rows are untouched"
+    );
+    assert_eq!(title(&c, 2), Some(Some("c".into())));
+
+    // Counters go on from where they were, also across a restart.
+    let mut c = Client::open(c.into_storage(), server, || [7; 16]).unwrap();
+    update(&mut c, 1, "e");
+    update(&mut c, 2, "f");
+    assert_eq!(counters(&c), [(4, 3), (5, 4), (6, 2)]);
+    c.sync_once().await.unwrap();
+    assert_eq!(
+        c.clear_resolved().unwrap(),
+        3,
+        "the three were pushed and applied"
+    );
+    assert!(c.storage().mutations().unwrap().is_empty());
+    assert!(
+        batches(&c)
+            .iter()
+            .all(|&(completed, n)| completed == 0 && n == 0),
+        "no completed batch is kept: {:?}",
+        batches(&c)
+    );
 }

@@ -91,6 +91,8 @@ export interface SynchroClient {
   mutations(): Promise<Mutation[]>;
   /** Settles once the mutation is final; rejects with `unknown_mutation` for an ID the queue does not hold. */
   outcome(mutationId: string): Promise<Mutation>;
+  /** Clears every resolved mutation (and its outcome) from the local queue; resolves to how many. Pending ones stay. */
+  clearResolved(): Promise<number>;
   onMutation(callback: (m: Mutation) => void): () => void;
   onConflict(callback: (m: Mutation) => void): () => void;
   onRejected(callback: (m: Mutation) => void): () => void;

@@ -230,6 +230,15 @@ class SynchroClient {
     return done;
   }
 
+  /**
+   * Clears every resolved mutation (applied, conflict, rejected_terminal) and its outcome from
+   * the local queue; resolves to how many. Pending writes stay. The queue keeps resolved ones
+   * for inspection until this is called.
+   */
+  clearResolved() {
+    return this._call("clearResolved", []);
+  }
+
   /** Asks for a sync round now (also done when the browser comes back online). */
   syncNow() {
     return this._call("syncNow", []);

@@ -185,6 +185,17 @@ const methods = {
   async mutations() {
     return live ? live.mutations() : ready().mutations();
   },
+  async clearResolved() {
+    const cleared = live ? await live.clearResolved() : ready().clearResolved();
+    // Each cleared mutation's last state is reported if it was not yet (one resolved by the
+    // round in flight), then forgotten.
+    for (const m of cleared) {
+      if (states.get(m.mutationId) !== m.state) post({ event: "mutation", mutation: m });
+      states.delete(m.mutationId);
+    }
+    publish({ pendingWrites: [...states.values()].filter((s) => s === "pending").length });
+    return cleared.length;
+  },
   async syncNow() {
     if (live) live.syncNow();
   },

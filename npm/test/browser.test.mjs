@@ -218,3 +218,30 @@ test("a conflict and a rejection put the server's row back, and the live query s
   assert.ok(events.some(([id, s]) => id === stale && s === "conflict"), "onMutation heard the conflict");
   assert.deepEqual(await stack.rows(`SELECT title FROM app.tasks WHERE id IN ('t004', 't005') ORDER BY id`), [{ title: "theirs" }, { title: "seed 5" }]);
 });
+
+test("clearResolved empties the queue of what is resolved, keeps a pending write, and the session goes on", async () => {
+  const before = await a.evaluate(() => window.client.mutations());
+  const resolvedIds = before.filter((m) => m.state !== "pending").map((m) => m.mutationId);
+  assert.ok(resolvedIds.length > 5, `resolved writes to clear (${resolvedIds.length})`);
+  // One write still pending: made offline.
+  await context.setOffline(true);
+  await until("offline", async () => {
+    await a.evaluate(() => window.client.syncNow());
+    return a.evaluate(() => window.client.status.offline);
+  });
+  const pending = await a.evaluate(() => window.client.update("tasks", "t006", { title: "kept through clearing" }));
+  const cleared = await a.evaluate(() => window.client.clearResolved());
+  assert.equal(cleared, resolvedIds.length);
+  const after = await a.evaluate(() => window.client.mutations());
+  assert.deepEqual(after.map((m) => [m.mutationId, m.state]), [[pending, "pending"]]);
+  assert.equal(await a.evaluate(() => window.client.status.pendingWrites), 1);
+  const gone = await a.evaluate((id) => window.client.outcome(id).then(() => "resolved", (e) => e.code), resolvedIds[0]);
+  assert.equal(gone, "unknown_mutation", "a cleared mutation is gone");
+  // Back online: the pending write is pushed and heard as usual.
+  await context.setOffline(false);
+  assert.equal((await a.evaluate((id) => window.client.outcome(id), pending)).state, "applied");
+  assert.deepEqual(await stack.rows(`SELECT title FROM app.tasks WHERE id = 't006'`), [{ title: "kept through clearing" }]);
+  await until("no pending writes", () => a.evaluate(() => window.client.status.pendingWrites === 0));
+  assert.equal(await a.evaluate(() => window.client.clearResolved()), 1);
+  assert.deepEqual(await a.evaluate(() => window.client.mutations()), []);
+});

@@ -425,6 +425,17 @@ impl<T: Transport> Client<T> {
         self.write_local(&manifest, write, (mutation_id.to_owned(), batch))
     }
 
+    /// Clears resolved intent from the queue: every mutation that has its outcome (applied,
+    /// conflict, rejected_terminal) and that outcome, in one transaction; returns how many
+    /// were cleared. The queue keeps an outcome and its mutation for inspection until the
+    /// application clears them (spec 003); this is that explicit policy, for an application
+    /// that has read what it needs. Unresolved intent is never touched. A cleared ID is
+    /// forgotten: [`Client::write_once`] under it queues the write again (and the server
+    /// answers it with the outcome it stored, without applying it twice).
+    pub fn clear_resolved(&mut self) -> Result<usize, ClientError> {
+        Ok(self.storage.clear_resolved()?)
+    }
+
     fn write_local(
         &mut self,
         manifest: &Manifest,

@@ -6,7 +6,8 @@
 //! and randomness), table_id, typed primary key, operation, base_version (the server version
 //! the intent was made against), client_version (a per-row local counter), the ordered
 //! `(field_id, value)` columns the application gave (an absent field is absent, a null is
-//! present), the authored schema reference and its local order. Mutations collect in the
+//! present), the authored schema reference and its local order (a counter of the client).
+//! Both counters are kept apart from the queue and never go back. Mutations collect in the
 //! open batch; sealing fixes a batch's request content for ever. Before sealing, only the
 //! server-owned base_version of a mutation may be refreshed (when a predecessor for the same
 //! row is accepted); nothing changes after.
@@ -266,9 +267,19 @@ impl Storage {
                 Operation::Delete => delete_row(tx, table, pk)?,
             }
             // The intent.
+            // The counters live apart from the queue, which may be cleared of resolved
+            // mutations: neither number is ever handed out twice.
             let client_version: i64 = tx.query_row(
-                r#"SELECT count(*) + 1 FROM "_synchro_mutations" WHERE "table_id" = ? AND "pk" = ?"#,
+                r#"INSERT INTO "_synchro_row_counters" VALUES (?, ?, 1)
+                   ON CONFLICT ("table_id", "pk") DO UPDATE SET "client_version" = "client_version" + 1
+                   RETURNING "client_version""#,
                 params![table_id, pk_text],
+                |r| r.get(0),
+            )?;
+            let local_order: i64 = tx.query_row(
+                r#"UPDATE "_synchro_client" SET "last_local_order" = "last_local_order" + 1 WHERE "id" = 1
+                   RETURNING "last_local_order""#,
+                [],
                 |r| r.get(0),
             )?;
             let batch_id = match open_batch(tx)? {
@@ -282,10 +293,11 @@ impl Storage {
                 tx,
                 r#"INSERT INTO "_synchro_mutations" ("mutation_id", "batch_id", "local_order", "table_id", "pk", "operation",
                        "base_version", "client_version", "columns", "authored_version", "authored_hash")
-                   VALUES (?, ?, (SELECT coalesce(max("local_order"), 0) + 1 FROM "_synchro_mutations"), ?, ?, ?, ?, ?, ?, ?, ?)"#,
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"#,
                 params![
                     mutation_id,
                     batch_id,
+                    local_order,
                     table_id,
                     pk_text,
                     operation.as_str(),
@@ -544,6 +556,36 @@ impl Storage {
                 |r| r.get(0),
             )
             .optional()?)
+    }
+}
+
+impl Storage {
+    /// Clears resolved intent from the queue, in one transaction: every mutation with its
+    /// outcome (applied, conflict, rejected_terminal), that outcome, and every completed batch
+    /// left without mutations. Unresolved intent, sealed or not, is never touched, nor are the
+    /// counters (a later write never reuses a local order or a row's client_version).
+    /// Returns how many mutations were cleared.
+    pub(crate) fn clear_resolved(&mut self) -> Result<usize, StorageError> {
+        self.with_tx(|tx| {
+            run(
+                tx,
+                r#"DELETE FROM "_synchro_outcomes" WHERE "mutation_id" IN
+                     (SELECT "mutation_id" FROM "_synchro_mutations" WHERE "state" <> ?)"#,
+                [MutationState::Pending],
+            )?;
+            let cleared = run(
+                tx,
+                r#"DELETE FROM "_synchro_mutations" WHERE "state" <> ?"#,
+                [MutationState::Pending],
+            )?;
+            run(
+                tx,
+                r#"DELETE FROM "_synchro_batches" WHERE "completed" = 1 AND NOT EXISTS
+                     (SELECT 1 FROM "_synchro_mutations" m WHERE m."batch_id" = "_synchro_batches"."batch_id")"#,
+                [],
+            )?;
+            Ok(cleared)
+        })
     }
 }
 

@@ -6,7 +6,8 @@
 //!
 //! [`V1`] is the layout (client identity, journal, scopes, server rows, staged rebuild rows,
 //! the queue, outcomes, shadows), each later version a rung of `UPGRADES` (2: the client
-//! version a server refused), and the one row of `_synchro_meta` records the version.
+//! version a server refused; 3: the queue's counters), and the one row of `_synchro_meta`
+//! records the version.
 //! [`ensure`] brings a database to [`METADATA_VERSION`] inside the caller's transaction, so
 //! the layout and whatever needs it commit together or not at all:
 //!
@@ -117,6 +118,16 @@ const UPGRADES: &[&[&str]] = &[
     // 1 -> 2: the client version a server refused with HTTP 426 (NULL: none), so that the
     // refusal survives restarts and only an upgraded version connects again.
     &[r#"ALTER TABLE "_synchro_client" ADD COLUMN "refused_client_version" TEXT"#],
+    // 2 -> 3: the queue's counters, kept apart from the mutations so that clearing resolved
+    // ones (`Storage::clear_resolved`) never hands out a local order or a row's
+    // client_version again: the last local order, and each written row's last
+    // client_version, both seeded from the queue as it is.
+    &[
+        r#"ALTER TABLE "_synchro_client" ADD COLUMN "last_local_order" INTEGER NOT NULL DEFAULT 0"#,
+        r#"UPDATE "_synchro_client" SET "last_local_order" = (SELECT coalesce(max("local_order"), 0) FROM "_synchro_mutations")"#,
+        r#"CREATE TABLE "_synchro_row_counters" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "client_version" INTEGER NOT NULL, PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
+        r#"INSERT INTO "_synchro_row_counters" SELECT "table_id", "pk", max("client_version") FROM "_synchro_mutations" GROUP BY "table_id", "pk""#,
+    ],
 ];
 
 /// Brings the metadata layout to [`METADATA_VERSION`] (see the module docs); run inside

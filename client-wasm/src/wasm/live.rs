@@ -16,8 +16,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use super::{
-    client_error, js_error, mutations, query, read_tables, schema, set, write, FetchTransport,
-    SynchroClient,
+    clear_resolved, client_error, js_error, mutations, query, read_tables, schema, set, write,
+    FetchTransport, SynchroClient,
 };
 use crate::engine::{LiveConfig, LiveEnd, LiveHandle, LiveStatus};
 
@@ -192,6 +192,16 @@ impl LiveSession {
     /// `SynchroClient.schema`, run as soon as the session waits.
     pub fn schema(&self) -> Promise {
         let job = self.handle.with_client(|c| Ok(schema(c)));
+        future_to_promise(async move { job.await.map_err(not_running)? })
+    }
+
+    /// `SynchroClient.clearResolved`, run as soon as the session waits (a batch in flight
+    /// is pending: it stays).
+    #[wasm_bindgen(js_name = clearResolved)]
+    pub fn clear_resolved(&self) -> Promise {
+        let job = self
+            .handle
+            .with_client(|c| clear_resolved(c).map(JsValue::from));
         future_to_promise(async move { job.await.map_err(not_running)? })
     }
 
