@@ -170,7 +170,7 @@ async fn main() -> Result<()> {
 
     // The HTTP API in this process.
     let state = Arc::new(AppState {
-        db: connect_db(&url("synchro_dev_adapter")).await?,
+        db: connect_db(&url("synchro_dev_adapter")).await?.into(),
         snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             connect_db(&url("synchro_dev_adapter")).await?,
         ]),

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::api::{router, AppState, Config};
+use crate::api::{router, AppState, Config, ConnectionPool, SharedConnection};
 use crate::auth::{mint, Authenticator};
 use crate::registry::{register, RegisterRequest, RegistrationError};
 use crate::{connect_db, dev, install, pg_harness, publish};
@@ -618,21 +618,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     for _ in 0..4 {
                         pool.push(connect_db(url).await?);
                     }
-                    Some(pool)
+                    Some(ConnectionPool::reconnecting(url, pool))
                 }
                 None => None,
             };
             if let Some(url) = worker_url.filter(|_| !no_capture) {
                 tokio::spawn(capture_loop(url));
             }
-            let db = connect_db(&database_url).await?;
+            // Every connection is replaced when found closed (PostgreSQL restarted, the
+            // session was terminated): the server needs no restart after the database's.
+            let db = SharedConnection::new(&database_url, connect_db(&database_url).await?);
             // Pull and rebuild snapshots run on their own connections, concurrently.
             let mut snapshot_db = Vec::new();
             for _ in 0..4 {
                 snapshot_db.push(connect_db(&database_url).await?);
             }
+            let snapshot_db = ConnectionPool::reconnecting(&database_url, snapshot_db);
             let assignment_db = match assignment_url {
-                Some(url) => Some(connect_db(&url).await?),
+                Some(url) => Some(SharedConnection::new(&url, connect_db(&url).await?)),
                 None => None,
             };
             let config = limits.apply(Config {
@@ -755,10 +758,10 @@ async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
 }
 
 type Connections = (
-    tokio_postgres::Client,
-    Vec<tokio_postgres::Client>,
-    Option<tokio_postgres::Client>,
-    Option<Vec<tokio_postgres::Client>>,
+    SharedConnection,
+    ConnectionPool,
+    Option<SharedConnection>,
+    Option<ConnectionPool>,
 );
 
 async fn serve(
@@ -775,13 +778,13 @@ async fn serve(
     )?;
     let state = Arc::new(AppState {
         db,
-        snapshot_db: crate::api::SnapshotPool::new(snapshot_db),
+        snapshot_db,
         cursor_keys,
         assignment_db,
         auth,
         config,
         events,
-        membership_db: membership_db.map(crate::api::ConnectionPool::new),
+        membership_db,
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
     let config = state.config.clone();
@@ -832,8 +835,13 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
     dev::register_demo(&operator).await?;
     dev::create_board(&admin, &operator).await?;
     publish::publish(&mut operator).await?;
-    let adapter = connect_db(&url_for("synchro_dev_adapter")).await?;
-    let assignment = connect_db(&url_for("synchro_dev_operator")).await?;
+    let (adapter_url, worker_url) = (
+        url_for("synchro_dev_adapter"),
+        url_for("synchro_dev_worker"),
+    );
+    let adapter = SharedConnection::new(&adapter_url, connect_db(&adapter_url).await?);
+    let operator_url = url_for("synchro_dev_operator");
+    let assignment = SharedConnection::new(&operator_url, connect_db(&operator_url).await?);
     tokio::spawn(capture_loop(url_for("synchro_dev_worker")));
     let listener = bind(listen).await?;
     let secret = "synchro-dev-secret-not-for-production";
@@ -847,18 +855,19 @@ async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()>
     );
     println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
     let snapshot = vec![
-        connect_db(&url_for("synchro_dev_adapter")).await?,
-        connect_db(&url_for("synchro_dev_adapter")).await?,
+        connect_db(&adapter_url).await?,
+        connect_db(&adapter_url).await?,
+    ];
+    let membership = vec![
+        connect_db(&worker_url).await?,
+        connect_db(&worker_url).await?,
     ];
     serve(
         (
             adapter,
-            snapshot,
+            ConnectionPool::reconnecting(&adapter_url, snapshot),
             Some(assignment),
-            Some(vec![
-                connect_db(&url_for("synchro_dev_worker")).await?,
-                connect_db(&url_for("synchro_dev_worker")).await?,
-            ]),
+            Some(ConnectionPool::reconnecting(&worker_url, membership)),
         ),
         crate::api::events::Notifier::listen(url_for("synchro_dev_adapter")),
         Authenticator::hs256(secret.as_bytes())?,

@@ -200,6 +200,27 @@ impl TempCluster {
         self.url("postgres", "postgres")
     }
 
+    /// Restarts the cluster with the same settings (a fast shutdown ends every session, as
+    /// a database restart under running clients does).
+    pub fn restart(&self) -> Result<()> {
+        let log = self.dir.join("server.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                &log.to_string_lossy(),
+                "restart",
+                "-D",
+            ],
+            Some(&self.data_dir()),
+        )
+    }
+
     /// Stops the cluster and deletes its directory.
     pub fn stop(&mut self) -> Result<()> {
         if !self.stopped {

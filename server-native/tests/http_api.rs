@@ -60,12 +60,12 @@ async fn start(config: Config) -> Server {
         .await
         .unwrap();
     let state = Arc::new(AppState {
-        db: env.login("synchro_dev_adapter").await,
+        db: env.login("synchro_dev_adapter").await.into(),
         snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             env.login("synchro_dev_adapter").await,
         ]),
         cursor_keys: synchro_protocol::token::Keyring::new("k1", &[9; 32]).unwrap(),
-        assignment_db: Some(env.login("synchro_dev_operator").await),
+        assignment_db: Some(env.login("synchro_dev_operator").await.into()),
         auth: Authenticator::hs256(SECRET).unwrap(),
         config,
         events: Default::default(),
@@ -530,7 +530,8 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
     let state = Arc::new(AppState {
         db: synchro_server::connect_db(&env.cluster.url("synchro_dev_adapter", "bare"))
             .await
-            .unwrap(),
+            .unwrap()
+            .into(),
         snapshot_db: synchro_server::api::SnapshotPool::new(vec![synchro_server::connect_db(
             &env.cluster.url("synchro_dev_adapter", "bare"),
         )

@@ -57,7 +57,7 @@ async fn stack() -> Stack {
     // Bootstrap the (empty) relation so every later write is captured as its own change.
     while worker.step(Failpoint::None).await.unwrap() != StepOutcome::Applied(0) {}
     let state = Arc::new(AppState {
-        db: env.login("synchro_dev_adapter").await,
+        db: env.login("synchro_dev_adapter").await.into(),
         snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             env.login("synchro_dev_adapter").await,
         ]),
@@ -1096,17 +1096,12 @@ async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy()
         env.login("synchro_dev_adapter").await,
         env.login("synchro_dev_adapter").await,
     ]);
-    let a = pool.lock().await;
+    let a = pool.lock().await.unwrap();
     let b = tokio::time::timeout(std::time::Duration::from_secs(5), pool.lock())
         .await
-        .expect("the second connection is free");
+        .expect("the second connection is free")
+        .unwrap();
     // Two snapshots at once on distinct sessions.
-    async fn pid(c: &tokio_postgres::Client) -> i32 {
-        c.query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .unwrap()
-            .get(0)
-    }
     let a_pid = pid(&a).await;
     assert_ne!(a_pid, pid(&b).await);
     // Both busy: a third waits until one is released.
@@ -1115,12 +1110,77 @@ async fn snapshot_pool_hands_out_free_connections_and_queues_when_all_are_busy()
     drop(a);
     let again = tokio::time::timeout(std::time::Duration::from_secs(5), pool.lock())
         .await
-        .expect("a released connection is handed out again");
+        .expect("a released connection is handed out again")
+        .unwrap();
     assert_eq!(
         pid(&again).await,
         a_pid,
         "the released connection, not the busy one"
     );
+}
+
+async fn pid(c: &tokio_postgres::Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_terminated_session_is_replaced_when_its_connection_is_next_used() {
+    let env = Env::installed().await;
+    let url = env.cluster.url("synchro_dev_adapter", "app");
+    let connect = || async { synchro_server::connect_db(&url).await.unwrap() };
+    let pool = synchro_server::api::ConnectionPool::reconnecting(&url, vec![connect().await]);
+    let shared = synchro_server::api::SharedConnection::new(&url, connect().await);
+    let before = [
+        pid(&pool.lock().await.unwrap()).await,
+        pid(&shared.get().await.unwrap()).await,
+    ];
+    // Both sessions end under the server, as in a database restart.
+    env.admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) pid",
+            &[&before.to_vec()],
+        )
+        .await
+        .unwrap();
+    // A request that meets the connection before its end is seen gets an error (503); the
+    // next use connects again: a new session that works.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut failed = 0;
+    let after = loop {
+        let from_pool = match pool.lock().await {
+            Ok(c) => c.query_one("SELECT pg_backend_pid()", &[]).await.ok(),
+            Err(_) => None,
+        };
+        let from_shared = match shared.get().await {
+            Ok(c) => c.query_one("SELECT pg_backend_pid()", &[]).await.ok(),
+            Err(_) => None,
+        };
+        if let (Some(a), Some(b)) = (from_pool, from_shared) {
+            break [a.get::<_, i32>(0), b.get::<_, i32>(0)];
+        }
+        failed += 1;
+        assert!(std::time::Instant::now() < deadline, "never replaced");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        failed <= 1,
+        "one use at most met the closed connection ({failed})"
+    );
+    assert_ne!(after[0], before[0]);
+    assert_ne!(after[1], before[1]);
+    // A pool built without a URL keeps what it has (tests that build the state by hand).
+    let fixed = synchro_server::api::ConnectionPool::new(vec![connect().await]);
+    let p = pid(&fixed.lock().await.unwrap()).await;
+    env.admin
+        .execute("SELECT pg_terminate_backend($1)", &[&p])
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let kept = fixed.lock().await.unwrap();
+    assert!(kept.is_closed(), "not replaced");
 }
 
 #[tokio::test]

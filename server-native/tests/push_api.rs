@@ -1078,7 +1078,7 @@ async fn an_exhausted_pool_is_a_typed_503_never_a_hang() {
         std::time::Duration::from_millis(25),
     ));
     let state = Arc::new(AppState {
-        db: env.login("synchro_dev_adapter").await,
+        db: env.login("synchro_dev_adapter").await.into(),
         snapshot_db: ConnectionPool::new(vec![env.login("synchro_dev_adapter").await]),
         assignment_db: None,
         auth: synchro_server::auth::Authenticator::hs256(SECRET.as_bytes()).unwrap(),

@@ -3,7 +3,8 @@
 //! safety poll; the server restarted under an open stream, the session reconnects the
 //! stream (no fresh connect) and catches up; a local write while live is pushed and its
 //! outcome recorded, also when it is made while a round's request is in flight (it waits for
-//! no round); a 503 from the server backs off (seen through the status callback) and
+//! no round); PostgreSQL restarted under the running server, the session goes on; a 503
+//! from the server backs off (seen through the status callback) and
 //! recovers; a replaced client generation makes the session connect again.
 
 mod common;
@@ -422,6 +423,48 @@ async fn a_write_while_a_rounds_request_is_in_flight_runs_at_once_and_is_pushed_
     let (ended, ()) = tokio::join!(session, driver);
     assert_eq!(ended.unwrap(), LiveEnd::Stopped);
     assert_eq!(connects(&statuses), 1);
+}
+
+#[tokio::test]
+async fn after_postgresql_restarts_under_the_server_the_session_goes_on_without_a_server_restart() {
+    let stack = Stack::start().await;
+    let mut client = stack.client();
+    let live = Live::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        // Every session of the server ends: its shared connection, its pools, the capture
+        // worker's stream and the events listener.
+        stack.env.cluster.restart().unwrap();
+        let admin = stack.env.login("postgres").await;
+        admin
+            .batch_execute("UPDATE app.docs SET title = 'after the restart' WHERE id = 6")
+            .await
+            .unwrap();
+        // Captured, announced and pulled by the same server process.
+        until("the change made after the restart", || {
+            let live = live.clone();
+            async move { local_title(&live, 6).await.as_deref() == Some("after the restart") }
+        })
+        .await;
+        // And a write goes the other way.
+        let mutation = live
+            .with_client(|c| write_title(c, 8, "written after the restart"))
+            .await
+            .unwrap();
+        until_applied(&live, &mutation).await;
+        let title: Option<String> = admin
+            .query_one("SELECT title FROM app.docs WHERE id = 8", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(title.as_deref(), Some("written after the restart"));
+        live.stop();
+    };
+    let (ended, ()) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
 }
 
 #[tokio::test]

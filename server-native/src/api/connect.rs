@@ -42,7 +42,8 @@ pub(crate) async fn connect(
     let presented: BTreeSet<String> = opened.keys().cloned().collect();
     let schema = &req.schema;
 
-    let db = &state.db;
+    let db = state.db.get().await?;
+    let db = &*db;
     let stored = db
         .query_opt(
             "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
@@ -247,7 +248,8 @@ async fn cursor_bindings(
         Ok(PresentedSchema::Exact(r)) => Some(r.hash),
         _ => None,
     };
-    let db = &state.db;
+    let db = state.db.get().await?;
+    let db = &*db;
     let stream_generation: i64 = db
         .query_one(
             "SELECT stream_generation FROM synchro.synchro_stream_state()",
@@ -315,6 +317,8 @@ async fn hold(
     };
     state
         .db
+        .get()
+        .await?
         .execute(
             "SELECT synchro.synchro_client_hold($1, $2, $3, $4)",
             &[&user_id, &client_id, &kind, &version],

@@ -287,8 +287,10 @@ async fn dispatch(
             after = None; // nothing to serve; start afresh with the next stream
             continue;
         }
-        let Ok(row) = state
-            .db
+        let Ok(db) = state.db.get().await else {
+            continue; // the database is unavailable: streams fall back to their own ticks
+        };
+        let Ok(row) = db
             .query_one(
                 "SELECT watermark, scopes FROM synchro.synchro_changed_scopes_since($1)",
                 &[&after.unwrap_or(i64::MAX)],
@@ -307,7 +309,8 @@ async fn dispatch(
 
 /// The served current manifest (`None` when there is none, or the database did not answer).
 async fn served_schema(state: &AppState) -> Option<SchemaRef> {
-    crate::publish::load_serving_lineage(&state.db)
+    let db = state.db.get().await.ok()?;
+    crate::publish::load_serving_lineage(&*db)
         .await
         .ok()
         .and_then(|l| l.current().map(|m| m.schema_ref()))
@@ -374,6 +377,8 @@ pub(crate) async fn events(
     if !first.current {
         let stored = state
             .db
+            .get()
+            .await?
             .query_opt(
                 "SELECT client_generation FROM synchro.synchro_client_state($1, $2)",
                 &[&user_id, &client_id],
@@ -523,6 +528,8 @@ async fn changed(
 ) -> Result<Changed, ApiError> {
     let r = state
         .db
+        .get()
+        .await?
         .query_one(
             "SELECT watermark, scopes, current_generation, assigned FROM synchro.synchro_changed_scopes($1, $2, $3, $4)",
             &[&user_id, &client_id, &generation, &after],

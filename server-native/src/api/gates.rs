@@ -28,7 +28,8 @@ pub(crate) async fn gates(
     client_generation: u64,
     schema: &Json,
 ) -> Result<Gates, ApiError> {
-    let db = &state.db;
+    let db = state.db.get().await?;
+    let db = &*db;
     // Every read of the gates goes out at once (one round trip); they are checked in order.
     let who: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user_id, &client_id];
     let (lineage, stored, blocked, stream) = futures_util::join!(
@@ -82,10 +83,9 @@ pub(crate) async fn assigned_scopes(
 ) -> Result<BTreeSet<String>, ApiError> {
     // Both reads go out together (one round trip).
     let user: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&user_id];
+    let db = state.db.get().await?;
     let (assigned, by_function) = futures_util::join!(
-        state
-            .db
-            .query_one("SELECT synchro.synchro_assigned_scopes($1)", &user),
+        db.query_one("SELECT synchro.synchro_assigned_scopes($1)", &user),
         assigned_by_function(state, user_id)
     );
     let assigned: Vec<String> = assigned?.get(0);
@@ -99,6 +99,8 @@ pub(crate) async fn assigned_scopes(
 async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<String>, ApiError> {
     let Some(check) = state
         .db
+        .get()
+        .await?
         .query_opt(
             "SELECT function_schema::text, function_name::text, max_scopes, intact
                FROM synchro.synchro_assignment_function_check()",
@@ -126,7 +128,11 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
         crate::install::quote_ident(&schema),
         crate::install::quote_ident(&name)
     );
-    let rows = owner_db.query(&sql, &[&user_id]).await.map_err(|_| {
+    let owner_db = owner_db.get().await?;
+    let rows = owner_db.query(&sql, &[&user_id]).await.map_err(|e| {
+        if e.is_closed() {
+            return ApiError::from(e); // retryable: the next request connects again
+        }
         tracing::error!("assignment function evaluation failed");
         ApiError::integrity()
     })?;

@@ -42,7 +42,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::wire::Message;
 
 pub use error::ApiError;
-pub use state::{AppState, Config, ConnectionPool, Pooled, SnapshotPool};
+pub use state::{AppState, Config, ConnectionPool, Pooled, SharedConnection, SnapshotPool};
 
 pub(crate) use gates::{assigned_scopes, gates, Gates};
 pub(crate) use preamble::has_nul;

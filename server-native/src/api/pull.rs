@@ -50,7 +50,8 @@ pub(crate) async fn pull(
     user_id: &str,
     req: PullRequest,
 ) -> Result<PullResponse, ApiError> {
-    let db = &state.db;
+    let db = state.db.get().await?;
+    let db = &*db;
     // The assignment is read alongside the gates (both only read); it is used only once
     // the gates and every presented cursor passed.
     let (gated, assigned) = futures_util::join!(
@@ -130,7 +131,7 @@ pub(crate) async fn pull(
     rebuild.retain(|s| assigned.contains(s));
 
     // One read-only REPEATABLE READ snapshot for retention, effects, rows and digests.
-    let mut snapshot_db = state.snapshot_db.lock().await;
+    let mut snapshot_db = state.snapshot_db.lock().await?;
     let snap = snapshot_db
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)

@@ -100,7 +100,8 @@ pub(crate) async fn push(
     // connection); the answers are taken in the order above. Mutation IDs executed in an
     // earlier batch get their stored outcomes again: read here, outside the batch's
     // transaction, which under READ COMMITTED sees exactly what a read inside it would.
-    let db = &state.db;
+    let db = state.db.get().await?;
+    let db = &*db;
     let who: [(&(dyn ToSql + Sync), Type); 3] = [
         (&user_id, Type::TEXT),
         (&r.client_id, Type::TEXT),
@@ -152,8 +153,12 @@ pub(crate) async fn push(
 
     let busy = || ApiError::overloaded("push_busy", state.config.retry_after_seconds);
     let wait = state.config.push_pool_wait;
-    let mut conn = state.snapshot_db.lock_within(wait).await.ok_or_else(busy)?;
-    let mut membership = membership.lock_within(wait).await.ok_or_else(busy)?;
+    let mut conn = state
+        .snapshot_db
+        .lock_within(wait)
+        .await?
+        .ok_or_else(busy)?;
+    let mut membership = membership.lock_within(wait).await?.ok_or_else(busy)?;
     let tx = conn.transaction().await?;
     let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(r.mutations.len());
     let mut writes = Vec::new();

@@ -12,14 +12,15 @@ use synchro_protocol::json::Json;
 use super::{json_response, AppState};
 
 pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    let ok = matches!(
-        state
-            .db
-            .query_one("SELECT synchro.synchro_readiness()", &[])
-            .await
-            .map(|r| r.get::<_, bool>(0)),
-        Ok(true)
-    );
+    let ok = match state.db.get().await {
+        Ok(db) => matches!(
+            db.query_one("SELECT synchro.synchro_readiness()", &[])
+                .await
+                .map(|r| r.get::<_, bool>(0)),
+            Ok(true)
+        ),
+        Err(_) => false,
+    };
     let (status, text) = if ok {
         (StatusCode::OK, "ready")
     } else {

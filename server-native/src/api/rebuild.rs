@@ -53,7 +53,8 @@ pub(crate) async fn rebuild(
         .current()
         .expect("gates checked the current manifest");
     let schema_hash = current.schema_hash_hex();
-    let db = &state.db;
+    let db = state.db.get().await?;
+    let db = &*db;
     // The scope's own membership and retention generations bind the session and its cursor.
     let scope_generations = db
         .query_one(
@@ -227,7 +228,7 @@ async fn start_session(
     stream: &synchro_protocol::token::ScopeStreamState,
     manifest: &synchro_protocol::manifest::Manifest,
 ) -> Result<String, ApiError> {
-    let mut snapshot_db = state.snapshot_db.lock().await;
+    let mut snapshot_db = state.snapshot_db.lock().await?;
     let snap = snapshot_db
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -254,6 +255,8 @@ async fn start_session(
         i32::try_from(state.config.max_rebuild_sessions_per_client).unwrap_or(i32::MAX);
     let id: Option<String> = state
         .db
+        .get()
+        .await?
         .query_one(
             "SELECT synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             &[

@@ -1,7 +1,10 @@
 //! What every handler shares: the settings, the database connections and the keys.
 
+use std::sync::Arc;
+
 use tokio_postgres::Client;
 
+use super::ApiError;
 use crate::auth::Authenticator;
 use synchro_protocol::token::Keyring;
 
@@ -54,11 +57,11 @@ impl Default for Config {
 /// Shared state of the HTTP handlers.
 pub struct AppState {
     /// Adapter connection (member of synchro_adapter only).
-    pub db: Client,
+    pub db: SharedConnection,
     /// Connection as the owner of the registered assignment function, which evaluates it
     /// with its owner's privileges and never synchro_owner's (spec 003). Without one, a
     /// registered function makes connect fail closed.
-    pub assignment_db: Option<Client>,
+    pub assignment_db: Option<SharedConnection>,
     /// Adapter connections for pull's and rebuild's read-only REPEATABLE READ snapshots
     /// (a transaction needs exclusive use of its connection).
     pub snapshot_db: SnapshotPool,
@@ -76,9 +79,80 @@ pub struct AppState {
     pub membership_db: Option<ConnectionPool>,
 }
 
+/// How long a broken connection's replacement may take to connect before the request is
+/// answered 503 (PostgreSQL down or restarting).
+const RECONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A new connection to `url` for one that was found closed; `None` (logged, without the URL)
+/// when PostgreSQL cannot be reached now.
+async fn reconnect(url: &str) -> Option<Client> {
+    match tokio::time::timeout(RECONNECT_TIMEOUT, crate::connect_db(url)).await {
+        Ok(Ok(c)) => {
+            tracing::warn!("database connection replaced (the previous one was closed)");
+            Some(c)
+        }
+        Ok(Err(_)) | Err(_) => {
+            tracing::warn!("database connection closed and connecting again failed");
+            None
+        }
+    }
+}
+
+/// One connection shared by concurrent requests, replaced when found closed (PostgreSQL
+/// restarted, the session was terminated, the network dropped it): the next request
+/// connects again, and requests meanwhile wait for that one connect. A request that meets
+/// the closed connection itself is answered 503 (retryable).
+pub struct SharedConnection {
+    /// Where to connect again; `None`: never replaced.
+    url: Option<String>,
+    current: std::sync::Mutex<Arc<Client>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl SharedConnection {
+    /// `client`, replaced by a new connection to `url` when found closed.
+    pub fn new(url: impl Into<String>, client: Client) -> SharedConnection {
+        SharedConnection {
+            url: Some(url.into()),
+            ..SharedConnection::from(client)
+        }
+    }
+
+    /// The connection, connected again first if it was found closed; 503 when PostgreSQL
+    /// cannot be reached.
+    pub async fn get(&self) -> Result<Arc<Client>, ApiError> {
+        let now = self.current.lock().expect("connection").clone();
+        let Some(url) = self.url.as_deref().filter(|_| now.is_closed()) else {
+            return Ok(now);
+        };
+        let _one = self.connecting.lock().await;
+        let now = self.current.lock().expect("connection").clone();
+        if !now.is_closed() {
+            return Ok(now); // replaced while this request waited
+        }
+        let fresh = Arc::new(reconnect(url).await.ok_or_else(ApiError::unavailable)?);
+        *self.current.lock().expect("connection") = fresh.clone();
+        Ok(fresh)
+    }
+}
+
+impl From<Client> for SharedConnection {
+    /// A connection that is never replaced (a state built by hand in tests).
+    fn from(client: Client) -> SharedConnection {
+        SharedConnection {
+            url: None,
+            current: std::sync::Mutex::new(Arc::new(client)),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
 /// A fixed set of connections handed out one transaction at a time: a free one at once,
-/// otherwise the first one released (waiters are served in arrival order).
+/// otherwise the first one released (waiters are served in arrival order). A connection
+/// found closed when it is handed out is replaced first (see [`SharedConnection`]).
 pub struct ConnectionPool {
+    /// Where to connect again; `None`: never replaced.
+    url: Option<String>,
     free: std::sync::Mutex<Vec<Client>>,
     permits: tokio::sync::Semaphore,
 }
@@ -94,43 +168,64 @@ pub struct Pooled<'a> {
 }
 
 impl ConnectionPool {
-    /// A pool of these connections (at least one).
+    /// A pool of these connections (at least one), never replaced.
     pub fn new(clients: Vec<Client>) -> ConnectionPool {
         assert!(!clients.is_empty(), "a connection pool needs a connection");
         ConnectionPool {
+            url: None,
             permits: tokio::sync::Semaphore::new(clients.len()),
             free: std::sync::Mutex::new(clients),
         }
     }
 
-    /// Exclusive use of one connection, waiting as long as it takes.
-    pub async fn lock(&self) -> Pooled<'_> {
+    /// A pool of these connections to `url`, each replaced when found closed.
+    pub fn reconnecting(url: impl Into<String>, clients: Vec<Client>) -> ConnectionPool {
+        ConnectionPool {
+            url: Some(url.into()),
+            ..ConnectionPool::new(clients)
+        }
+    }
+
+    /// Exclusive use of one connection, waiting as long as it takes for one to be free;
+    /// 503 when it was closed and PostgreSQL cannot be reached.
+    pub async fn lock(&self) -> Result<Pooled<'_>, ApiError> {
         let permit = self
             .permits
             .acquire()
             .await
             .expect("the pool is never closed");
-        self.take(permit)
+        self.take(permit).await
     }
 
-    /// Exclusive use of one connection if one is free within `wait`; `None` when every
+    /// Exclusive use of one connection if one is free within `wait`; `Ok(None)` when every
     /// connection stayed busy that long.
-    pub async fn lock_within(&self, wait: std::time::Duration) -> Option<Pooled<'_>> {
-        let permit = tokio::time::timeout(wait, self.permits.acquire())
-            .await
-            .ok()?
-            .expect("the pool is never closed");
-        Some(self.take(permit))
+    pub async fn lock_within(
+        &self,
+        wait: std::time::Duration,
+    ) -> Result<Option<Pooled<'_>>, ApiError> {
+        let Ok(permit) = tokio::time::timeout(wait, self.permits.acquire()).await else {
+            return Ok(None);
+        };
+        let permit = permit.expect("the pool is never closed");
+        self.take(permit).await.map(Some)
     }
 
-    fn take<'a>(&'a self, permit: tokio::sync::SemaphorePermit<'a>) -> Pooled<'a> {
+    async fn take<'a>(
+        &'a self,
+        permit: tokio::sync::SemaphorePermit<'a>,
+    ) -> Result<Pooled<'a>, ApiError> {
         // A permit stands for exactly one free connection.
         let client = self.free.lock().expect("pool").pop();
-        Pooled {
+        let mut pooled = Pooled {
             client: Some(client.expect("a permit has a connection")),
             pool: self,
             _permit: permit,
+        };
+        if let (Some(url), true) = (&self.url, pooled.is_closed()) {
+            // On failure the closed one goes back (with the permit), to be tried again.
+            pooled.client = Some(reconnect(url).await.ok_or_else(ApiError::unavailable)?);
         }
+        Ok(pooled)
     }
 }
 

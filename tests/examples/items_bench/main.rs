@@ -647,7 +647,7 @@ async fn serve_in_process(url: &dyn Fn(&str) -> String) -> Result<String> {
         pool.push(connect_db(&url("synchro_dev_adapter")).await?);
     }
     let state = Arc::new(AppState {
-        db: connect_db(&url("synchro_dev_adapter")).await?,
+        db: connect_db(&url("synchro_dev_adapter")).await?.into(),
         snapshot_db: synchro_server::api::SnapshotPool::new(pool),
         assignment_db: None,
         auth: Authenticator::hs256(SECRET)?,
