@@ -512,6 +512,16 @@ async fn clearing_resolved_intent_keeps_what_is_pending_and_never_reuses_a_count
         "the visible rows are untouched"
     );
     assert_eq!(title(&c, 2), Some(Some("c".into())));
+    // A write re-sent under a cleared ID is still not written twice.
+    let again = LocalWrite {
+        table_id: "tbl_docs",
+        operation: Operation::Update,
+        pk: &key(2),
+        columns: &[("f2".into(), text(Some("c, re-sent")))],
+    };
+    assert_eq!(c.write_once(&again, &resolved[2]).unwrap(), resolved[2]);
+    assert_eq!(c.storage().mutations().unwrap().len(), 1);
+    assert_eq!(title(&c, 2), Some(Some("c".into())));
 
     // Counters go on from where they were, also across a restart.
     let mut c = Client::open(c.into_storage(), server, || [7; 16]).unwrap();

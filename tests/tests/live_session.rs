@@ -103,12 +103,15 @@ impl Stack {
     }
 }
 
-/// The real transport, with a gate that holds `/sync/pull` requests while closed.
+/// The real transport, with a gate that holds `/sync/pull` requests while closed, and
+/// each `/sync/push` answered `push_delay_ms` late.
+#[derive(Default)]
 struct Gated {
-    inner: HttpTransport,
+    inner: Option<HttpTransport>,
     closed: Rc<Cell<bool>>,
     /// How many pull requests are being held now.
     held: Rc<Cell<usize>>,
+    push_delay_ms: u64,
 }
 
 impl Transport for Gated {
@@ -120,7 +123,16 @@ impl Transport for Gated {
             }
             self.held.set(self.held.get() - 1);
         }
-        self.inner.post(path, body).await
+        if path == "/sync/push" {
+            tokio::time::sleep(Duration::from_millis(self.push_delay_ms)).await;
+        }
+        self.inner().post(path, body).await
+    }
+}
+
+impl Gated {
+    fn inner(&self) -> &HttpTransport {
+        self.inner.as_ref().expect("a transport")
     }
 }
 
@@ -128,11 +140,11 @@ impl EventTransport for Gated {
     type Stream = HttpEventStream;
 
     async fn open_events(&self, body: String) -> Result<Opened<HttpEventStream>, TransportError> {
-        self.inner.open_events(body).await
+        self.inner().open_events(body).await
     }
 
     async fn sleep(&self, ms: u64) {
-        self.inner.sleep(ms).await
+        self.inner().sleep(ms).await
     }
 }
 
@@ -170,7 +182,7 @@ async fn status_seen(statuses: &Statuses, from: usize, f: impl Fn(&LiveStatus) -
 }
 
 /// The local title of doc `id`, read while the session waits (no request).
-async fn local_title(live: &Live, id: i64) -> Option<String> {
+async fn local_title<T: Transport + 'static>(live: &LiveHandle<T>, id: i64) -> Option<String> {
     live.with_client(move |c| {
         c.storage()
             .connection()
@@ -374,9 +386,10 @@ async fn a_write_while_a_rounds_request_is_in_flight_runs_at_once_and_is_pushed_
     let stack = Stack::start().await;
     let (closed, held) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(0)));
     let mut client = stack.client_over(|inner| Gated {
-        inner,
+        inner: Some(inner),
         closed: closed.clone(),
         held: held.clone(),
+        ..Gated::default()
     });
     let live = LiveHandle::<Gated>::new();
     let (statuses, on_status) = recorder();
@@ -423,6 +436,49 @@ async fn a_write_while_a_rounds_request_is_in_flight_runs_at_once_and_is_pushed_
     let (ended, ()) = tokio::join!(session, driver);
     assert_eq!(ended.unwrap(), LiveEnd::Stopped);
     assert_eq!(connects(&statuses), 1);
+}
+
+#[tokio::test]
+async fn writes_that_keep_coming_while_a_push_is_in_flight_never_hold_the_round_in_push() {
+    let stack = Stack::start().await;
+    let mut client = stack.client_over(|inner| Gated {
+        inner: Some(inner),
+        push_delay_ms: 150,
+        ..Gated::default()
+    });
+    let live = LiveHandle::<Gated>::new();
+    let (statuses, on_status) = recorder();
+    let config = config();
+    let session = client.run_live(&live, &config, on_status);
+    let driver = async {
+        status_seen(&statuses, 0, |s| *s == LiveStatus::Live).await;
+        stack
+            .sql("UPDATE app.docs SET title = 'while writes keep coming' WHERE id = 10")
+            .await;
+        // A write every 30 ms (each push takes 150 ms, so one is always in flight): the
+        // server's change must still be pulled meanwhile.
+        let mut n = 0;
+        until("the server's change pulled while writing", || {
+            n += 1;
+            let live = live.clone();
+            async move {
+                live.with_client(move |c| write_title(c, 12, &format!("keystroke {n}")))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                local_title(&live, 10).await.as_deref() == Some("while writes keep coming")
+            }
+        })
+        .await;
+        // And every write still reaches the server.
+        until("the last keystroke on the server", || async {
+            stack.source_title(12).await.as_deref() == Some(&*format!("keystroke {n}"))
+        })
+        .await;
+        live.stop();
+    };
+    let (ended, ()) = tokio::join!(session, driver);
+    assert_eq!(ended.unwrap(), LiveEnd::Stopped);
 }
 
 #[tokio::test]

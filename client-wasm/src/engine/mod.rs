@@ -259,7 +259,8 @@ pub struct Client<T: Transport> {
     /// The schema action of the last successful connect.
     last_action: Option<String>,
     /// The running live session's handle: its closures run while a request is awaited.
-    live: Option<LiveHandle<T>>,
+    /// The token lives as long as the session's future (a dropped session leaves none).
+    live: Option<(LiveHandle<T>, std::rc::Weak<()>)>,
     /// Whether a closure ran while a request was awaited (since the live session last
     /// took this).
     ran_while_waiting: bool,
@@ -429,9 +430,9 @@ impl<T: Transport> Client<T> {
     /// conflict, rejected_terminal) and that outcome, in one transaction; returns how many
     /// were cleared. The queue keeps an outcome and its mutation for inspection until the
     /// application clears them (spec 003); this is that explicit policy, for an application
-    /// that has read what it needs. Unresolved intent is never touched. A cleared ID is
-    /// forgotten: [`Client::write_once`] under it queues the write again (and the server
-    /// answers it with the outcome it stored, without applying it twice).
+    /// that has read what it needs. Unresolved intent is never touched. The IDs cleared
+    /// among the last 10,000 local writes are remembered, so [`Client::write_once`] under
+    /// one still writes nothing (a re-sent write is not applied locally a second time).
     pub fn clear_resolved(&mut self) -> Result<usize, ClientError> {
         Ok(self.storage.clear_resolved()?)
     }

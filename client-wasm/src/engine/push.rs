@@ -23,6 +23,10 @@ impl<T: Transport> Client<T> {
             return Ok(());
         };
         let generation = self.connected_generation()?;
+        // What was queued when the push began is pushed to the end; a write made while it
+        // runs may ride along, but never keeps it going (a steady stream of writes would
+        // hold the round in push for ever): the live session pushes those in its next round.
+        let mark = self.storage.last_local_order()?;
         loop {
             let rest = self.new_id();
             self.storage
@@ -31,6 +35,7 @@ impl<T: Transport> Client<T> {
             if batches.is_empty() {
                 return Ok(());
             }
+            let mut resealed = false;
             for (batch_id, request) in batches {
                 // The sealed batch (its schema and mutations, kept as sealed) read back
                 // through the wire type, so only a well-formed request is ever sent.
@@ -80,12 +85,16 @@ impl<T: Transport> Client<T> {
                     self.storage.supersede(&batch_id, &successor)?;
                     if !sealed_under(&request, &manifest.schema_ref()) {
                         // Sealed under an earlier schema: reseal under this one and go on.
+                        resealed = true;
                         break;
                     }
                 }
                 // Refused under the client's own schema: the server serves a newer one;
                 // the error makes the round connect.
                 return Err(e);
+            }
+            if !resealed && !self.storage.unsealed_through(mark)? {
+                return Ok(());
             }
         }
     }
@@ -99,7 +108,7 @@ impl<T: Transport> Client<T> {
         self.reset_to_idle();
         result?;
         let after = self.storage.pending_count()?;
-        Ok(before - after)
+        Ok(before.saturating_sub(after))
     }
 }
 

@@ -98,6 +98,9 @@ fn invalid(field_id: &str) -> StorageError {
     }
 }
 
+/// How many of the latest local orders a cleared mutation's ID is remembered for.
+pub(crate) const CLEARED_KEPT: i64 = 10_000;
+
 /// The open batch, if there is one.
 fn open_batch(conn: &Connection) -> rusqlite::Result<Option<String>> {
     conn.query_row(
@@ -317,12 +320,15 @@ impl Storage {
         batch_mutations(self.connection(), None)
     }
 
-    /// Whether the queue holds the mutation `mutation_id` (in any state).
+    /// Whether the queue holds the mutation `mutation_id` (in any state), or held it until
+    /// [`Storage::clear_resolved`] cleared it within the last [`CLEARED_KEPT`] local orders
+    /// (a re-send of a write comes within seconds of the write, not thousands of writes later).
     pub(crate) fn has_mutation(&self, mutation_id: &str) -> Result<bool, StorageError> {
         Ok(self
             .connection()
             .query_row(
-                r#"SELECT 1 FROM "_synchro_mutations" WHERE "mutation_id" = ?"#,
+                r#"SELECT 1 FROM "_synchro_mutations" WHERE "mutation_id" = ?1
+                   UNION ALL SELECT 1 FROM "_synchro_cleared" WHERE "mutation_id" = ?1"#,
                 [mutation_id],
                 |_| Ok(()),
             )
@@ -339,6 +345,25 @@ impl Storage {
             |r| r.get(0),
         )?;
         Ok(n as usize)
+    }
+
+    /// The last local order handed out (0 before the first write).
+    pub(crate) fn last_local_order(&self) -> Result<i64, StorageError> {
+        Ok(self.connection().query_row(
+            r#"SELECT coalesce((SELECT "last_local_order" FROM "_synchro_client" WHERE "id" = 1), 0)"#,
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Whether a pending mutation of local order `mark` or below is still unsealed.
+    pub(crate) fn unsealed_through(&self, mark: i64) -> Result<bool, StorageError> {
+        Ok(self.connection().query_row(
+            r#"SELECT EXISTS (SELECT 1 FROM "_synchro_mutations" m JOIN "_synchro_batches" b USING ("batch_id")
+                 WHERE b."sealed" = 0 AND m."state" = ? AND m."local_order" <= ?)"#,
+            params![MutationState::Pending, mark],
+            |r| r.get(0),
+        )?)
     }
 
     /// Seals the open batch (at most [`MAX_BATCH`] mutations, [`MAX_BATCH_BYTES`] of them,
@@ -563,10 +588,23 @@ impl Storage {
     /// Clears resolved intent from the queue, in one transaction: every mutation with its
     /// outcome (applied, conflict, rejected_terminal), that outcome, and every completed batch
     /// left without mutations. Unresolved intent, sealed or not, is never touched, nor are the
-    /// counters (a later write never reuses a local order or a row's client_version).
-    /// Returns how many mutations were cleared.
+    /// counters (a later write never reuses a local order or a row's client_version). The
+    /// IDs of the mutations cleared among the last [`CLEARED_KEPT`] local orders are kept
+    /// (see [`Storage::has_mutation`]). Returns how many mutations were cleared.
     pub(crate) fn clear_resolved(&mut self) -> Result<usize, StorageError> {
         self.with_tx(|tx| {
+            run(
+                tx,
+                r#"INSERT OR IGNORE INTO "_synchro_cleared"
+                     SELECT "mutation_id", "local_order" FROM "_synchro_mutations" WHERE "state" <> ?"#,
+                [MutationState::Pending],
+            )?;
+            run(
+                tx,
+                r#"DELETE FROM "_synchro_cleared" WHERE "local_order" <=
+                     (SELECT "last_local_order" FROM "_synchro_client" WHERE "id" = 1) - ?"#,
+                [CLEARED_KEPT],
+            )?;
             run(
                 tx,
                 r#"DELETE FROM "_synchro_outcomes" WHERE "mutation_id" IN

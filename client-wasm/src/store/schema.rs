@@ -121,12 +121,14 @@ const UPGRADES: &[&[&str]] = &[
     // 2 -> 3: the queue's counters, kept apart from the mutations so that clearing resolved
     // ones (`Storage::clear_resolved`) never hands out a local order or a row's
     // client_version again: the last local order, and each written row's last
-    // client_version, both seeded from the queue as it is.
+    // client_version, both seeded from the queue as it is; and the IDs of recently cleared
+    // mutations, so that a write re-sent under a cleared ID is still not queued twice.
     &[
         r#"ALTER TABLE "_synchro_client" ADD COLUMN "last_local_order" INTEGER NOT NULL DEFAULT 0"#,
         r#"UPDATE "_synchro_client" SET "last_local_order" = (SELECT coalesce(max("local_order"), 0) FROM "_synchro_mutations")"#,
         r#"CREATE TABLE "_synchro_row_counters" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "client_version" INTEGER NOT NULL, PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
         r#"INSERT INTO "_synchro_row_counters" SELECT "table_id", "pk", max("client_version") FROM "_synchro_mutations" GROUP BY "table_id", "pk""#,
+        r#"CREATE TABLE "_synchro_cleared" ("mutation_id" TEXT NOT NULL PRIMARY KEY, "local_order" INTEGER NOT NULL) STRICT, WITHOUT ROWID"#,
     ],
 ];
 
@@ -317,7 +319,8 @@ mod tests {
                 |r| r.get(0),
             )
             .unwrap();
-        assert_eq!(objects as usize, V1.len());
+        // V1, and the two tables of rung 2 -> 3 (the row counters, the cleared IDs).
+        assert_eq!(objects as usize, V1.len() + 2);
         // Again: nothing to do.
         ensure(&conn).unwrap();
         assert_eq!(recorded(&conn).unwrap(), Some(METADATA_VERSION));
@@ -330,6 +333,15 @@ mod tests {
             )
             .unwrap();
         assert_eq!(refused, 1);
+        // Rung 2 -> 3 gave it the last local order, from 0.
+        let last: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('_synchro_client') WHERE name = 'last_local_order' AND dflt_value = '0'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(last, 1);
         // On a database at version 1, a ladder with two rungs takes it to 3, each rung once,
         // in order.
         let conn = Connection::open_in_memory().unwrap();

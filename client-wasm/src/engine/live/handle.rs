@@ -89,7 +89,9 @@ impl<T: Transport> LiveHandle<T> {
 
     /// Runs `f` on the client as soon as the session is waiting: between rounds, or while a
     /// request of a round is in flight (a write or query waits for no round to finish), and
-    /// resolves to its result. When `f` leaves queued intent (a local write), a round
+    /// resolves to its result. A query mid-round sees the round as far as it went: the
+    /// pages applied so far (each page is applied whole, with its verified rows), and
+    /// rows with queued intent at their local value. When `f` leaves queued intent (a local write), a round
     /// follows at once and pushes it; a read costs no request.
     /// A write is durable when this resolves. [`NotRunning`] after the session ended.
     pub fn with_client<R: 'static>(

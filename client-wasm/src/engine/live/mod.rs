@@ -100,7 +100,13 @@ impl<T: Transport> Client<T> {
     /// is then (rows with queued intent keep the local value). A closure that queued a
     /// write makes the session run another round after this one.
     pub(super) async fn awaiting<F: Future>(&mut self, request: F) -> F::Output {
-        let Some(handle) = self.live.clone() else {
+        let running = self
+            .live
+            .as_ref()
+            .filter(|(_, alive)| alive.strong_count() > 0)
+            .map(|(handle, _)| handle.clone());
+        let Some(handle) = running else {
+            self.live = None; // (a session whose future was dropped)
             return request.await;
         };
         let mut request = pin!(request);
@@ -145,7 +151,10 @@ impl<T: EventTransport> Client<T> {
                 last = Some(s);
             }
         };
-        self.live = Some(handle.clone());
+        // Dropped with this future: a session dropped before its end leaves the client
+        // running no more of its closures.
+        let alive = std::rc::Rc::new(());
+        self.live = Some((handle.clone(), std::rc::Rc::downgrade(&alive)));
         self.ran_while_waiting = false;
         let result = self.live_loop(handle, config, &mut status).await;
         self.live = None;
