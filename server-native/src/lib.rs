@@ -38,11 +38,32 @@ pub mod retention;
 pub mod serve;
 
 /// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front
-/// for anything else) and drives the connection on the runtime.
+/// for anything else) and drives the connection on the runtime. Unless the URL sets them,
+/// a connect gives up after 10 s, and a path that went silent (no reset from the peer) is
+/// found dead within about a minute: TCP keepalives after 30 s idle, every 10 s, 3 tries,
+/// and a 60 s TCP user timeout on unacknowledged data; a closed connection is then replaced
+/// by the server (`api::SharedConnection`).
 pub async fn connect_db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let failed = |e: tokio_postgres::Error| {
+        anyhow::anyhow!("connecting to PostgreSQL: {}", install::describe(&e))
+    };
+    let mut config: tokio_postgres::Config = url.parse().map_err(failed)?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(std::time::Duration::from_secs(10));
+    }
+    if config.get_keepalives_interval().is_none() {
+        config
+            .keepalives_idle(std::time::Duration::from_secs(30))
+            .keepalives_interval(std::time::Duration::from_secs(10))
+            .keepalives_retries(3);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(std::time::Duration::from_secs(60));
+    }
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| anyhow::anyhow!("connecting to PostgreSQL: {}", install::describe(&e)))?;
+        .map_err(failed)?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %install::describe_for_log(&e), "database connection ended");

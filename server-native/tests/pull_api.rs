@@ -1184,6 +1184,61 @@ async fn a_terminated_session_is_replaced_when_its_connection_is_next_used() {
 }
 
 #[tokio::test]
+async fn while_the_database_cannot_be_reached_requests_are_refused_without_queueing() {
+    let env = Env::installed().await;
+    // A "database" that takes connections and never answers (as a host that went away
+    // mid-handshake): each connect attempt lasts until its timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "host=127.0.0.1 port={} user=nobody dbname=app",
+        silent.local_addr().unwrap().port()
+    );
+    let first = env.login("synchro_dev_adapter").await;
+    let p = pid(&first).await;
+    let shared = std::sync::Arc::new(synchro_server::api::SharedConnection::new(&url, first));
+    env.admin
+        .execute("SELECT pg_terminate_backend($1)", &[&p])
+        .await
+        .unwrap();
+    // The closed connection is seen, one connect is tried and fails.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let got = shared.get().await;
+        if let Err(e) = got {
+            assert_eq!(axum::response::IntoResponse::into_response(e).status(), 503);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the end is never seen"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Right after, ten requests at once are refused without trying again each (one
+    // attempt lasts 5 s): none waits behind another's connect.
+    let started = std::time::Instant::now();
+    let all = futures_util::future::join_all((0..10).map(|_| {
+        let shared = shared.clone();
+        async move {
+            match shared.get().await {
+                Ok(_) => 200,
+                Err(e) => axum::response::IntoResponse::into_response(e)
+                    .status()
+                    .as_u16(),
+            }
+        }
+    }))
+    .await;
+    assert_eq!(all, [503; 10]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "refused at once, not after a connect timeout each ({:?})",
+        started.elapsed()
+    );
+    drop(silent);
+}
+
+#[tokio::test]
 async fn a_class_3_manifest_is_served_only_once_its_table_is_materialized() {
     let mut s = stack().await;
     let token = mint(SECRET, "alice", 3600);

@@ -32,6 +32,16 @@ impl From<ErrorBody> for ApiError {
     }
 }
 
+/// Whether a database error comes from the connection or the server going away or being
+/// overloaded (closed, SQLSTATE class 08 connection exception, 57 operator intervention such
+/// as a shutdown or a terminated session, 53 insufficient resources), not from the statement:
+/// the request may succeed when retried.
+pub(crate) fn transient(e: &tokio_postgres::Error) -> bool {
+    e.is_closed()
+        || e.as_db_error()
+            .is_some_and(|d| matches!(&d.code().code()[..2], "08" | "57" | "53"))
+}
+
 impl From<tokio_postgres::Error> for ApiError {
     fn from(e: tokio_postgres::Error) -> ApiError {
         match e.as_db_error() {

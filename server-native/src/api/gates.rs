@@ -130,7 +130,7 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
     );
     let owner_db = owner_db.get().await?;
     let rows = owner_db.query(&sql, &[&user_id]).await.map_err(|e| {
-        if e.is_closed() {
+        if super::error::transient(&e) {
             return ApiError::from(e); // retryable: the next request connects again
         }
         tracing::error!("assignment function evaluation failed");

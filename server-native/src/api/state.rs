@@ -83,17 +83,57 @@ pub struct AppState {
 /// answered 503 (PostgreSQL down or restarting).
 const RECONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// A new connection to `url` for one that was found closed; `None` (logged, without the URL)
-/// when PostgreSQL cannot be reached now.
-async fn reconnect(url: &str) -> Option<Client> {
-    match tokio::time::timeout(RECONNECT_TIMEOUT, crate::connect_db(url)).await {
-        Ok(Ok(c)) => {
-            tracing::warn!("database connection replaced (the previous one was closed)");
-            Some(c)
+/// After a connect failed, requests meeting a closed connection are answered 503 at once
+/// for this long, without trying again (while PostgreSQL is down, requests do not queue up
+/// behind one connect timeout each).
+const RETRY_AFTER_FAILED_CONNECT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Connecting again, shared by the connections of one pool or one [`SharedConnection`].
+struct Reconnect {
+    /// Where to connect again; `None`: never replaced.
+    url: Option<String>,
+    /// When a connect last failed.
+    failed_at: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Reconnect {
+    fn to(url: Option<String>) -> Reconnect {
+        Reconnect {
+            url,
+            failed_at: std::sync::Mutex::new(None),
         }
-        Ok(Err(_)) | Err(_) => {
-            tracing::warn!("database connection closed and connecting again failed");
-            None
+    }
+
+    /// A new connection for one that was found closed; `None` (logged, without the URL)
+    /// when PostgreSQL cannot be reached now, or a connect failed within
+    /// [`RETRY_AFTER_FAILED_CONNECT`]. `None` too when this never reconnects.
+    async fn connect(&self) -> Option<Client> {
+        let url = self.url.as_deref()?;
+        let recent = |at: &Option<std::time::Instant>| {
+            at.is_some_and(|t| t.elapsed() < RETRY_AFTER_FAILED_CONNECT)
+        };
+        if recent(&self.failed_at.lock().expect("reconnect")) {
+            return None;
+        }
+        match tokio::time::timeout(RECONNECT_TIMEOUT, crate::connect_db(url)).await {
+            Ok(Ok(c)) => {
+                *self.failed_at.lock().expect("reconnect") = None;
+                tracing::warn!("database connection replaced (the previous one was closed)");
+                Some(c)
+            }
+            failed => {
+                *self.failed_at.lock().expect("reconnect") = Some(std::time::Instant::now());
+                let why = if failed.is_ok() {
+                    "refused"
+                } else {
+                    "timed out"
+                };
+                tracing::warn!(
+                    why,
+                    "database connection closed and connecting again failed"
+                );
+                None
+            }
         }
     }
 }
@@ -103,8 +143,7 @@ async fn reconnect(url: &str) -> Option<Client> {
 /// connects again, and requests meanwhile wait for that one connect. A request that meets
 /// the closed connection itself is answered 503 (retryable).
 pub struct SharedConnection {
-    /// Where to connect again; `None`: never replaced.
-    url: Option<String>,
+    reconnect: Reconnect,
     current: std::sync::Mutex<Arc<Client>>,
     connecting: tokio::sync::Mutex<()>,
 }
@@ -113,7 +152,7 @@ impl SharedConnection {
     /// `client`, replaced by a new connection to `url` when found closed.
     pub fn new(url: impl Into<String>, client: Client) -> SharedConnection {
         SharedConnection {
-            url: Some(url.into()),
+            reconnect: Reconnect::to(Some(url.into())),
             ..SharedConnection::from(client)
         }
     }
@@ -122,15 +161,20 @@ impl SharedConnection {
     /// cannot be reached.
     pub async fn get(&self) -> Result<Arc<Client>, ApiError> {
         let now = self.current.lock().expect("connection").clone();
-        let Some(url) = self.url.as_deref().filter(|_| now.is_closed()) else {
+        if !now.is_closed() || self.reconnect.url.is_none() {
             return Ok(now);
-        };
+        }
         let _one = self.connecting.lock().await;
         let now = self.current.lock().expect("connection").clone();
         if !now.is_closed() {
             return Ok(now); // replaced while this request waited
         }
-        let fresh = Arc::new(reconnect(url).await.ok_or_else(ApiError::unavailable)?);
+        let fresh = Arc::new(
+            self.reconnect
+                .connect()
+                .await
+                .ok_or_else(ApiError::unavailable)?,
+        );
         *self.current.lock().expect("connection") = fresh.clone();
         Ok(fresh)
     }
@@ -140,7 +184,7 @@ impl From<Client> for SharedConnection {
     /// A connection that is never replaced (a state built by hand in tests).
     fn from(client: Client) -> SharedConnection {
         SharedConnection {
-            url: None,
+            reconnect: Reconnect::to(None),
             current: std::sync::Mutex::new(Arc::new(client)),
             connecting: tokio::sync::Mutex::new(()),
         }
@@ -151,8 +195,7 @@ impl From<Client> for SharedConnection {
 /// otherwise the first one released (waiters are served in arrival order). A connection
 /// found closed when it is handed out is replaced first (see [`SharedConnection`]).
 pub struct ConnectionPool {
-    /// Where to connect again; `None`: never replaced.
-    url: Option<String>,
+    reconnect: Reconnect,
     free: std::sync::Mutex<Vec<Client>>,
     permits: tokio::sync::Semaphore,
 }
@@ -172,7 +215,7 @@ impl ConnectionPool {
     pub fn new(clients: Vec<Client>) -> ConnectionPool {
         assert!(!clients.is_empty(), "a connection pool needs a connection");
         ConnectionPool {
-            url: None,
+            reconnect: Reconnect::to(None),
             permits: tokio::sync::Semaphore::new(clients.len()),
             free: std::sync::Mutex::new(clients),
         }
@@ -181,7 +224,7 @@ impl ConnectionPool {
     /// A pool of these connections to `url`, each replaced when found closed.
     pub fn reconnecting(url: impl Into<String>, clients: Vec<Client>) -> ConnectionPool {
         ConnectionPool {
-            url: Some(url.into()),
+            reconnect: Reconnect::to(Some(url.into())),
             ..ConnectionPool::new(clients)
         }
     }
@@ -221,9 +264,10 @@ impl ConnectionPool {
             pool: self,
             _permit: permit,
         };
-        if let (Some(url), true) = (&self.url, pooled.is_closed()) {
+        if self.reconnect.url.is_some() && pooled.is_closed() {
             // On failure the closed one goes back (with the permit), to be tried again.
-            pooled.client = Some(reconnect(url).await.ok_or_else(ApiError::unavailable)?);
+            let fresh = self.reconnect.connect().await;
+            pooled.client = Some(fresh.ok_or_else(ApiError::unavailable)?);
         }
         Ok(pooled)
     }
