@@ -28,15 +28,21 @@ impl<T: Transport> Client<T> {
         // hold the round in push for ever): the live session pushes those in its next round.
         let mark = self.storage.last_local_order()?;
         loop {
-            let rest = self.new_id();
-            self.storage
-                .seal((manifest.schema_version, manifest.schema_hash_hex()), &rest)?;
-            let batches = self.storage.sealed_batches()?;
+            // A batch is sealed only when none waits: sealed batches then go out in local
+            // order, and one resealed after a schema change never overtakes a later one.
+            let mut batches = self.storage.sealed_batches()?;
+            if batches.is_empty() {
+                let rest = self.new_id();
+                self.storage
+                    .seal((manifest.schema_version, manifest.schema_hash_hex()), &rest)?;
+                batches = self.storage.sealed_batches()?;
+            }
             if batches.is_empty() {
                 return Ok(());
             }
             let mut resealed = false;
-            for (batch_id, request) in batches {
+            for (i, (batch_id, request)) in batches.iter().enumerate() {
+                let (batch_id, request) = (batch_id.clone(), request);
                 // The sealed batch (its schema and mutations, kept as sealed) read back
                 // through the wire type, so only a well-formed request is ever sent.
                 let body = Json::Object(vec![
@@ -83,8 +89,17 @@ impl<T: Transport> Client<T> {
                 if e.is_server("schema_mismatch") {
                     let successor = self.new_id();
                     self.storage.supersede(&batch_id, &successor)?;
-                    if !sealed_under(&request, &manifest.schema_ref()) {
+                    if !sealed_under(request, &manifest.schema_ref()) {
                         // Sealed under an earlier schema: reseal under this one and go on.
+                        // Every later sealed batch goes with it, in local order: left
+                        // sealed, it would be sent before the resealed one, and a row's later
+                        // intent would reach the server before its earlier one. (Only a queue
+                        // sealed by an older engine holds several; a mutation the server has
+                        // executed gets its stored outcome again under its new batch.)
+                        for (later, _) in &batches[i + 1..] {
+                            let successor = self.new_id();
+                            self.storage.supersede(later, &successor)?;
+                        }
                         resealed = true;
                         break;
                     }
