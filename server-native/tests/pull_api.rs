@@ -25,6 +25,7 @@ struct Stack {
     worker: Worker,
     base: String,
     http: reqwest::Client,
+    state: Arc<AppState>,
 }
 
 async fn stack() -> Stack {
@@ -72,12 +73,14 @@ async fn stack() -> Stack {
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
+    let served = state.clone();
+    tokio::spawn(async move { axum::serve(listener, router(served)).await.unwrap() });
     Stack {
         env,
         worker,
         base,
         http: reqwest::Client::new(),
+        state,
     }
 }
 
@@ -967,6 +970,67 @@ async fn events_streams_end_with_schema_changed_when_the_served_manifest_changes
     s.capture().await;
     let (e, _) = next_within(10, stream).await;
     assert_eq!(e.map(|(name, _)| name).as_deref(), Some("changed"));
+}
+
+#[tokio::test]
+async fn a_pull_whose_snapshot_comes_after_a_schema_activation_is_a_schema_mismatch() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    let old = s.schema().await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs (id, owner, title) VALUES (1, 'alice', 'before')")
+        .await
+        .unwrap();
+    s.capture().await;
+    // A reconfiguration (a new column), published; capture activates it below.
+    s.env
+        .as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    let request = synchro_server::registry::ReconfigureRequest {
+        schema: "app".into(),
+        relation: "docs".into(),
+        ..Default::default()
+    };
+    synchro_server::registry::reconfigure(&mut op, &request, true)
+        .await
+        .unwrap();
+    // The pull passes its gates under the old manifest, then waits for a snapshot
+    // connection (the test holds the only one)...
+    let state = s.state.clone();
+    let held = state.snapshot_db.lock().await.unwrap();
+    let pull = {
+        let (http, base) = (s.http.clone(), s.base.clone());
+        let body = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                          "schema": old, "scope_cursors": {"user:alice": null}, "limit": 100});
+        tokio::spawn(async move {
+            let r = http
+                .post(format!("{base}/sync/pull"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // ...while the reconfiguration activates and a row is written in the new shape.
+    s.capture().await;
+    s.env
+        .admin
+        .batch_execute("UPDATE app.docs SET note = 'new shape' WHERE id = 1")
+        .await
+        .unwrap();
+    s.capture().await;
+    drop(held);
+    // Its snapshot has rows the old manifest cannot describe: a 422 the client reconnects
+    // on, not a digest failure (500) that blocks it.
+    let (st, v) = pull.await.unwrap();
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["error"]["code"], "schema_mismatch", "{v}");
 }
 
 async fn served_version(s: &Stack) -> u64 {

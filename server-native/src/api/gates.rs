@@ -154,6 +154,30 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
     Ok(scopes)
 }
 
+/// Checks, inside a request's snapshot, that the manifest the gates passed (read before the
+/// snapshot, on another connection) is still the served current one. Otherwise a
+/// reconfiguration activated in between, the snapshot's rows may have the new shape, and
+/// the request is answered 422 `schema_mismatch` (the client connects and learns its
+/// action), never a row digest failure (a 500 `sync_integrity_failure` that blocks the
+/// client).
+pub(crate) async fn still_current(
+    snap: &impl tokio_postgres::GenericClient,
+    gated: &synchro_protocol::manifest::Manifest,
+    presented: &Json,
+) -> Result<(), ApiError> {
+    let served = crate::publish::load_serving_lineage(snap)
+        .await
+        .map_err(|_| {
+            tracing::warn!("the manifest history could not be read");
+            ApiError::unavailable()
+        })?;
+    let current = served.current().ok_or_else(ApiError::unavailable)?;
+    if current.schema_ref() != gated.schema_ref() {
+        return Err(ApiError::schema_mismatch(current.schema_ref(), presented));
+    }
+    Ok(())
+}
+
 /// The served manifest history (what connect dispatches against and the gates compare
 /// with). A failure to read or verify it is 503: the error names no row or manifest.
 pub(crate) async fn serving_lineage(

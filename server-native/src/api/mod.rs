@@ -44,7 +44,7 @@ use synchro_protocol::wire::Message;
 pub use error::ApiError;
 pub use state::{AppState, Config, ConnectionPool, Pooled, SharedConnection, SnapshotPool};
 
-pub(crate) use gates::{assigned_scopes, gates, Gates};
+pub(crate) use gates::{assigned_scopes, gates, still_current, Gates};
 pub(crate) use preamble::has_nul;
 
 /// The router.

@@ -16,7 +16,7 @@ use synchro_protocol::value::TypedValue;
 
 use synchro_protocol::wire::{Change, ChangeOp, PullRequest, PullResponse, ScopeUpdates};
 
-use super::{gates, ApiError, AppState, Gates};
+use super::{gates, still_current, ApiError, AppState, Gates};
 
 pub(crate) fn now_datetime() -> String {
     // Issue time for cursors, UTC with microseconds.
@@ -138,13 +138,19 @@ pub(crate) async fn pull(
         .read_only(true)
         .start()
         .await?;
-    let retention = snap
-        .query(
+    // (Both go out together, one round trip.)
+    let assigned_list = assigned.iter().cloned().collect::<Vec<_>>();
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&assigned_list];
+    let (retention, current_still) = futures_util::join!(
+        snap.query(
             "SELECT scope_id, retention_generation, resume_floor, membership_generation
                FROM synchro.synchro_scope_retention($1)",
-            &[&assigned.iter().cloned().collect::<Vec<_>>()],
-        )
-        .await?;
+            &params,
+        ),
+        still_current(&snap, current, &req.schema),
+    );
+    current_still?;
+    let retention = retention?;
     let mut positions: BTreeMap<String, u64> = BTreeMap::new();
     let mut acknowledged: BTreeMap<String, u64> = BTreeMap::new();
     let mut generations: BTreeMap<String, (u64, u64)> = BTreeMap::new();

@@ -25,7 +25,7 @@ use synchro_protocol::wire::{RebuildEnd, RebuildRecord, RebuildRequest, Rendered
 
 use tokio_postgres::types::ToSql;
 
-use super::{gates, ApiError, AppState, Gates};
+use super::{gates, still_current, ApiError, AppState, Gates};
 
 fn restart(scope: &str) -> ApiError {
     ApiError::rebuild_restart(scope)
@@ -235,13 +235,16 @@ async fn start_session(
         .read_only(true)
         .start()
         .await?;
-    let watermark: i64 = snap
-        .query_one(
+    // (Both go out together, one round trip.)
+    let (watermark, current_still) = futures_util::join!(
+        snap.query_one(
             "SELECT effect_position FROM synchro.synchro_pull_watermark()",
             &[],
-        )
-        .await?
-        .get(0);
+        ),
+        still_current(&snap, manifest, &req.schema),
+    );
+    current_still?;
+    let watermark: i64 = watermark?.get(0);
     let rows = snap
         .query(
             "SELECT table_id, pk, row_json, server_version FROM synchro.synchro_scope_rows($1)",
