@@ -908,18 +908,7 @@ async fn events_streams_end_with_schema_changed_when_the_served_manifest_changes
     // A reconfiguration: its publish serves nothing new yet (capture activates it), so no
     // stream ends (each would end within 2 s)...
     let stream = open().await;
-    s.env
-        .as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
-        .await;
-    let mut op = s.env.login("synchro_dev_operator").await;
-    let request = synchro_server::registry::ReconfigureRequest {
-        schema: "app".into(),
-        relation: "docs".into(),
-        ..Default::default()
-    };
-    synchro_server::registry::reconfigure(&mut op, &request, true)
-        .await
-        .unwrap();
+    let mut op = add_note_column(&s).await;
     let v1 = served_version(&s).await;
     let (e, stream) = next_within(3, stream).await;
     assert_eq!(e, None, "nothing is served anew at the publish");
@@ -985,18 +974,7 @@ async fn a_pull_whose_snapshot_comes_after_a_schema_activation_is_a_schema_misma
         .unwrap();
     s.capture().await;
     // A reconfiguration (a new column), published; capture activates it below.
-    s.env
-        .as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
-        .await;
-    let mut op = s.env.login("synchro_dev_operator").await;
-    let request = synchro_server::registry::ReconfigureRequest {
-        schema: "app".into(),
-        relation: "docs".into(),
-        ..Default::default()
-    };
-    synchro_server::registry::reconfigure(&mut op, &request, true)
-        .await
-        .unwrap();
+    add_note_column(&s).await;
     // The pull passes its gates under the old manifest, then waits for a snapshot
     // connection (the test holds the only one)...
     let state = s.state.clone();
@@ -1031,6 +1009,24 @@ async fn a_pull_whose_snapshot_comes_after_a_schema_activation_is_a_schema_misma
     let (st, v) = pull.await.unwrap();
     assert_eq!(st, 422, "{v}");
     assert_eq!(v["error"]["code"], "schema_mismatch", "{v}");
+}
+
+/// Adds the nullable column `note` to app.docs and reconfigures it (published; the next
+/// capture commit activates it); returns the operator's connection.
+async fn add_note_column(s: &Stack) -> tokio_postgres::Client {
+    s.env
+        .as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    let request = synchro_server::registry::ReconfigureRequest {
+        schema: "app".into(),
+        relation: "docs".into(),
+        ..Default::default()
+    };
+    synchro_server::registry::reconfigure(&mut op, &request, true)
+        .await
+        .unwrap();
+    op
 }
 
 async fn served_version(s: &Stack) -> u64 {
