@@ -451,3 +451,150 @@ async fn membership_functions_run_as_their_owner_never_as_the_worker() {
         StepOutcome::Blocked("scope_evaluation_failed".into())
     );
 }
+
+/// The health check of membership coverage and the relation IDs with uncovered rows.
+async fn coverage(env: &Env) -> (String, serde_json::Value) {
+    let row = env
+        .admin
+        .query_one(
+            "SELECT synchro.synchro_health_detail()->>'membership_coverage',
+                    (synchro.synchro_capture_report()->'membership_uncovered_rows')::text",
+            &[],
+        )
+        .await
+        .unwrap();
+    (
+        row.get(0),
+        serde_json::from_str(&row.get::<_, String>(1)).unwrap(),
+    )
+}
+
+/// Rows of app.docs (canonical key text) with no live edge.
+async fn rows_without_edges(env: &Env) -> Vec<String> {
+    env.admin
+        .query(
+            "SELECT p.pk FROM synchro.projection_rows p
+              WHERE NOT EXISTS (SELECT 1 FROM synchro.membership_edges e
+                                 WHERE e.relation_id = p.relation_id AND e.pk = p.pk)
+              ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_re_registration_while_a_staging_batch_is_in_flight_never_leaves_a_row_without_edges() {
+    let (env, mut worker) = setup().await;
+    env.admin
+        .batch_execute(
+            "INSERT INTO app.docs SELECT i, 'user' || i, NULL FROM generate_series(1, 6) AS i;
+             UPDATE synchro.settings SET value = '2' WHERE key = 'backfill_batch_size';",
+        )
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(coverage(&env).await.0, "ok");
+    let op = env.login("synchro_dev_operator").await;
+    op.batch_execute(
+        "CREATE FUNCTION rules.owner_only(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'owner:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.owner_only(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.owner_only(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.owner_only(bigint)');",
+    )
+    .await
+    .unwrap();
+    // The first batch is staged: rows 1 and 2.
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Applied(1)
+    );
+    assert_eq!(staged_through(&env).await.as_deref(), Some("\"2\""));
+    // The operator re-registers the rule (its edit) in a transaction that commits only once
+    // the worker's next batch (rows 3 and 4, staged under the state it loaded) waits on it.
+    op.batch_execute(
+        "CREATE FUNCTION rules.owner_v2(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'owner:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id AND id <> 6; END;
+         REVOKE EXECUTE ON FUNCTION rules.owner_v2(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.owner_v2(bigint) TO synchro_worker;
+         BEGIN;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.owner_v2(bigint)');",
+    )
+    .await
+    .unwrap();
+    let commit_once_the_worker_waits = async {
+        let started = std::time::Instant::now();
+        loop {
+            let waiting: i64 = env
+                .admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE usename = 'synchro_dev_worker' AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "the worker never waited on the re-registration"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        op.batch_execute("COMMIT").await.unwrap();
+    };
+    let (stepped, ()) = tokio::join!(worker.step(Failpoint::None), commit_once_the_worker_waits);
+    stepped.unwrap();
+    // Staging restarts under the new rule and activates it over every row.
+    drain(&mut worker).await;
+    let live: String = env
+        .admin
+        .query_one(
+            "SELECT function_signature FROM synchro.membership_functions WHERE pending_function_oid IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, "rules.owner_v2(bigint)");
+    // Every row is where the new rule puts it: 1 to 5 with their owner, 6 in no scope.
+    assert_eq!(
+        edge_set(&env).await,
+        (1..=5)
+            .map(|i| (format!("owner:user{i}"), format!("\"{i}\"")))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rows_without_edges(&env).await, ["\"6\""]);
+    // Row 6 is known to be in no scope: coverage holds.
+    let (check, uncovered) = coverage(&env).await;
+    assert_eq!(check, "ok", "{uncovered}");
+    assert_eq!(uncovered, serde_json::json!({}));
+    // A row whose edges are lost (as the race lost them) fails the check, named by relation.
+    env.admin
+        .batch_execute("DELETE FROM synchro.membership_edges WHERE pk = '\"3\"'")
+        .await
+        .unwrap();
+    let (check, uncovered) = coverage(&env).await;
+    assert_eq!(check, "failed");
+    let relation_id: String = env
+        .admin
+        .query_one("SELECT relation_id FROM synchro.relations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(uncovered, serde_json::json!({ relation_id: 1 }));
+    let ready: bool = env
+        .admin
+        .query_one("SELECT synchro.synchro_readiness()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!ready);
+}

@@ -548,7 +548,9 @@ BEGIN
         -- the relation goes with everything that hangs off it; a later registration of the
         -- same table is a new relation and table ID.
         DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_edges WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.membership_unscoped WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_dependencies
          WHERE target_relation_id = v_rel.relation_id OR dependency_relation_id = v_rel.relation_id;

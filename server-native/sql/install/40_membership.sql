@@ -110,7 +110,11 @@ CREATE TABLE synchro.membership_functions (
     -- The last key staged, in byte order (NULL: nothing yet).
     staged_through text,
     staging_started_at timestamptz,
-    live boolean NOT NULL DEFAULT true
+    live boolean NOT NULL DEFAULT true,
+    -- Raised by every (re)registration that restarts staging (here and 42_staging): the
+    -- worker stages a batch only under the epoch it loaded, with this row locked, so a batch
+    -- in flight can never record its progress over a restart.
+    staging_epoch bigint NOT NULL DEFAULT 1
 );
 REVOKE ALL ON synchro.membership_functions FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.membership_functions TO synchro_worker;
@@ -130,6 +134,17 @@ CREATE TABLE synchro.membership_edges (
 CREATE INDEX membership_edges_row ON synchro.membership_edges (relation_id, pk);
 REVOKE ALL ON synchro.membership_edges FROM PUBLIC;
 GRANT SELECT, INSERT, DELETE ON synchro.membership_edges TO synchro_worker;
+
+-- Rows the live rule evaluated to no scope at all. Together with the edges they account for
+-- every projected row of a relation whose rule is live: a projected row with neither was
+-- never evaluated (health check membership_coverage, 70_readiness).
+CREATE TABLE synchro.membership_unscoped (
+    relation_id text NOT NULL,
+    pk text NOT NULL,
+    PRIMARY KEY (relation_id, pk)
+);
+REVOKE ALL ON synchro.membership_unscoped FROM PUBLIC;
+GRANT SELECT, INSERT, DELETE ON synchro.membership_unscoped TO synchro_worker;
 
 -- Whether a membership or impact function's owner may read what the function reads (spec
 -- 003: USAGE on synchro_projection and SELECT on every projection view it depends on), since
@@ -198,9 +213,10 @@ BEGIN
         UPDATE synchro.membership_functions
            SET pending_function_oid = v_oid, pending_signature = v_oid::regprocedure::text,
                pending_sha256 = synchro.synchro_function_definition_sha256(v_oid),
-               staged_through = NULL, staging_started_at = now()
+               staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1
          WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
+        DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = v_rel.relation_id;
     ELSE
         -- A first rule is staged too and becomes live only at activation, so no client sees
         -- a partially evaluated relation.

@@ -30,6 +30,16 @@ CREATE TABLE synchro.membership_staged_edges (
 REVOKE ALL ON synchro.membership_staged_edges FROM PUBLIC;
 GRANT SELECT, INSERT, DELETE ON synchro.membership_staged_edges TO synchro_worker;
 
+-- Rows the pending rule evaluated to no scope (membership_unscoped's staged twin). An
+-- activation requires every projected row to have staged edges or a row here.
+CREATE TABLE synchro.membership_staged_unscoped (
+    relation_id text NOT NULL,
+    pk text NOT NULL,
+    PRIMARY KEY (relation_id, pk)
+);
+REVOKE ALL ON synchro.membership_staged_unscoped FROM PUBLIC;
+GRANT SELECT, INSERT, DELETE ON synchro.membership_staged_unscoped TO synchro_worker;
+
 -- A (re)registered dependency re-stages its target's rule: the live rule becomes pending
 -- again (unless a change already is) and staging restarts.
 CREATE FUNCTION synchro.synchro_dependency_staging_trigger() RETURNS trigger
@@ -39,9 +49,10 @@ BEGIN
        SET pending_function_oid = coalesce(pending_function_oid, function_oid),
            pending_signature = coalesce(pending_signature, function_signature),
            pending_sha256 = coalesce(pending_sha256, definition_sha256),
-           staged_through = NULL, staging_started_at = now()
+           staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1
      WHERE relation_id = NEW.target_relation_id;
     DELETE FROM synchro.membership_staged_edges WHERE relation_id = NEW.target_relation_id;
+    DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = NEW.target_relation_id;
     RETURN NULL;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_dependency_staging_trigger() FROM PUBLIC;
@@ -58,7 +69,8 @@ CREATE TRIGGER synchro_dependency_staging AFTER INSERT OR UPDATE ON synchro.memb
 CREATE FUNCTION synchro.synchro_analyze_materialized() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 BEGIN
-    ANALYZE (SKIP_LOCKED) synchro.projection_rows, synchro.membership_edges, synchro.membership_staged_edges;
+    ANALYZE (SKIP_LOCKED) synchro.projection_rows, synchro.membership_edges, synchro.membership_staged_edges,
+        synchro.membership_unscoped, synchro.membership_staged_unscoped;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() TO synchro_worker;

@@ -22,6 +22,22 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_positive_setting(text) FROM PUBLIC;
 
+-- Per relation whose membership rule is live and whose capture is active: how many projected
+-- rows have neither a live edge nor an in-no-scope record (counts only; a cheap anti-join,
+-- no rule is evaluated). A row so counted is in no scope although the rule was never asked.
+CREATE FUNCTION synchro.synchro_membership_uncovered() RETURNS TABLE (relation_id text, rows bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT p.relation_id, count(*)
+      FROM synchro.membership_functions m
+      JOIN synchro.relation_capture rc ON rc.relation_id = m.relation_id AND rc.status = 'active'
+      JOIN synchro.projection_rows p ON p.relation_id = m.relation_id
+     WHERE m.live
+       AND NOT EXISTS (SELECT 1 FROM synchro.membership_edges e WHERE e.relation_id = p.relation_id AND e.pk = p.pk)
+       AND NOT EXISTS (SELECT 1 FROM synchro.membership_unscoped u WHERE u.relation_id = p.relation_id AND u.pk = p.pk)
+     GROUP BY p.relation_id
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_membership_uncovered() FROM PUBLIC;
+
 CREATE FUNCTION synchro.synchro_health_detail() RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     WITH slot AS (
@@ -90,6 +106,13 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                 WHERE x.target_relation_id = m.relation_id
                                   AND x.dependency_relation_id = r.relation_id))
             THEN 'failed' ELSE 'ok' END,
+        -- Every projected row of a relation whose rule is live was evaluated: it has a live
+        -- edge or is recorded as in no scope. A row with neither was lost from every scope.
+        'membership_coverage', CASE WHEN EXISTS (
+            SELECT 1 FROM synchro.synchro_membership_uncovered()) THEN 'failed' ELSE 'ok' END,
+        -- Every membership rule is live: a first rule still staging serves nothing yet.
+        'membership_staging', CASE WHEN EXISTS (
+            SELECT 1 FROM synchro.membership_functions WHERE NOT live) THEN 'unknown' ELSE 'ok' END,
         -- Every registered relation has its fence trigger, enabled.
         'capture_fences', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.relations r
@@ -139,6 +162,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                   JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
         'slot_wal_status', (SELECT s.wal_status FROM pg_replication_slots s
                               JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'membership_uncovered_rows', (SELECT coalesce(jsonb_object_agg(u.relation_id, u.rows), '{}'::jsonb)
+                                        FROM synchro.synchro_membership_uncovered() u),
+        'membership_staging', (SELECT coalesce(jsonb_object_agg(m.relation_id, jsonb_build_object(
+                                   'first_rule', NOT m.live, 'since', m.staging_started_at)), '{}'::jsonb)
+                                 FROM synchro.membership_functions m WHERE m.pending_function_oid IS NOT NULL),
         'registry_generation', (SELECT max(generation) FROM synchro.registry_generations WHERE state = 'active'),
         'reconfigurations_pending', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'pending'),
         'reconfigurations_staged', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'staged'))

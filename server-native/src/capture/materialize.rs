@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use futures_util::FutureExt;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
@@ -15,7 +15,7 @@ use super::block::InRelation;
 use super::membership::{column_image, membership_round, EvalRow};
 use super::reconfigure::{self, Activation};
 use super::registry::{Pending, Relations, Status};
-use super::staging::stage_rows;
+use super::staging::{stage_rows, StagingRestarted};
 use super::statements::{in_transaction, Statements};
 use super::transaction::{FinalRow, RowKey, TxChanges};
 use super::Worker;
@@ -263,6 +263,7 @@ impl Worker {
                 Some(Pending {
                     function: pending,
                     staged_through: Some(through),
+                    epoch,
                 }),
             ) = (&reg.membership, &reg.pending)
             {
@@ -271,6 +272,19 @@ impl Worker {
                     .filter(|r| r.pk.as_bytes() <= through.as_bytes())
                     .collect();
                 if !staged.is_empty() {
+                    // The staging must still be the one loaded, and stay so until this
+                    // commits (a re-registration waits for the lock, then resets it).
+                    let current: Option<i64> = db
+                        .query_opt(
+                            "SELECT staging_epoch FROM synchro.membership_functions
+                              WHERE relation_id = $1 FOR SHARE",
+                            &[&reg.relation_id],
+                        )
+                        .await?
+                        .map(|r| r.get(0));
+                    if current != Some(*epoch) {
+                        bail!(StagingRestarted);
+                    }
                     let eval = self.functions.membership(db, pending, &m.key_type).await?;
                     stage_rows(db, &eval, reg, m.fanout, &staged).await?;
                 }

@@ -227,8 +227,12 @@ pub(super) async fn membership_diff(
         old_scopes.entry(r.get(0)).or_default().push(r.get(1));
     }
     let mut w = EdgeWrites::default();
+    let mut unscoped: Vec<&str> = Vec::new();
     for row in rows {
         let new = new_scopes.remove(row.pk.as_str()).unwrap_or_default();
+        if row.exists && new.is_empty() {
+            unscoped.push(&row.pk);
+        }
         let old = old_scopes.remove(&row.pk).unwrap_or_default();
         w.row(row, old, new);
     }
@@ -259,7 +263,13 @@ pub(super) async fn membership_diff(
         )
         .await
     };
-    futures_util::try_join!(delete_edges, insert_edges, insert_effects)?;
+    // Rows in no scope are recorded as such (the others' records go): with the edges they
+    // account for every evaluated row (health check membership_coverage).
+    let record_unscoped = async {
+        db.execute(&statements.unscoped, &[&reg.relation_id, &pks, &unscoped])
+            .await
+    };
+    futures_util::try_join!(delete_edges, insert_edges, insert_effects, record_unscoped)?;
     let changed = w
         .removed_scopes
         .iter()

@@ -59,6 +59,9 @@ pub(super) struct Pending {
     pub(super) function: String,
     /// The last key staged (byte order); `None` before the first batch.
     pub(super) staged_through: Option<String>,
+    /// The staging epoch this state belongs to (`membership_functions.staging_epoch`,
+    /// raised by every restart of the staging).
+    pub(super) epoch: i64,
 }
 
 /// Generations of a relation's membership contract (its function and dependencies).
@@ -183,7 +186,7 @@ const MEMBERSHIPS: &str = "SELECT r.physical_relation_oid, m.function_oid::regpr
                     m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
                                                          WHERE d.target_relation_id = m.relation_id), 0)::bigint,
                     pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
-                    m.live
+                    m.live, m.staging_epoch
                FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
                LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
                LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid";
@@ -291,6 +294,7 @@ fn load_memberships(
             reg.pending = r.get::<_, Option<String>>(4).map(|function| Pending {
                 function,
                 staged_through: r.get(5),
+                epoch: r.get(10),
             });
             reg.contract.current = r.get(6);
             reg.live = r.get(9);

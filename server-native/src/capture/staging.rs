@@ -21,11 +21,45 @@ pub(super) const BUMP_GENERATIONS: &str =
      SELECT s, 2 FROM unnest($1::text[]) AS s
      ON CONFLICT (scope_id) DO UPDATE SET membership_generation = r.membership_generation + 1";
 
+/// How one staging batch ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Staged {
+    /// The batch was staged through this key (byte order).
+    Through(String),
+    /// The last batch was staged and the rule activated.
+    Activated,
+    /// The staging was restarted under the batch (a re-registration of the rule or of a
+    /// dependency, or an incomplete staging found at activation): nothing was staged, and
+    /// the registry must be loaded again.
+    Restarted,
+}
+
+/// A transaction being applied found the staging it re-stages rows for restarted since the
+/// registry was loaded: it is rolled back, and the next step applies it again.
+#[derive(Debug, thiserror::Error)]
+#[error("a staged membership rule was restarted while a transaction was applied")]
+pub(crate) struct StagingRestarted;
+
+/// Locks a pending rule's row and checks it is still the staging the worker loaded (same
+/// epoch, same progress): a re-registration committed since then reset it, and a batch of the
+/// old staging must not record its progress over the reset (rows would never be staged).
+const LOCK_STAGING: &str = "SELECT staging_epoch, staged_through FROM synchro.membership_functions
+                             WHERE relation_id = $1 AND pending_function_oid IS NOT NULL FOR UPDATE";
+
+/// Projected rows the staging did not evaluate: neither staged edges nor an in-no-scope
+/// record. Zero before an activation, always.
+const UNSTAGED_ROWS: &str = "SELECT count(*) FROM synchro.projection_rows p
+                              WHERE p.relation_id = $1
+                                AND NOT EXISTS (SELECT 1 FROM synchro.membership_staged_edges s
+                                                 WHERE s.relation_id = p.relation_id AND s.pk = p.pk)
+                                AND NOT EXISTS (SELECT 1 FROM synchro.membership_staged_unscoped u
+                                                 WHERE u.relation_id = p.relation_id AND u.pk = p.pk)";
+
 impl Worker {
     /// Stages the next batch of a pending rule (rows after `staged_through`, byte order) in
     /// one transaction; when the batch is the last, activates the rule in that same
-    /// transaction. Returns the new `staged_through`, or `None` once activated.
-    pub(super) async fn stage_batch(&self, reg: &Registered) -> Result<Option<String>> {
+    /// transaction, once every projected row is accounted for.
+    pub(super) async fn stage_batch(&self, reg: &Registered) -> Result<Staged> {
         let m = reg.membership.as_ref().context("no membership function")?;
         let pending = reg.pending.as_ref().context("nothing pending")?;
         let eval = self
@@ -34,6 +68,16 @@ impl Worker {
             .await?;
         let db = &self.materialize;
         let outcome = in_transaction(db, async {
+            let current = db.query_opt(LOCK_STAGING, &[&reg.relation_id]).await?;
+            let unchanged = current.is_some_and(|r| {
+                r.get::<_, i64>(0) == pending.epoch
+                    && r.get::<_, Option<String>>(1) == pending.staged_through
+            });
+            if !unchanged {
+                db.batch_execute("ROLLBACK").await?;
+                tracing::info!("membership staging restarted by a re-registration");
+                return Ok(Staged::Restarted);
+            }
             let batch: i64 = db
                 .query_one(
                     "SELECT value::bigint FROM synchro.settings WHERE key = 'backfill_batch_size'",
@@ -62,29 +106,58 @@ impl Worker {
                 .collect();
             stage_rows(db, &eval, reg, m.fanout, &rows.iter().collect::<Vec<_>>()).await?;
             let outcome = if (pks.len() as i64) < batch.max(1) {
-                let at = confirmed_lsn(db).await?;
-                let effects = activate(db, &self.statements, reg, at).await?;
-                if effects > 0 {
-                    db.batch_execute("NOTIFY synchro_effects").await?;
+                let unstaged: i64 = db
+                    .query_one(UNSTAGED_ROWS, &[&reg.relation_id])
+                    .await?
+                    .get(0);
+                if unstaged > 0 {
+                    // Never activate a rule that was not asked about every row: those rows
+                    // would be in no scope. Stage it again from the start.
+                    db.execute(
+                        "UPDATE synchro.membership_functions
+                            SET staged_through = NULL, staging_started_at = now(),
+                                staging_epoch = staging_epoch + 1
+                          WHERE relation_id = $1",
+                        &[&reg.relation_id],
+                    )
+                    .await?;
+                    for table in ["membership_staged_edges", "membership_staged_unscoped"] {
+                        db.execute(
+                            &format!("DELETE FROM synchro.{table} WHERE relation_id = $1"),
+                            &[&reg.relation_id],
+                        )
+                        .await?;
+                    }
+                    tracing::error!(
+                        unstaged,
+                        "staged membership rule left rows unevaluated; staging it again"
+                    );
+                    Staged::Restarted
+                } else {
+                    let at = confirmed_lsn(db).await?;
+                    let effects = activate(db, &self.statements, reg, at).await?;
+                    if effects > 0 {
+                        db.batch_execute("NOTIFY synchro_effects").await?;
+                    }
+                    // A table is served once its rule is live (api::events checks the manifest).
+                    db.batch_execute("NOTIFY synchro_schema").await?;
+                    tracing::info!(effects, "staged membership rule activated");
+                    Staged::Activated
                 }
-                // A table is served once its rule is live (api::events checks the manifest).
-                db.batch_execute("NOTIFY synchro_schema").await?;
-                tracing::info!(effects, "staged membership rule activated");
-                None
             } else {
-                let last = pks.last().cloned();
+                let last = pks.last().cloned().expect("a full batch");
                 db.execute(
                     "UPDATE synchro.membership_functions SET staged_through = $2 WHERE relation_id = $1",
                     &[&reg.relation_id, &last],
                 )
                 .await?;
-                last
+                Staged::Through(last)
             };
             db.batch_execute("COMMIT").await?;
             Ok::<_, anyhow::Error>(outcome)
         })
         .await?;
-        if outcome.is_none() {
+        if outcome == Staged::Activated {
             self.analyze_materialized().await;
         }
         Ok(outcome)
@@ -168,6 +241,26 @@ pub(super) async fn stage_rows(
         &[&reg.relation_id, &s_pks, &s_scopes],
     )
     .await?;
+    // Rows evaluated to no scope are recorded as such: with the edges they account for
+    // every staged row.
+    let unscoped: Vec<&str> = scopes
+        .iter()
+        .filter(|(_, set)| set.is_empty())
+        .map(|(pk, _)| *pk)
+        .collect();
+    db.execute(
+        "DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = $1 AND pk = ANY($2::text[])",
+        &[&reg.relation_id, &pks],
+    )
+    .await?;
+    if !unscoped.is_empty() {
+        db.execute(
+            "INSERT INTO synchro.membership_staged_unscoped (relation_id, pk)
+             SELECT $1, k FROM unnest($2::text[]) AS k",
+            &[&reg.relation_id, &unscoped],
+        )
+        .await?;
+    }
     Ok(())
 }
 
@@ -207,11 +300,16 @@ pub(super) async fn activate(
         &[&reg.relation_id, &(reg.contract.current + 1)],
     )
     .await?;
-    db.execute(
+    // The staged in-no-scope records become the live ones.
+    for sql in [
+        "DELETE FROM synchro.membership_unscoped WHERE relation_id = $1",
+        "INSERT INTO synchro.membership_unscoped (relation_id, pk)
+         SELECT relation_id, pk FROM synchro.membership_staged_unscoped WHERE relation_id = $1",
+        "DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = $1",
         "DELETE FROM synchro.membership_staged_edges WHERE relation_id = $1",
-        &[&reg.relation_id],
-    )
-    .await?;
+    ] {
+        db.execute(sql, &[&reg.relation_id]).await?;
+    }
     Ok(diff.len())
 }
 

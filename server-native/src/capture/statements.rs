@@ -26,6 +26,8 @@ pub(super) struct Statements {
     pub(super) insert_edges: Statement,
     /// Records scope effects in the order given.
     pub(super) insert_effects: Statement,
+    /// Replaces the in-no-scope records of some rows (`$2`) with those of `$3`.
+    pub(super) unscoped: Statement,
     /// Records the end LSN of the last applied transaction, how many were applied, and the
     /// heartbeat.
     pub(super) progress: Statement,
@@ -88,6 +90,16 @@ impl Statements {
                      SELECT s, $1, k, kind, v FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
                             WITH ORDINALITY AS a(s, k, kind, v, n)
                       ORDER BY n",
+                )
+                .await?,
+            unscoped: db
+                .prepare(
+                    "WITH gone AS (
+                         DELETE FROM synchro.membership_unscoped
+                          WHERE relation_id = $1 AND pk = ANY($2::text[]) AND pk <> ALL($3::text[]))
+                     INSERT INTO synchro.membership_unscoped (relation_id, pk)
+                     SELECT $1, k FROM unnest($3::text[]) AS k
+                     ON CONFLICT DO NOTHING",
                 )
                 .await?,
             progress: db

@@ -12,6 +12,7 @@ use tokio_postgres::types::PgLsn;
 use super::block::{block_site, BlockSite, Decoding, DriftDetail, Drifted, InTransaction};
 use super::materialize::Span;
 use super::registry::{Relations, Status};
+use super::staging::{Staged, StagingRestarted};
 use super::stream::Stream;
 use super::transaction::{decode_changes, record_shapes, Shapes, Transaction, TxChanges};
 use super::{Failpoint, StepOutcome, Worker};
@@ -90,6 +91,10 @@ impl Worker {
                 // What the stream handed out was not applied: the next stream starts again
                 // at the slot's confirmed position.
                 self.stream = None;
+                if e.chain().any(|c| c.is::<StagingRestarted>()) {
+                    // Applied again at once, with the registry as it now is.
+                    return Ok(StepOutcome::Applied(1));
+                }
                 match block_site(&e) {
                     Some(site) => self.block(site).await,
                     None => Err(e),
@@ -291,15 +296,19 @@ impl Worker {
             .collect();
         let mut batches = 0;
         for oid in staging {
-            let through = self.stage_batch(&registry[&oid]).await?;
+            // An earlier relation's activation or restart reloaded the registry.
+            let Some(reg) = registry.get(&oid).filter(|r| r.pending.is_some()) else {
+                continue;
+            };
+            let staged = self.stage_batch(reg).await?;
             batches += 1;
-            match through {
-                Some(t) => {
+            match staged {
+                Staged::Through(t) => {
                     let reg = registry.get_mut(&oid).expect("listed");
                     reg.pending.as_mut().expect("pending").staged_through = Some(t);
                 }
-                // Activated: reload the registry for the new live rule.
-                None => *registry = self.registry().await?,
+                // Activated (a new live rule) or restarted (another pending state): reload.
+                Staged::Activated | Staged::Restarted => *registry = self.registry().await?,
             }
         }
         Ok(batches)
