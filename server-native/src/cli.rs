@@ -97,11 +97,14 @@ enum Command {
     },
     /// Run the capture worker (one leader per database; others wait). SIGTERM or SIGINT
     /// stops it and exits 0: a step in progress is abandoned (its transaction rolls back)
-    /// and the next worker resumes from the last committed progress.
+    /// and the next worker resumes from the last committed progress. With a subcommand: the
+    /// operator's ways out of a blocked capture or a stopped staging (synchro_operator login).
     Capture {
+        #[command(subcommand)]
+        action: Option<CaptureCommand>,
         /// Worker login connection string (REPLICATION, member of synchro_worker).
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+        database_url: Option<String>,
     },
     /// GET /ready of a local `serve`: exits 0 when it answers 200 within 5 s, 1 otherwise
     /// (the container's health check; it needs no curl in the image).
@@ -131,6 +134,64 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
         listen: SocketAddr,
+    },
+}
+
+impl Command {
+    /// The sessions' `application_name`: what they are for, per command.
+    fn application_name(&self) -> &'static str {
+        match self {
+            Command::Install { .. } => "synchro-server install",
+            Command::Registry { .. } => "synchro-server registry",
+            Command::Publish { .. } => "synchro-server publish",
+            Command::Health { .. } => "synchro-server health",
+            Command::Serve { .. } => "synchro-server serve",
+            Command::Capture { action: None, .. } => "synchro-server capture",
+            Command::Capture { .. } => "synchro-server capture (operator)",
+            Command::Probe { .. } => "synchro-server probe",
+            Command::Compact { .. } => "synchro-server compact",
+            Command::Dev { .. } => "synchro-server dev",
+        }
+    }
+}
+
+/// The operator's recoveries (each prints one JSON object and changes nothing else).
+#[derive(Subcommand)]
+enum CaptureCommand {
+    /// Lift a durable capture block once its cause is fixed (a rule or grant repaired, a
+    /// value corrected): the worker tries again from the last applied transaction, and blocks
+    /// again with the same reason if the cause remains. Prints the block lifted.
+    Unblock {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Stage a relation's pending membership rule again from its first row (after its
+    /// staging stopped on a failed evaluation and the rule or a grant was fixed).
+    RetryStaging {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
+    },
+    /// Abandon a relation's pending membership rule: a changed rule is dropped and the live
+    /// one keeps serving; a first rule is removed (its rows are in no scope until a rule is
+    /// registered).
+    SkipStaging {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
     },
 }
 
@@ -450,17 +511,25 @@ pub fn main() -> ExitCode {
 }
 
 async fn async_main() -> ExitCode {
+    use std::io::IsTerminal;
     crate::logging::init(
         &std::env::var("SYNCHRO_LOG").unwrap_or_else(|_| "info".into()),
         std::io::stderr,
+        std::io::stderr().is_terminal(),
     );
-    match run(Cli::parse()).await {
+    let cli = Cli::parse();
+    let _ = crate::APPLICATION_NAME.set(cli.command.application_name());
+    let code = match run(cli).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("synchro-server: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Every client is dropped by now: let the sessions end cleanly (nothing in the
+    // PostgreSQL log).
+    crate::close_connections(std::time::Duration::from_secs(2)).await;
+    code
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
@@ -469,8 +538,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut db = connect_db(&database_url).await?;
             let report = install::install(&mut db).await?;
             println!(
-                "synchro schema at version {} (applied now: {:?})",
-                report.version, report.applied
+                "{}",
+                serde_json::json!({"version": report.version, "applied": report.applied})
             );
         }
         Command::Registry {
@@ -583,7 +652,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => return reconfigure_command(&change, true).await,
         Command::Publish { database_url } => {
             let mut db = connect_db(&database_url).await?;
-            println!("{:?}", publish::publish(&mut db).await?);
+            println!("{}", publish::publish(&mut db).await?.to_json());
         }
         Command::Health { database_url } => {
             let db = connect_db(&database_url).await?;
@@ -594,8 +663,33 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 )
                 .await
                 .map_err(|e| anyhow::anyhow!(install::describe(&e)))?;
-            println!("{}", row.get::<_, String>(0));
-            println!("{}", row.get::<_, String>(1));
+            let checks: serde_json::Value = serde_json::from_str(&row.get::<_, String>(0))?;
+            let report: serde_json::Value = serde_json::from_str(&row.get::<_, String>(1))?;
+            let ready = checks
+                .as_object()
+                .is_some_and(|c| c.values().all(|v| v == "ok"));
+            let waiting: Vec<&String> = checks
+                .as_object()
+                .map(|c| {
+                    c.iter()
+                        .filter(|(_, v)| *v != "ok")
+                        .map(|(k, _)| k)
+                        .collect()
+                })
+                .unwrap_or_default();
+            // One JSON object; a closed pipe (`| head`) is not an error worth a panic.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                serde_json::json!({"ready": ready, "not_ok": waiting, "checks": checks, "report": report})
+            );
+            // Scripts and probes branch on the exit status: 0 only when every check is ok.
+            return Ok(if ready {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            });
         }
         Command::Serve {
             database_url,
@@ -657,7 +751,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             )
             .await?;
         }
-        Command::Capture { database_url } => {
+        Command::Capture {
+            action: Some(action),
+            ..
+        } => return capture_command(action).await,
+        Command::Capture {
+            action: None,
+            database_url,
+        } => {
+            let database_url = database_url.context(
+                "capture needs --database-url (or DATABASE_URL): the worker login's connection string",
+            )?;
             tokio::select! {
                 _ = capture_loop(database_url) => {}
                 _ = shutdown_signal() => tracing::info!("capture worker stopping"),
@@ -724,7 +828,10 @@ async fn relation_command(
     };
     match done {
         Ok((change, outcome)) => {
-            println!("{change} {outcome:?}");
+            println!(
+                "{}",
+                serde_json::json!({"change": change, "publish": outcome.to_json()})
+            );
             Ok(ExitCode::SUCCESS)
         }
         Err(RegistrationError::Invalid(body, _)) => {
@@ -732,6 +839,53 @@ async fn relation_command(
             Ok(ExitCode::FAILURE)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// `capture unblock|retry-staging|skip-staging`: one SQL function each, its answer as JSON.
+async fn capture_command(action: CaptureCommand) -> Result<ExitCode> {
+    let (url, sql, args): (_, _, Vec<String>) = match action {
+        CaptureCommand::Unblock { database_url } => (
+            database_url,
+            "SELECT jsonb_build_object('unblocked', synchro.synchro_capture_unblock())::text",
+            vec![],
+        ),
+        CaptureCommand::RetryStaging {
+            database_url,
+            schema,
+            relation,
+        } => (
+            database_url,
+            "SELECT jsonb_build_object('restarted', synchro.synchro_retry_staging($1, $2))::text",
+            vec![schema, relation],
+        ),
+        CaptureCommand::SkipStaging {
+            database_url,
+            schema,
+            relation,
+        } => (
+            database_url,
+            "SELECT jsonb_build_object('outcome', synchro.synchro_skip_staging($1, $2))::text",
+            vec![schema, relation],
+        ),
+    };
+    let db = connect_db(&url).await?;
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+        .iter()
+        .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
+    match db.query_one(sql, &params).await {
+        Ok(row) => {
+            println!("{}", row.get::<_, String>(0));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => match crate::registry::registration_error(e) {
+            RegistrationError::Invalid(body, _) => {
+                println!("{body}");
+                Ok(ExitCode::FAILURE)
+            }
+            e => Err(e.into()),
+        },
     }
 }
 

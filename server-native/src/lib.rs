@@ -37,6 +37,24 @@ pub mod registry;
 pub mod retention;
 pub mod serve;
 
+/// The `application_name` of every session [`connect_db`] opens: the command (`synchro-server
+/// serve`, `synchro-server capture`, ...), set once by the command line.
+pub static APPLICATION_NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// The tasks driving the sessions [`connect_db`] opened (finished ones are pruned as new ones
+/// are added).
+static CONNECTIONS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Waits (at most `limit`) for every session whose client was dropped to close with a
+/// Terminate message: a process that exits with a session open leaves "could not receive
+/// data from client: Connection reset by peer" in the PostgreSQL log. The command line calls
+/// it before it exits.
+pub async fn close_connections(limit: std::time::Duration) {
+    let tasks: Vec<_> = std::mem::take(&mut *CONNECTIONS.lock().expect("connections"));
+    let _ = tokio::time::timeout(limit, futures_util::future::join_all(tasks)).await;
+}
+
 /// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front
 /// for anything else) and drives the connection on the runtime. Unless the URL sets them,
 /// a connect gives up after 10 s, and a path that went silent (no reset from the peer) is
@@ -60,15 +78,24 @@ pub async fn connect_db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     if config.get_tcp_user_timeout().is_none() {
         config.tcp_user_timeout(std::time::Duration::from_secs(60));
     }
+    // pg_stat_activity names what each session is for (unless the URL does).
+    if config.get_application_name().is_none() {
+        config.application_name(APPLICATION_NAME.get().copied().unwrap_or("synchro-server"));
+    }
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
         .map_err(failed)?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %install::describe_for_log(&e), "database connection ended");
         }
     });
+    {
+        let mut open = CONNECTIONS.lock().expect("connections");
+        open.retain(|t| !t.is_finished());
+        open.push(task);
+    }
     // JIT compilation (PostgreSQL's default `jit = on`) of a plan whose function scans the
     // planner estimates at 1,000 rows each took ~10 ms for a 0.3 ms query: synchro's
     // statements are short, so its sessions never JIT.

@@ -31,8 +31,10 @@ pub fn filter(requested: &str) -> EnvFilter {
     EnvFilter::try_new(requested).unwrap_or_else(|_| EnvFilter::new("info"))
 }
 
-/// Installs the global subscriber: `requested` levels, the dependency cap, to `writer`.
-pub fn init<W>(requested: &str, writer: W)
+/// Installs the global subscriber: `requested` levels, the dependency cap, to `writer`;
+/// ANSI colour only when `ansi` (the CLI passes whether stderr is a terminal, so a file or a
+/// container log gets plain text).
+pub fn init<W>(requested: &str, writer: W, ansi: bool)
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -41,6 +43,7 @@ where
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(writer)
+                .with_ansi(ansi)
                 .with_filter(filter(requested))
                 .with_filter(cap),
         )

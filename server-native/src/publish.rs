@@ -29,6 +29,25 @@ pub enum PublishOutcome {
     },
 }
 
+impl PublishOutcome {
+    /// The outcome as JSON: `{"published":false,"version"}` or
+    /// `{"published":true,"version","hash","class"}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            PublishOutcome::Unchanged { version } => {
+                serde_json::json!({"published": false, "version": version})
+            }
+            PublishOutcome::Published {
+                version,
+                hash,
+                class,
+            } => {
+                serde_json::json!({"published": true, "version": version, "hash": hash, "class": class})
+            }
+        }
+    }
+}
+
 /// The stored (body, recorded hash) rows of the manifest history last read, and the
 /// lineage they validated into. Manifest records are immutable (11_manifests), but the
 /// cache is keyed by the rows' whole text, so it can only answer for the very same rows.

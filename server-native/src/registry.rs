@@ -160,7 +160,8 @@ impl ReconfigurePlan {
     }
 }
 
-fn registration_error(e: tokio_postgres::Error) -> RegistrationError {
+/// A database error of a registry function: the spec's administrative error body when it is one.
+pub(crate) fn registration_error(e: tokio_postgres::Error) -> RegistrationError {
     match e.as_db_error() {
         Some(d) if d.message().starts_with("invalid_registration") => {
             let body = d

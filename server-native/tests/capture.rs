@@ -514,24 +514,24 @@ fn quoted_literals(def: &str) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-/// `DriftDetail` is exactly the list the installed CHECK constraint on
+/// `BlockDetail` is exactly the list the installed CHECK constraint on
 /// `synchro.capture_state.blocked_detail` allows (read from the catalog).
 #[tokio::test]
 async fn drift_details_are_exactly_what_the_check_constraint_allows() {
     use std::collections::BTreeSet;
-    use synchro_server::capture::DriftDetail;
+    use synchro_server::capture::BlockDetail;
 
     let env = Env::installed().await;
     let defs = check_constraints(&env, "blocked_detail").await;
     assert_eq!(defs.len(), 1, "one CHECK over blocked_detail: {defs:?}");
     let def = &defs[0];
     let allowed = quoted_literals(def);
-    let codes: BTreeSet<String> = DriftDetail::ALL
+    let codes: BTreeSet<String> = BlockDetail::ALL
         .iter()
         .map(|d| d.as_str().to_owned())
         .collect();
-    assert_eq!(codes.len(), DriftDetail::ALL.len(), "distinct codes");
-    assert_eq!(codes, allowed, "DriftDetail against {def}");
+    assert_eq!(codes.len(), BlockDetail::ALL.len(), "distinct codes");
+    assert_eq!(codes, allowed, "BlockDetail against {def}");
     assert_eq!(
         common::sqlstate(
             &env.admin,

@@ -26,7 +26,7 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let sink = buf.clone();
         // The production filter at its most verbose setting.
-        synchro_server::logging::init("trace", move || Sink(sink.clone()));
+        synchro_server::logging::init("trace", move || Sink(sink.clone()), false);
         buf
     })
 }

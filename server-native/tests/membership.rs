@@ -598,3 +598,336 @@ async fn a_re_registration_while_a_staging_batch_is_in_flight_never_leaves_a_row
         .get(0);
     assert!(!ready);
 }
+
+/// The capture report's `blocked` object (null when not blocked).
+async fn blocked(env: &Env) -> serde_json::Value {
+    let text: String = env
+        .admin
+        .query_one(
+            "SELECT (synchro.synchro_capture_report()->'blocked')::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Runs `synchro-server capture <args>` as the operator login; returns its JSON output.
+fn capture_cli(env: &Env, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .arg("capture")
+        .args(args)
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A new worker in place of `worker` (its prepared evaluations gone), once it leads.
+async fn reconnect(env: &Env, worker: Worker) -> Worker {
+    drop(worker);
+    loop {
+        let mut next = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+            .await
+            .unwrap();
+        if next.step(Failpoint::None).await.ok() != Some(StepOutcome::NotLeader) {
+            return next;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Replaces rules.doc_scopes' body (its owner, the operator login, may).
+async fn replace_rule(op: &tokio_postgres::Client, team_expression: &str) {
+    op.batch_execute(&format!(
+        "CREATE OR REPLACE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id
+           UNION SELECT {team_expression} FROM synchro_projection.\"app.docs\" WHERE id = p_id AND team IS NOT NULL;
+         END;"
+    ))
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_operator_unblocks_it()
+{
+    let (env, mut worker) = setup().await;
+    let op = env.login("synchro_dev_operator").await;
+    let relation_id: String = env
+        .admin
+        .query_one("SELECT relation_id FROM synchro.relations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    drain(&mut worker).await;
+    // The rule divides by zero for team 'boom' (evaluated per row, at run time).
+    replace_rule(&op, "'team:' || (100 / (length(team) - 4))::text").await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red'), (2, 'bob', 'boom')")
+        .await
+        .unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("scope_evaluation_failed".into())
+    );
+    let block = blocked(&env).await;
+    assert_eq!(block["relation_id"], relation_id.as_str(), "{block}");
+    assert_eq!(block["detail"], "function_error", "{block}");
+    assert_eq!(block["sqlstate"], "22012", "{block}");
+    // Unblocked with the cause still there: it blocks again, the same way.
+    let lifted = capture_cli(&env, &["unblock"]);
+    assert_eq!(lifted["unblocked"]["sqlstate"], "22012", "{lifted}");
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("scope_evaluation_failed".into())
+    );
+    // Fixed in place and unblocked (the operator login, no superuser): capture goes on.
+    replace_rule(&op, "'team:' || team").await;
+    assert_eq!(
+        capture_cli(&env, &["unblock"])["unblocked"]["detail"],
+        "function_error"
+    );
+    assert_eq!(
+        capture_cli(&env, &["unblock"]),
+        serde_json::json!({ "unblocked": null })
+    );
+    drain(&mut worker).await;
+    assert_eq!(
+        edge_set(&env).await,
+        [
+            ("team:boom".to_owned(), "\"2\"".to_owned()),
+            ("team:red".to_owned(), "\"1\"".to_owned()),
+            ("user:alice".to_owned(), "\"1\"".to_owned()),
+            ("user:bob".to_owned(), "\"2\"".to_owned()),
+        ]
+    );
+
+    // A missing grant (the worker may not use the rule's schema) names the privilege.
+    env.admin
+        .batch_execute("REVOKE USAGE ON SCHEMA rules FROM synchro_worker")
+        .await
+        .unwrap();
+    let mut worker = reconnect(&env, worker).await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (3, 'carol', NULL)")
+        .await
+        .unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("scope_evaluation_failed".into())
+    );
+    let block = blocked(&env).await;
+    assert_eq!(block["detail"], "insufficient_privilege", "{block}");
+    assert_eq!(block["sqlstate"], "42501", "{block}");
+    env.admin
+        .batch_execute("GRANT USAGE ON SCHEMA rules TO synchro_worker")
+        .await
+        .unwrap();
+    capture_cli(&env, &["unblock"]);
+    drain(&mut worker).await;
+    assert!(edge_set(&env)
+        .await
+        .contains(&("user:carol".to_owned(), "\"3\"".to_owned())));
+
+    // A cancelled evaluation is retried, never recorded as a block.
+    replace_rule(
+        &op,
+        "'team:' || team || CASE WHEN pg_sleep(CASE WHEN team = 'slow' THEN 30 ELSE 0 END) IS NULL THEN '' END",
+    )
+    .await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (4, 'dave', 'slow')")
+        .await
+        .unwrap();
+    let cancel_the_evaluation = async {
+        loop {
+            let cancelled: i64 = env
+                .admin
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
+                      WHERE usename = 'synchro_dev_worker' AND wait_event = 'PgSleep'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if cancelled > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    let (stepped, ()) = tokio::join!(worker.step(Failpoint::None), cancel_the_evaluation);
+    assert!(stepped.is_err(), "a cancelled evaluation fails the step");
+    assert_eq!(blocked(&env).await, serde_json::Value::Null);
+    replace_rule(&op, "'team:' || team").await;
+    let mut worker = reconnect(&env, worker).await;
+    drain(&mut worker).await;
+    assert!(edge_set(&env)
+        .await
+        .contains(&("team:slow".to_owned(), "\"4\"".to_owned())));
+}
+
+/// The report's staging entry of the one relation, and the health check.
+async fn staging(env: &Env) -> (serde_json::Value, String) {
+    let row = env
+        .admin
+        .query_one(
+            "SELECT (synchro.synchro_capture_report()->'membership_staging')::text,
+                    synchro.synchro_health_detail()->>'membership_staging'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let all: serde_json::Value = serde_json::from_str(&row.get::<_, String>(0)).unwrap();
+    let one = all
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    (one, row.get(1))
+}
+
+#[tokio::test]
+async fn a_failing_staged_rule_stops_only_its_staging_and_the_operator_retries_or_skips_it() {
+    let (env, mut worker) = setup().await;
+    let op = env.login("synchro_dev_operator").await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red'), (2, 'bob', 'boom')")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    let live_before = edge_set(&env).await;
+    // A changed rule that divides by zero for team 'boom'.
+    op.batch_execute(
+        "CREATE FUNCTION rules.v2(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'v2:' || (100 / (length(team) - 4))::text FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.v2(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.v2(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.v2(bigint)');",
+    )
+    .await
+    .unwrap();
+    drain(&mut worker).await;
+    // Capture is not blocked; the staging says why it stopped.
+    assert_eq!(blocked(&env).await, serde_json::Value::Null);
+    let (entry, check) = staging(&env).await;
+    assert_eq!(check, "failed");
+    assert_eq!(entry["failed"], "function_error", "{entry}");
+    assert_eq!(entry["sqlstate"], "22012", "{entry}");
+    assert_eq!(entry["first_rule"], false, "{entry}");
+    // Writes go on under the live rule, also to rows the failed staging had covered.
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (3, 'carol', 'boom'); UPDATE app.docs SET owner = 'ann' WHERE id = 1")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(blocked(&env).await, serde_json::Value::Null);
+    assert!(edge_set(&env)
+        .await
+        .contains(&("user:carol".to_owned(), "\"3\"".to_owned())));
+    // Retried with the cause still there: it stops again.
+    assert_eq!(
+        capture_cli(
+            &env,
+            &["retry-staging", "--schema", "app", "--relation", "docs"]
+        ),
+        serde_json::json!({ "restarted": true })
+    );
+    drain(&mut worker).await;
+    assert_eq!(staging(&env).await.0["failed"], "function_error");
+    // Abandoned: the live rule keeps serving, nothing is staged, health is ok.
+    assert_eq!(
+        capture_cli(
+            &env,
+            &["skip-staging", "--schema", "app", "--relation", "docs"]
+        ),
+        serde_json::json!({ "outcome": "change_abandoned" })
+    );
+    let (entry, check) = staging(&env).await;
+    assert_eq!((entry, check.as_str()), (serde_json::Value::Null, "ok"));
+    drain(&mut worker).await;
+    let live: String = env
+        .admin
+        .query_one(
+            "SELECT function_signature FROM synchro.membership_functions",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, "rules.doc_scopes(bigint)");
+    assert!(edge_set(&env).await.len() > live_before.len());
+    assert_eq!(coverage(&env).await.0, "ok");
+    // A fixed rule registered again stages and activates.
+    op.batch_execute(
+        "CREATE OR REPLACE FUNCTION rules.v2(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'v2:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.v2(bigint)');",
+    )
+    .await
+    .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(
+        edge_set(&env).await,
+        [
+            ("v2:ann".to_owned(), "\"1\"".to_owned()),
+            ("v2:bob".to_owned(), "\"2\"".to_owned()),
+            ("v2:carol".to_owned(), "\"3\"".to_owned()),
+        ]
+    );
+    assert_eq!(staging(&env).await.1, "ok");
+    // `health` is one JSON object and exits non-zero while a check is not ok (no manifest
+    // is published here; and with a failed staging, it names that too).
+    let health = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .arg("health")
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(health.status.code(), Some(1));
+    let health: serde_json::Value = serde_json::from_slice(&health.stdout).unwrap();
+    assert_eq!(health["ready"], false);
+    assert!(health["not_ok"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!("current_manifest")));
+    assert_eq!(health["checks"]["membership_staging"], "ok");
+    // An unknown relation is the registry's error, not a crash.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args([
+            "capture",
+            "retry-staging",
+            "--schema",
+            "app",
+            "--relation",
+            "nope",
+        ])
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ambiguous_physical_relation"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

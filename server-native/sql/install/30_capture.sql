@@ -28,9 +28,14 @@ CREATE TABLE synchro.capture_state (
     blocked_relation_id text,
     blocked_detail text CHECK (blocked_detail IN
         ('column_added', 'column_missing', 'column_type_changed', 'relation_renamed', 'relation_dropped',
-         'replica_identity_changed', 'primary_key_changed')),
+         'replica_identity_changed', 'primary_key_changed',
+         'function_error', 'insufficient_privilege', 'function_unavailable', 'invalid_scope',
+         'fanout_exceeded', 'impact_invalid_row', 'impact_bound_exceeded')),
     blocked_lsn pg_lsn,
-    blocked_ordinal integer
+    blocked_ordinal integer,
+    -- The SQLSTATE of the database error behind the block (a failed membership or impact
+    -- function), when there was one: the operator's pointer into the PostgreSQL log.
+    blocked_sqlstate text CHECK (blocked_sqlstate ~ '^[0-9A-Z]{5}$')
 );
 REVOKE ALL ON synchro.capture_state FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.capture_state TO synchro_worker;

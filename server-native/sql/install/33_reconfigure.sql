@@ -472,7 +472,7 @@ BEGIN
         PERFORM pg_catalog.pg_logical_emit_message(true, 'synchro', 'reconfigure:' || p_generation);
         UPDATE synchro.capture_state
            SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
-               blocked_lsn = NULL, blocked_ordinal = NULL
+               blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL
          WHERE blocked_relation_id = v_rel.relation_id;
         RETURN 0;
     END IF;
@@ -523,7 +523,7 @@ BEGIN
     -- activation blocks again).
     UPDATE synchro.capture_state
        SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
-           blocked_lsn = NULL, blocked_ordinal = NULL
+           blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL
      WHERE blocked_relation_id = v_rel.relation_id;
     RETURN v_rows;
 END $$;

@@ -114,7 +114,13 @@ CREATE TABLE synchro.membership_functions (
     -- Raised by every (re)registration that restarts staging (here and 42_staging): the
     -- worker stages a batch only under the epoch it loaded, with this row locked, so a batch
     -- in flight can never record its progress over a restart.
-    staging_epoch bigint NOT NULL DEFAULT 1
+    staging_epoch bigint NOT NULL DEFAULT 1,
+    -- Why the staging of the pending rule stopped (a blocked_detail code of 30_capture and
+    -- the SQLSTATE behind it): a rule that is not live never blocks capture, its staging
+    -- stops here until `synchro_retry_staging`, a re-registration or `synchro_skip_staging`.
+    staging_failed_detail text,
+    staging_failed_sqlstate text CHECK (staging_failed_sqlstate ~ '^[0-9A-Z]{5}$'),
+    staging_failed_at timestamptz
 );
 REVOKE ALL ON synchro.membership_functions FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.membership_functions TO synchro_worker;
@@ -213,7 +219,8 @@ BEGIN
         UPDATE synchro.membership_functions
            SET pending_function_oid = v_oid, pending_signature = v_oid::regprocedure::text,
                pending_sha256 = synchro.synchro_function_definition_sha256(v_oid),
-               staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1
+               staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1,
+               staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
          WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = v_rel.relation_id;

@@ -49,7 +49,8 @@ BEGIN
        SET pending_function_oid = coalesce(pending_function_oid, function_oid),
            pending_signature = coalesce(pending_signature, function_signature),
            pending_sha256 = coalesce(pending_sha256, definition_sha256),
-           staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1
+           staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1,
+           staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
      WHERE relation_id = NEW.target_relation_id;
     DELETE FROM synchro.membership_staged_edges WHERE relation_id = NEW.target_relation_id;
     DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = NEW.target_relation_id;
@@ -74,3 +75,68 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() TO synchro_worker;
+
+-- The operator's ways out of a stopped staging (spec 001: every blocked state has one that
+-- needs no superuser). Both name the relation as registered; both return what they did.
+
+-- Stages the pending rule of a relation again from its first row (after fixing the rule or
+-- a grant it lacked): clears a recorded failure. Returns false when nothing is pending.
+CREATE FUNCTION synchro.synchro_retry_staging(p_schema text, p_relation text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_relation_id text;
+BEGIN
+    SELECT relation_id INTO v_relation_id FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation;
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    UPDATE synchro.membership_functions
+       SET staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1,
+           staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
+     WHERE relation_id = v_relation_id AND pending_function_oid IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_relation_id;
+    DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = v_relation_id;
+    RETURN true;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_retry_staging(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_retry_staging(text, text) TO synchro_operator;
+
+-- Abandons the pending rule of a relation: a changed rule is dropped and the live one keeps
+-- serving ('change_abandoned'); a first rule is removed, leaving the relation without a rule
+-- ('first_rule_removed': its rows are in no scope until a rule is registered). 'none' when
+-- nothing was pending.
+CREATE FUNCTION synchro.synchro_skip_staging(p_schema text, p_relation text) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_relation_id text;
+    v_live boolean;
+BEGIN
+    SELECT relation_id INTO v_relation_id FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation;
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    SELECT live INTO v_live FROM synchro.membership_functions
+     WHERE relation_id = v_relation_id AND pending_function_oid IS NOT NULL FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'none';
+    END IF;
+    DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_relation_id;
+    DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = v_relation_id;
+    IF NOT v_live THEN
+        DELETE FROM synchro.membership_functions WHERE relation_id = v_relation_id;
+        RETURN 'first_rule_removed';
+    END IF;
+    UPDATE synchro.membership_functions
+       SET pending_function_oid = NULL, pending_signature = NULL, pending_sha256 = NULL,
+           staged_through = NULL, staging_started_at = NULL, staging_epoch = staging_epoch + 1,
+           staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
+     WHERE relation_id = v_relation_id;
+    RETURN 'change_abandoned';
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_skip_staging(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_skip_staging(text, text) TO synchro_operator;

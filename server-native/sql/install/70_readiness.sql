@@ -110,9 +110,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
         -- edge or is recorded as in no scope. A row with neither was lost from every scope.
         'membership_coverage', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.synchro_membership_uncovered()) THEN 'failed' ELSE 'ok' END,
-        -- Every membership rule is live: a first rule still staging serves nothing yet.
-        'membership_staging', CASE WHEN EXISTS (
-            SELECT 1 FROM synchro.membership_functions WHERE NOT live) THEN 'unknown' ELSE 'ok' END,
+        -- No staging stopped on a failed evaluation, and every membership rule is live (a
+        -- first rule still staging serves nothing yet).
+        'membership_staging', CASE
+            WHEN EXISTS (SELECT 1 FROM synchro.membership_functions WHERE staging_failed_at IS NOT NULL) THEN 'failed'
+            WHEN EXISTS (SELECT 1 FROM synchro.membership_functions WHERE NOT live) THEN 'unknown'
+            ELSE 'ok' END,
         -- Every registered relation has its fence trigger, enabled.
         'capture_fences', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.relations r
@@ -151,7 +154,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     SELECT jsonb_build_object(
         'blocked', (SELECT CASE WHEN c.blocked_reason IS NULL THEN NULL ELSE jsonb_strip_nulls(jsonb_build_object(
                         'reason', c.blocked_reason, 'detail', c.blocked_detail,
-                        'relation_id', c.blocked_relation_id, 'lsn', c.blocked_lsn::text,
+                        'relation_id', c.blocked_relation_id, 'sqlstate', c.blocked_sqlstate, 'lsn', c.blocked_lsn::text,
                         'ordinal', c.blocked_ordinal, 'since', c.blocked_at)) END
                       FROM synchro.capture_state c),
         'retained_wal_bytes', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint
@@ -164,8 +167,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                               JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
         'membership_uncovered_rows', (SELECT coalesce(jsonb_object_agg(u.relation_id, u.rows), '{}'::jsonb)
                                         FROM synchro.synchro_membership_uncovered() u),
-        'membership_staging', (SELECT coalesce(jsonb_object_agg(m.relation_id, jsonb_build_object(
-                                   'first_rule', NOT m.live, 'since', m.staging_started_at)), '{}'::jsonb)
+        'membership_staging', (SELECT coalesce(jsonb_object_agg(m.relation_id, jsonb_strip_nulls(jsonb_build_object(
+                                   'first_rule', NOT m.live, 'since', m.staging_started_at,
+                                   'failed', m.staging_failed_detail, 'sqlstate', m.staging_failed_sqlstate,
+                                   'failed_at', m.staging_failed_at))), '{}'::jsonb)
                                  FROM synchro.membership_functions m WHERE m.pending_function_oid IS NOT NULL),
         'registry_generation', (SELECT max(generation) FROM synchro.registry_generations WHERE state = 'active'),
         'reconfigurations_pending', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'pending'),
@@ -173,3 +178,27 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_report() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_capture_report() TO synchro_monitor, synchro_operator;
+
+-- Lifts a durable block (the operator's way out once the cause is fixed: a rule or grant
+-- repaired, drift reconfigured): the worker tries again from the last applied position and
+-- blocks again, with the same reason, if the cause remains. Returns the block lifted (the
+-- report's `blocked` object), or null when capture was not blocked.
+CREATE FUNCTION synchro.synchro_capture_unblock() RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_state synchro.capture_state%ROWTYPE;
+BEGIN
+    SELECT * INTO v_state FROM synchro.capture_state FOR UPDATE;
+    IF v_state.blocked_reason IS NULL THEN
+        RETURN NULL;
+    END IF;
+    UPDATE synchro.capture_state
+       SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
+           blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL;
+    RETURN jsonb_strip_nulls(jsonb_build_object(
+        'reason', v_state.blocked_reason, 'detail', v_state.blocked_detail,
+        'relation_id', v_state.blocked_relation_id, 'sqlstate', v_state.blocked_sqlstate,
+        'lsn', v_state.blocked_lsn::text, 'ordinal', v_state.blocked_ordinal, 'since', v_state.blocked_at));
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_unblock() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_capture_unblock() TO synchro_operator;

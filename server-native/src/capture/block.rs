@@ -60,58 +60,138 @@ impl std::fmt::Display for BlockReason {
     }
 }
 
-/// What drifted, for `registered_relation_drift` (`capture_state.blocked_detail`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DriftDetail {
-    /// A column that is neither a field nor declared server-only (nor declared by a
-    /// reconfiguration in flight).
-    ColumnAdded,
-    /// A registered field's column is not in the change.
-    ColumnMissing,
-    /// A registered field's column has another SQL type or modifier.
-    ColumnTypeChanged,
-    /// The relation has another qualified name.
-    RelationRenamed,
-    /// The registered relation OID is gone (dropped, or dropped and recreated).
-    RelationDropped,
-    /// Another replica identity.
-    ReplicaIdentityChanged,
-    /// Another primary key.
-    PrimaryKeyChanged,
+/// Declares [`BlockDetail`] with its codes and [`BlockDetail::ALL`] from one list.
+macro_rules! block_details {
+    ($($(#[doc = $doc:literal])* $variant:ident => $code:literal,)*) => {
+        /// What exactly blocked (`capture_state.blocked_detail`, and a stopped staging's
+        /// `membership_functions.staging_failed_detail`): what drifted for
+        /// `registered_relation_drift`, what failed for `scope_evaluation_failed`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum BlockDetail {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl BlockDetail {
+            /// Every detail, in the CHECK constraint's order.
+            pub const ALL: &'static [BlockDetail] = &[$(BlockDetail::$variant,)*];
+
+            /// The code stored in `blocked_detail`.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(BlockDetail::$variant => $code,)*
+                }
+            }
+        }
+    };
 }
 
-impl DriftDetail {
-    /// Every detail, in the CHECK constraint's order.
-    pub const ALL: &'static [DriftDetail] = &[
-        DriftDetail::ColumnAdded,
-        DriftDetail::ColumnMissing,
-        DriftDetail::ColumnTypeChanged,
-        DriftDetail::RelationRenamed,
-        DriftDetail::RelationDropped,
-        DriftDetail::ReplicaIdentityChanged,
-        DriftDetail::PrimaryKeyChanged,
-    ];
+block_details! {
+    /// A column that is neither a field nor declared server-only (nor declared by a
+    /// reconfiguration in flight).
+    ColumnAdded => "column_added",
+    /// A registered field's column is not in the change.
+    ColumnMissing => "column_missing",
+    /// A registered field's column has another SQL type or modifier.
+    ColumnTypeChanged => "column_type_changed",
+    /// The relation has another qualified name.
+    RelationRenamed => "relation_renamed",
+    /// The registered relation OID is gone (dropped, or dropped and recreated).
+    RelationDropped => "relation_dropped",
+    /// Another replica identity.
+    ReplicaIdentityChanged => "replica_identity_changed",
+    /// Another primary key.
+    PrimaryKeyChanged => "primary_key_changed",
+    /// A membership or impact function raised an error (its SQLSTATE is recorded).
+    FunctionError => "function_error",
+    /// A membership or impact function (or its owner) lacks a privilege it needs: USAGE on
+    /// a schema, SELECT on a projection view, EXECUTE (SQLSTATE 42501).
+    InsufficientPrivilege => "insufficient_privilege",
+    /// A registered function cannot be called: dropped, or its owner unknown.
+    FunctionUnavailable => "function_unavailable",
+    /// A membership function returned a null or blank scope, or a row it was not asked for.
+    InvalidScope => "invalid_scope",
+    /// A row is in more scopes than the relation's fanout bound.
+    FanoutExceeded => "fanout_exceeded",
+    /// An impact function named a row of another table or key type.
+    ImpactInvalidRow => "impact_invalid_row",
+    /// An impact function named more rows for one event than its bound.
+    ImpactBoundExceeded => "impact_bound_exceeded",
+}
 
-    /// The code stored in `blocked_detail`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            DriftDetail::ColumnAdded => "column_added",
-            DriftDetail::ColumnMissing => "column_missing",
-            DriftDetail::ColumnTypeChanged => "column_type_changed",
-            DriftDetail::RelationRenamed => "relation_renamed",
-            DriftDetail::RelationDropped => "relation_dropped",
-            DriftDetail::ReplicaIdentityChanged => "replica_identity_changed",
-            DriftDetail::PrimaryKeyChanged => "primary_key_changed",
-        }
-    }
-
+impl BlockDetail {
     /// The detail a code names.
-    pub fn parse(code: &str) -> Option<DriftDetail> {
-        DriftDetail::ALL
+    pub fn parse(code: &str) -> Option<BlockDetail> {
+        BlockDetail::ALL
             .iter()
             .copied()
             .find(|d| d.as_str() == code)
     }
+}
+
+/// A failed membership or impact evaluation: what failed and the SQLSTATE behind it. It
+/// blocks capture with `scope_evaluation_failed` when the rule is live; a staged rule's
+/// evaluation stops only its staging.
+#[derive(Debug, thiserror::Error)]
+#[error("capture blocked: scope_evaluation_failed ({})", .detail.as_str())]
+pub(crate) struct EvaluationFailed {
+    pub(crate) detail: BlockDetail,
+    pub(crate) sqlstate: Option<String>,
+}
+
+impl EvaluationFailed {
+    /// A failure without a database error behind it.
+    pub(crate) fn new(detail: BlockDetail) -> EvaluationFailed {
+        EvaluationFailed {
+            detail,
+            sqlstate: None,
+        }
+    }
+
+    /// A database error of an evaluation: a transient one (a cancelled statement, a
+    /// deadlock or serialization failure, a lost connection, a shutdown, exhausted
+    /// resources) is returned as it is, so the step fails and is tried again; anything else
+    /// is an evaluation failure with its SQLSTATE.
+    pub(crate) fn from_db(e: tokio_postgres::Error, detail: BlockDetail) -> anyhow::Error {
+        let Some(code) = e.code().map(|c| c.code().to_owned()) else {
+            return e.into(); // the connection, not the function
+        };
+        if is_transient(&code) {
+            return anyhow::Error::from(e).context(TransientEvaluation);
+        }
+        let detail = if code == "42501" {
+            BlockDetail::InsufficientPrivilege
+        } else if code == "42883" || code == "42P01" {
+            BlockDetail::FunctionUnavailable
+        } else {
+            detail
+        };
+        EvaluationFailed {
+            detail,
+            sqlstate: Some(code),
+        }
+        .into()
+    }
+}
+
+/// The failed evaluation in an error's chain, if any: its detail and SQLSTATE.
+pub(crate) fn evaluation_failure(e: &anyhow::Error) -> Option<(BlockDetail, Option<String>)> {
+    e.chain().find_map(|c| {
+        c.downcast_ref::<EvaluationFailed>()
+            .map(|f| (f.detail, f.sqlstate.clone()))
+    })
+}
+
+/// An evaluation failed for a reason that passes (it is retried, never recorded).
+#[derive(Debug, thiserror::Error)]
+#[error("a membership or impact evaluation was interrupted; retrying")]
+pub(crate) struct TransientEvaluation;
+
+/// Whether a SQLSTATE names a condition that passes: class 08 (connection), 40
+/// (serialization failure, deadlock), 53 (insufficient resources), 57 (cancelled,
+/// shutdown), 58 (system error), and 55P03 (lock not available).
+pub(crate) fn is_transient(code: &str) -> bool {
+    matches!(&code[..2.min(code.len())], "08" | "40" | "53" | "57" | "58") || code == "55P03"
 }
 
 /// A blocking condition, raised as an error so that `?` carries it to the step.
@@ -125,7 +205,7 @@ pub(crate) struct Blocked(pub(crate) BlockReason);
 #[error("capture blocked: registered_relation_drift ({})", .detail.as_str())]
 pub(crate) struct Drifted {
     pub(crate) relation_id: String,
-    pub(crate) detail: DriftDetail,
+    pub(crate) detail: BlockDetail,
     pub(crate) ordinal: Option<i32>,
 }
 
@@ -169,7 +249,9 @@ impl std::fmt::Display for Decoding {
 pub(crate) struct BlockSite {
     pub(crate) reason: BlockReason,
     pub(crate) relation_id: Option<String>,
-    pub(crate) detail: Option<DriftDetail>,
+    pub(crate) detail: Option<BlockDetail>,
+    /// The SQLSTATE of a database error behind the block.
+    pub(crate) sqlstate: Option<String>,
     pub(crate) lsn: Option<u64>,
     pub(crate) ordinal: Option<i32>,
     /// Found while decoding a source transaction's changes.
@@ -187,6 +269,17 @@ pub(crate) fn block_site(e: &anyhow::Error) -> Option<BlockSite> {
                 reason: b.0,
                 relation_id: relation.clone(),
                 detail: None,
+                sqlstate: None,
+                lsn,
+                ordinal: None,
+                decoding,
+            })
+        } else if let Some(f) = c.downcast_ref::<EvaluationFailed>() {
+            Some(BlockSite {
+                reason: BlockReason::ScopeEvaluationFailed,
+                relation_id: relation.clone(),
+                detail: Some(f.detail),
+                sqlstate: f.sqlstate.clone(),
                 lsn,
                 ordinal: None,
                 decoding,
@@ -196,6 +289,7 @@ pub(crate) fn block_site(e: &anyhow::Error) -> Option<BlockSite> {
                 reason: BlockReason::RegisteredRelationDrift,
                 relation_id: Some(d.relation_id.clone()),
                 detail: Some(d.detail),
+                sqlstate: None,
                 lsn,
                 ordinal: d.ordinal,
                 decoding,
@@ -239,7 +333,7 @@ mod tests {
     fn a_drift_carries_its_relation_detail_and_transaction() {
         let e = anyhow::Error::from(Drifted {
             relation_id: "rel_1".into(),
-            detail: DriftDetail::ColumnAdded,
+            detail: BlockDetail::ColumnAdded,
             ordinal: Some(3),
         })
         .context("decoding")
@@ -256,7 +350,7 @@ mod tests {
         let site = block_site(&e).expect("a block");
         assert_eq!(site.reason, BlockReason::RegisteredRelationDrift);
         assert_eq!(site.relation_id.as_deref(), Some("rel_1"));
-        assert_eq!(site.detail, Some(DriftDetail::ColumnAdded));
+        assert_eq!(site.detail, Some(BlockDetail::ColumnAdded));
         assert_eq!(site.lsn, Some(0x1_0000_0010));
         assert_eq!(site.ordinal, Some(3));
         assert!(InTransaction(0x1_0000_0010).to_string().ends_with("1/10"));
@@ -264,9 +358,9 @@ mod tests {
 
     #[test]
     fn drift_details_parse_back() {
-        for d in DriftDetail::ALL {
-            assert_eq!(DriftDetail::parse(d.as_str()), Some(*d));
+        for d in BlockDetail::ALL {
+            assert_eq!(BlockDetail::parse(d.as_str()), Some(*d));
         }
-        assert_eq!(DriftDetail::parse("other"), None);
+        assert_eq!(BlockDetail::parse("other"), None);
     }
 }

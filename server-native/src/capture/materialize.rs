@@ -11,11 +11,11 @@ use futures_util::FutureExt;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
-use super::block::InRelation;
+use super::block::{evaluation_failure, InRelation};
 use super::membership::{column_image, membership_round, EvalRow};
 use super::reconfigure::{self, Activation};
 use super::registry::{Pending, Relations, Status};
-use super::staging::{stage_rows, StagingRestarted};
+use super::staging::{record_staging_failure, stage_rows, StagingRestarted};
 use super::statements::{in_transaction, Statements};
 use super::transaction::{FinalRow, RowKey, TxChanges};
 use super::Worker;
@@ -211,7 +211,8 @@ impl Worker {
                 let named = self
                     .functions
                     .impacted(db, impact, target, &olds, &news)
-                    .await?;
+                    .await
+                    .map_err(|e| e.context(InRelation(target.relation_id.clone())))?;
                 let entry = match targets.iter().position(|t| t.relation == impact.target) {
                     Some(i) => i,
                     None => {
@@ -250,12 +251,15 @@ impl Worker {
         for Target { relation, rows } in targets {
             let reg = &registry[relation];
             if let Some(m) = reg.live_membership() {
+                let in_relation = |e: anyhow::Error| e.context(InRelation(reg.relation_id.clone()));
                 let eval = self
                     .functions
                     .membership(db, &m.function, &m.key_type)
-                    .await?;
-                effects +=
-                    membership_round(db, &self.statements, &eval, reg, m.fanout, rows).await?;
+                    .await
+                    .map_err(in_relation)?;
+                effects += membership_round(db, &self.statements, &eval, reg, m.fanout, rows)
+                    .await
+                    .map_err(in_relation)?;
             }
             // A staged rule: rows already staged are re-staged from this final state.
             if let (
@@ -264,6 +268,7 @@ impl Worker {
                     function: pending,
                     staged_through: Some(through),
                     epoch,
+                    failed: false,
                 }),
             ) = (&reg.membership, &reg.pending)
             {
@@ -285,8 +290,24 @@ impl Worker {
                     if current != Some(*epoch) {
                         bail!(StagingRestarted);
                     }
-                    let eval = self.functions.membership(db, pending, &m.key_type).await?;
-                    stage_rows(db, &eval, reg, m.fanout, &staged).await?;
+                    // A rule that is not live never blocks capture: a failed evaluation
+                    // undoes only the re-staging and stops the staging.
+                    db.batch_execute("SAVEPOINT staging").await?;
+                    let restaged = async {
+                        let eval = self.functions.membership(db, pending, &m.key_type).await?;
+                        stage_rows(db, &eval, reg, m.fanout, &staged).await
+                    }
+                    .await;
+                    match restaged {
+                        Ok(()) => db.batch_execute("RELEASE SAVEPOINT staging").await?,
+                        Err(e) => match evaluation_failure(&e) {
+                            Some(failure) => {
+                                db.batch_execute("ROLLBACK TO SAVEPOINT staging").await?;
+                                record_staging_failure(db, reg, *epoch, failure).await?;
+                            }
+                            None => return Err(e),
+                        },
+                    }
                 }
             }
         }

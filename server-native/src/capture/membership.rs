@@ -11,7 +11,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::types::PortableType;
 use tokio_postgres::{Client, Statement};
 
-use super::block::{BlockReason, Blocked};
+use super::block::{BlockDetail, BlockReason, Blocked, EvaluationFailed, InRelation};
 use super::registry::{Impact, Owners, Registered};
 use super::statements::Statements;
 
@@ -74,7 +74,9 @@ pub(super) async fn reevaluate_relation(
         changed: BTreeSet::new(),
     };
     for chunk in rows.chunks(1000) {
-        let diff = membership_diff(db, statements, eval, reg, fanout, chunk).await?;
+        let diff = membership_diff(db, statements, eval, reg, fanout, chunk)
+            .await
+            .map_err(|e| e.context(InRelation(reg.relation_id.clone())))?;
         total.effects += diff.effects;
         total.changed.extend(diff.changed);
     }
@@ -116,11 +118,11 @@ fn scope_sets<'a>(
                     set.push(s);
                 }
             }
-            _ => bail!(Blocked(BlockReason::ScopeEvaluationFailed)),
+            _ => bail!(EvaluationFailed::new(BlockDetail::InvalidScope)),
         }
     }
     if sets.values().any(|s| s.len() as i64 > fanout) {
-        bail!(Blocked(BlockReason::ScopeEvaluationFailed));
+        bail!(EvaluationFailed::new(BlockDetail::FanoutExceeded));
     }
     Ok(sets)
 }
@@ -311,7 +313,7 @@ async fn as_owner(
     statement: &Statement,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>> {
-    let failed = |_| anyhow::Error::from(Blocked(BlockReason::ScopeEvaluationFailed));
+    let failed = |e| EvaluationFailed::from_db(e, BlockDetail::FunctionError);
     db.batch_execute(&format!(
         "SET LOCAL ROLE {}",
         crate::install::quote_ident(owner)
@@ -345,6 +347,12 @@ struct RowRef {
 }
 
 impl Functions {
+    /// Forgets every prepared evaluation (after a block: a function the operator replaced
+    /// or re-created is prepared afresh when capture resumes).
+    pub(super) fn forget_prepared(&self) {
+        self.prepared.lock().expect("eval cache").clear();
+    }
+
     /// Records the owners a registry load read.
     pub(super) fn record_owners(&self, owners: Owners) {
         self.owners.lock().expect("owners").extend(owners);
@@ -352,7 +360,7 @@ impl Functions {
 
     fn owner(&self, function: &str) -> Result<String> {
         let owner = self.owners.lock().expect("owners").get(function).cloned();
-        owner.ok_or_else(|| Blocked(BlockReason::ScopeEvaluationFailed).into())
+        owner.ok_or_else(|| EvaluationFailed::new(BlockDetail::FunctionUnavailable).into())
     }
 
     /// The statement cached under `key`, prepared from `sql()` on first use; a function that
@@ -370,7 +378,7 @@ impl Functions {
         let s = db
             .prepare(&sql())
             .await
-            .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?;
+            .map_err(|e| EvaluationFailed::from_db(e, BlockDetail::FunctionUnavailable))?;
         self.prepared
             .lock()
             .expect("eval cache")
@@ -453,17 +461,20 @@ fn named_keys(
     for r in refs {
         let count = per_event.entry(r.event).or_default();
         *count += 1;
-        if *count > impact.max_rows || r.table_id.is_none() || r.table_id != target.table_id {
-            bail!(Blocked(BlockReason::ScopeEvaluationFailed));
+        if *count > impact.max_rows {
+            bail!(EvaluationFailed::new(BlockDetail::ImpactBoundExceeded));
+        }
+        if r.table_id.is_none() || r.table_id != target.table_id {
+            bail!(EvaluationFailed::new(BlockDetail::ImpactInvalidRow));
         }
         let wire = match (r.pk_type.as_deref(), r.pk_value) {
             (Some("string"), Some(v)) if key_spec.ty == PortableType::String => Json::String(v),
             (Some("int"), Some(v)) if key_spec.ty == PortableType::Int => Json::Number(v),
             (Some("int64"), Some(v)) if key_spec.ty == PortableType::Int64 => Json::String(v),
-            _ => bail!(Blocked(BlockReason::ScopeEvaluationFailed)),
+            _ => bail!(EvaluationFailed::new(BlockDetail::ImpactInvalidRow)),
         };
         let pk = synchro_protocol::value::TypedValue::from_wire(&key_spec, &wire)
-            .map_err(|_| Blocked(BlockReason::ScopeEvaluationFailed))?
+            .map_err(|_| EvaluationFailed::new(BlockDetail::ImpactInvalidRow))?
             .to_wire_text();
         if !out.contains(&pk) {
             out.push(pk);

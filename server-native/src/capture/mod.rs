@@ -52,7 +52,7 @@ mod stream;
 mod transaction;
 pub mod values;
 
-pub use block::{BlockReason, DriftDetail};
+pub use block::{BlockDetail, BlockReason};
 pub use step::LEADER_LOCK;
 
 use membership::Functions;
@@ -254,8 +254,8 @@ pub async fn run_forever(url: String, interval: Duration) {
                     Ok(StepOutcome::NotLeader | StepOutcome::Blocked(_)) => {
                         tokio::time::sleep(Duration::from_secs(1)).await
                     }
-                    Err(_) => {
-                        tracing::warn!("capture step failed; reconnecting");
+                    Err(e) => {
+                        tracing::warn!(cause = %cause(&e), "capture step failed; reconnecting");
                         break;
                     }
                 }
@@ -264,4 +264,21 @@ pub async fn run_forever(url: String, interval: Duration) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// A bounded description of why a step failed, for the log: the SQLSTATE of a database
+/// error (never its message, which can quote values), or what kind of failure it was.
+fn cause(e: &anyhow::Error) -> String {
+    for c in e.chain() {
+        if let Some(pg) = c.downcast_ref::<tokio_postgres::Error>() {
+            return match pg.code() {
+                Some(code) => format!("SQLSTATE {}", code.code()),
+                None => "connection".to_owned(),
+            };
+        }
+        if c.is::<block::TransientEvaluation>() {
+            return "evaluation interrupted".to_owned();
+        }
+    }
+    "other".to_owned()
 }

@@ -62,6 +62,9 @@ pub(super) struct Pending {
     /// The staging epoch this state belongs to (`membership_functions.staging_epoch`,
     /// raised by every restart of the staging).
     pub(super) epoch: i64,
+    /// Its staging stopped on a failed evaluation (until the operator retries, skips or
+    /// re-registers it): nothing stages it.
+    pub(super) failed: bool,
 }
 
 /// Generations of a relation's membership contract (its function and dependencies).
@@ -186,7 +189,7 @@ const MEMBERSHIPS: &str = "SELECT r.physical_relation_oid, m.function_oid::regpr
                     m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
                                                          WHERE d.target_relation_id = m.relation_id), 0)::bigint,
                     pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
-                    m.live, m.staging_epoch
+                    m.live, m.staging_epoch, m.staging_failed_at IS NOT NULL
                FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
                LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
                LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid";
@@ -295,6 +298,7 @@ fn load_memberships(
                 function,
                 staged_through: r.get(5),
                 epoch: r.get(10),
+                failed: r.get(11),
             });
             reg.contract.current = r.get(6);
             reg.live = r.get(9);

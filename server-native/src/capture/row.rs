@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use synchro_protocol::jcs;
 use synchro_protocol::json::Json;
 
-use super::block::{BlockReason, Blocked, DriftDetail};
+use super::block::{BlockDetail, BlockReason, Blocked};
 use super::pgoutput::Value;
 use super::registry::{Field, Registered};
 use super::values::text_to_wire;
@@ -31,27 +31,27 @@ impl RelationShape {
     /// How the source relation differs from its registration, if it does: another qualified
     /// name or replica identity, a field's column missing or of another type, or (for a
     /// synced relation) a column that is neither a field nor expected.
-    pub(super) fn drift(&self, reg: &Registered) -> Option<DriftDetail> {
+    pub(super) fn drift(&self, reg: &Registered) -> Option<BlockDetail> {
         if self.namespace != reg.schema || self.name != reg.relation {
-            return Some(DriftDetail::RelationRenamed);
+            return Some(BlockDetail::RelationRenamed);
         }
         if self.replica_identity != reg.replica_identity {
-            return Some(DriftDetail::ReplicaIdentityChanged);
+            return Some(BlockDetail::ReplicaIdentityChanged);
         }
         let mut found = 0;
         for c in &self.columns {
             match reg.fields_by_column.get(&c.name) {
                 Some(f) if f.type_oid != c.type_oid || f.type_modifier != c.type_modifier => {
-                    return Some(DriftDetail::ColumnTypeChanged)
+                    return Some(BlockDetail::ColumnTypeChanged)
                 }
                 Some(_) => found += 1,
                 None if reg.synced && !reg.expected_columns.contains(&c.name) => {
-                    return Some(DriftDetail::ColumnAdded)
+                    return Some(BlockDetail::ColumnAdded)
                 }
                 None => {}
             }
         }
-        (found != reg.fields_by_column.len()).then_some(DriftDetail::ColumnMissing)
+        (found != reg.fields_by_column.len()).then_some(BlockDetail::ColumnMissing)
     }
 }
 

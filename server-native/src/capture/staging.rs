@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
+use super::block::{evaluation_failure, BlockDetail};
 use super::membership::{evaluate, reevaluate_relation, rowless_version, Eval, EvalRow};
 use super::registry::Registered;
 use super::statements::{in_transaction, Statements};
@@ -32,6 +33,35 @@ pub(super) enum Staged {
     /// dependency, or an incomplete staging found at activation): nothing was staged, and
     /// the registry must be loaded again.
     Restarted,
+    /// The pending rule's evaluation failed: its staging stopped and says why
+    /// (`membership_functions.staging_failed_*`); capture goes on under the live rule.
+    Failed,
+}
+
+/// Records why a staging stopped, unless it was restarted meanwhile (another epoch), and
+/// logs it (relation ID and codes only).
+pub(super) async fn record_staging_failure(
+    db: &Client,
+    reg: &Registered,
+    epoch: i64,
+    (detail, sqlstate): (BlockDetail, Option<String>),
+) -> Result<()> {
+    db.execute(
+        "UPDATE synchro.membership_functions
+            SET staging_failed_detail = $3, staging_failed_sqlstate = $4, staging_failed_at = now()
+          WHERE relation_id = $1 AND staging_epoch = $2",
+        &[&reg.relation_id, &epoch, &detail.as_str(), &sqlstate],
+    )
+    .await?;
+    tracing::error!(
+        relation_id = reg.relation_id.as_str(),
+        detail = detail.as_str(),
+        sqlstate = sqlstate.as_deref(),
+        "staged membership rule failed to evaluate; its staging stopped (capture goes on under the \
+         live rule): fix the rule, then `synchro-server capture retry-staging`, or abandon it with \
+         `synchro-server capture skip-staging`"
+    );
+    Ok(())
 }
 
 /// A transaction being applied found the staging it re-stages rows for restarted since the
@@ -60,6 +90,21 @@ impl Worker {
     /// one transaction; when the batch is the last, activates the rule in that same
     /// transaction, once every projected row is accounted for.
     pub(super) async fn stage_batch(&self, reg: &Registered) -> Result<Staged> {
+        let pending = reg.pending.as_ref().context("nothing pending")?;
+        match self.stage_batch_of(reg).await {
+            Err(e) => match evaluation_failure(&e) {
+                Some(failure) => {
+                    record_staging_failure(&self.materialize, reg, pending.epoch, failure).await?;
+                    Ok(Staged::Failed)
+                }
+                None => Err(e),
+            },
+            staged => staged,
+        }
+    }
+
+    /// [`Worker::stage_batch`], failing on a failed evaluation.
+    async fn stage_batch_of(&self, reg: &Registered) -> Result<Staged> {
         let m = reg.membership.as_ref().context("no membership function")?;
         let pending = reg.pending.as_ref().context("nothing pending")?;
         let eval = self

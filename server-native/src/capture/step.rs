@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
-use super::block::{block_site, BlockSite, Decoding, DriftDetail, Drifted, InTransaction};
+use super::block::{block_site, BlockDetail, BlockSite, Decoding, Drifted, InTransaction};
 use super::materialize::Span;
 use super::registry::{Relations, Status};
 use super::staging::{Staged, StagingRestarted};
@@ -117,7 +117,7 @@ impl Worker {
         else {
             return Ok(());
         };
-        let detail = DriftDetail::parse(row.get(1)).context("an unknown drift detail")?;
+        let detail = BlockDetail::parse(row.get(1)).context("an unknown drift detail")?;
         Err(Drifted {
             relation_id: row.get(0),
             detail,
@@ -213,13 +213,15 @@ impl Worker {
     /// or anything found outside decoding, is always recorded.)
     async fn block(&self, site: BlockSite) -> Result<StepOutcome> {
         let reason = site.reason.as_str();
-        let detail = site.detail.map(DriftDetail::as_str);
+        let detail = site.detail.map(BlockDetail::as_str);
+        let sqlstate = site.sqlstate.as_deref();
         let recorded = self
             .materialize
             .execute(
                 "UPDATE synchro.capture_state
                     SET blocked_reason = $1, blocked_at = now(), blocked_relation_id = $2, blocked_detail = $3,
-                        blocked_lsn = coalesce($4, pg_current_wal_lsn()), blocked_ordinal = $5
+                        blocked_lsn = coalesce($4, pg_current_wal_lsn()), blocked_ordinal = $5,
+                        blocked_sqlstate = $7
                   WHERE NOT $6 OR $2::text IS NULL OR NOT EXISTS (
                         SELECT 1 FROM synchro.registry_generations g
                          WHERE g.relation_id = $2 AND g.state = 'staged')",
@@ -230,13 +232,22 @@ impl Worker {
                     &site.lsn.map(PgLsn::from),
                     &site.ordinal,
                     &site.decoding,
+                    &sqlstate,
                 ],
             )
             .await?;
         if recorded == 0 {
             return Ok(StepOutcome::Applied(0));
         }
-        tracing::error!(reason, detail, "capture blocked");
+        // Relation IDs and codes only: never a value, key or scope.
+        tracing::error!(
+            reason,
+            detail,
+            relation_id = site.relation_id.as_deref(),
+            sqlstate,
+            "capture blocked; fix the cause, then `synchro-server capture unblock` (see the README, \"When capture blocks\")"
+        );
+        self.functions.forget_prepared();
         Ok(StepOutcome::Blocked(reason.to_owned()))
     }
 
@@ -291,13 +302,18 @@ impl Worker {
     async fn stage_pending(&self, registry: &mut Relations) -> Result<usize> {
         let staging: Vec<u32> = registry
             .iter()
-            .filter(|(_, r)| r.status == Status::Active && r.pending.is_some())
+            .filter(|(_, r)| {
+                r.status == Status::Active && r.pending.as_ref().is_some_and(|p| !p.failed)
+            })
             .map(|(oid, _)| *oid)
             .collect();
         let mut batches = 0;
         for oid in staging {
             // An earlier relation's activation or restart reloaded the registry.
-            let Some(reg) = registry.get(&oid).filter(|r| r.pending.is_some()) else {
+            let Some(reg) = registry
+                .get(&oid)
+                .filter(|r| r.pending.as_ref().is_some_and(|p| !p.failed))
+            else {
                 continue;
             };
             let staged = self.stage_batch(reg).await?;
@@ -307,8 +323,11 @@ impl Worker {
                     let reg = registry.get_mut(&oid).expect("listed");
                     reg.pending.as_mut().expect("pending").staged_through = Some(t);
                 }
-                // Activated (a new live rule) or restarted (another pending state): reload.
-                Staged::Activated | Staged::Restarted => *registry = self.registry().await?,
+                // Activated (a new live rule), restarted (another pending state) or stopped
+                // on a failed evaluation: reload.
+                Staged::Activated | Staged::Restarted | Staged::Failed => {
+                    *registry = self.registry().await?
+                }
             }
         }
         Ok(batches)
@@ -526,7 +545,7 @@ fn column_drift(e: &anyhow::Error) -> bool {
     matches!(
         block_site(e).and_then(|s| s.detail),
         Some(
-            DriftDetail::ColumnAdded | DriftDetail::ColumnMissing | DriftDetail::ColumnTypeChanged
+            BlockDetail::ColumnAdded | BlockDetail::ColumnMissing | BlockDetail::ColumnTypeChanged
         )
     )
 }
