@@ -168,31 +168,25 @@ enum CaptureCommand {
     },
     /// Stage a relation's pending membership rule again from its first row (after its
     /// staging stopped on a failed evaluation and the rule or a grant was fixed).
-    RetryStaging {
-        /// PostgreSQL connection string (synchro_operator login).
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
-        /// The registered schema name.
-        #[arg(long)]
-        schema: String,
-        /// The registered relation name.
-        #[arg(long)]
-        relation: String,
-    },
+    RetryStaging(StagedRelation),
     /// Abandon a relation's pending membership rule: a changed rule is dropped and the live
     /// one keeps serving; a first rule is removed (its rows are in no scope until a rule is
     /// registered).
-    SkipStaging {
-        /// PostgreSQL connection string (synchro_operator login).
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
-        /// The registered schema name.
-        #[arg(long)]
-        schema: String,
-        /// The registered relation name.
-        #[arg(long)]
-        relation: String,
-    },
+    SkipStaging(StagedRelation),
+}
+
+/// The relation whose staging `capture retry-staging|skip-staging` acts on.
+#[derive(clap::Args)]
+struct StagedRelation {
+    /// PostgreSQL connection string (synchro_operator login).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// The registered schema name.
+    #[arg(long)]
+    schema: String,
+    /// The registered relation name.
+    #[arg(long)]
+    relation: String,
 }
 
 /// Load limits of `serve` (over one: 503 `temporary_unavailable` with a `reason` and
@@ -716,9 +710,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 None => None,
             };
-            if let Some(url) = worker_url.filter(|_| !no_capture) {
-                tokio::spawn(capture_loop(url));
-            }
+            let capture = worker_url
+                .filter(|_| !no_capture)
+                .map(|url| tokio::spawn(capture_loop(url)));
             // Every connection is replaced when found closed (PostgreSQL restarted, the
             // session was terminated): the server needs no restart after the database's.
             let db = SharedConnection::new(&database_url, connect_db(&database_url).await?);
@@ -750,6 +744,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 bind(listen).await?,
             )
             .await?;
+            // The worker stops with the server (its step rolls back, as `capture` does on
+            // SIGTERM), so its sessions close before the process exits.
+            if let Some(capture) = capture {
+                capture.abort();
+                let _ = capture.await;
+            }
         }
         Command::Capture {
             action: Some(action),
@@ -850,23 +850,15 @@ async fn capture_command(action: CaptureCommand) -> Result<ExitCode> {
             "SELECT jsonb_build_object('unblocked', synchro.synchro_capture_unblock())::text",
             vec![],
         ),
-        CaptureCommand::RetryStaging {
-            database_url,
-            schema,
-            relation,
-        } => (
-            database_url,
+        CaptureCommand::RetryStaging(r) => (
+            r.database_url,
             "SELECT jsonb_build_object('restarted', synchro.synchro_retry_staging($1, $2))::text",
-            vec![schema, relation],
+            vec![r.schema, r.relation],
         ),
-        CaptureCommand::SkipStaging {
-            database_url,
-            schema,
-            relation,
-        } => (
-            database_url,
+        CaptureCommand::SkipStaging(r) => (
+            r.database_url,
             "SELECT jsonb_build_object('outcome', synchro.synchro_skip_staging($1, $2))::text",
-            vec![schema, relation],
+            vec![r.schema, r.relation],
         ),
     };
     let db = connect_db(&url).await?;

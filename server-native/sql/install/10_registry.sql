@@ -74,6 +74,22 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_registration_error(text, text, text) FROM PUBLIC;
 
+-- The synced relation registered under this schema and name, or the registration error
+-- ambiguous_physical_relation (the operator functions that name a relation).
+CREATE FUNCTION synchro.synchro_synced_relation(p_schema text, p_relation text) RETURNS synchro.relations
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations
+     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    RETURN v_rel;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_synced_relation(text, text) FROM PUBLIC;
+
 -- An opaque random ID: the prefix and 32 hex digits.
 CREATE FUNCTION synchro.synchro_new_id(p_prefix text) RETURNS text
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, synchro, pg_temp AS $$

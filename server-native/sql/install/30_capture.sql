@@ -76,7 +76,11 @@ CREATE TABLE synchro.relation_capture (
     updated_at timestamptz NOT NULL DEFAULT now(),
     membership_evaluated bigint NOT NULL DEFAULT 0,
     -- The registry generation (33_reconfigure) the worker applies the relation's changes with.
-    registry_generation bigint
+    registry_generation bigint,
+    -- Projected rows found in no scope although the live rule was never asked about them, and
+    -- when the worker last counted (synchro_record_membership_coverage, 70_readiness).
+    uncovered_rows bigint,
+    coverage_checked_at timestamptz
 );
 REVOKE ALL ON synchro.relation_capture FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.relation_capture TO synchro_worker;

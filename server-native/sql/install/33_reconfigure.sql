@@ -162,11 +162,7 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_rel synchro.relations%ROWTYPE;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
+    v_rel := synchro.synchro_synced_relation(p_schema, p_relation);
     IF NOT p_drift_ok AND EXISTS (SELECT 1 FROM synchro.synchro_catalog_drift() d
                                    WHERE d.relation_id = v_rel.relation_id) THEN
         RAISE EXCEPTION 'the relation''s physical identity changed (dropped, renamed, another key or replica identity); retire it and register the new table'
@@ -659,11 +655,7 @@ DECLARE
     v_attnums smallint[];
     v_id text := synchro.synchro_new_id('idx_');
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
+    v_rel := synchro.synchro_synced_relation(p_schema, p_relation);
     IF p_name IS NULL OR p_name !~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$' OR p_name ILIKE '\_synchro%'
        OR EXISTS (SELECT 1 FROM synchro.relation_indexes WHERE name = p_name) THEN
         RAISE EXCEPTION 'an index name is a new SQL identifier of letters, digits and underscores, not starting with _synchro'

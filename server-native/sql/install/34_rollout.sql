@@ -155,11 +155,7 @@ DECLARE
     v_fields text[];
     v_blocking jsonb;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
+    v_rel := synchro.synchro_synced_relation(p_schema, p_relation);
     SELECT array_agg(f.field_id ORDER BY f.field_id) INTO v_fields FROM synchro.fields f
      WHERE f.relation_id = v_rel.relation_id AND f.column_name = ANY (p_columns::name[]);
     IF coalesce(cardinality(v_fields), 0) <> cardinality(p_columns) OR p_columns IS NULL THEN

@@ -180,11 +180,7 @@ DECLARE
     v_oid oid;
     v_proc pg_proc%ROWTYPE;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
+    v_rel := synchro.synchro_synced_relation(p_schema, p_relation);
     BEGIN
         v_oid := to_regprocedure(p_function);
     EXCEPTION WHEN OTHERS THEN
@@ -218,12 +214,9 @@ BEGIN
         -- the new one over every row and activates it atomically.
         UPDATE synchro.membership_functions
            SET pending_function_oid = v_oid, pending_signature = v_oid::regprocedure::text,
-               pending_sha256 = synchro.synchro_function_definition_sha256(v_oid),
-               staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1,
-               staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
+               pending_sha256 = synchro.synchro_function_definition_sha256(v_oid)
          WHERE relation_id = v_rel.relation_id;
-        DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_rel.relation_id;
-        DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = v_rel.relation_id;
+        PERFORM synchro.synchro_restart_staging(v_rel.relation_id);
     ELSE
         -- A first rule is staged too and becomes live only at activation, so no client sees
         -- a partially evaluated relation.

@@ -40,6 +40,28 @@ CREATE TABLE synchro.membership_staged_unscoped (
 REVOKE ALL ON synchro.membership_staged_unscoped FROM PUBLIC;
 GRANT SELECT, INSERT, DELETE ON synchro.membership_staged_unscoped TO synchro_worker;
 
+-- Stages a relation's pending rule again from its first row, under a new staging epoch (a
+-- batch of the old one in flight then records nothing: capture/staging.rs), with no
+-- recorded failure. Every restart goes through here: a (re)registration of the rule or of a
+-- dependency, the operator's retry, the worker finding rows unstaged at activation. Returns
+-- false when nothing is pending.
+CREATE FUNCTION synchro.synchro_restart_staging(p_relation_id text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    UPDATE synchro.membership_functions
+       SET staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1,
+           staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
+     WHERE relation_id = p_relation_id AND pending_function_oid IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM synchro.membership_staged_edges WHERE relation_id = p_relation_id;
+    DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = p_relation_id;
+    RETURN true;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_restart_staging(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_restart_staging(text) TO synchro_worker;
+
 -- A (re)registered dependency re-stages its target's rule: the live rule becomes pending
 -- again (unless a change already is) and staging restarts.
 CREATE FUNCTION synchro.synchro_dependency_staging_trigger() RETURNS trigger
@@ -48,12 +70,9 @@ BEGIN
     UPDATE synchro.membership_functions
        SET pending_function_oid = coalesce(pending_function_oid, function_oid),
            pending_signature = coalesce(pending_signature, function_signature),
-           pending_sha256 = coalesce(pending_sha256, definition_sha256),
-           staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1,
-           staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
+           pending_sha256 = coalesce(pending_sha256, definition_sha256)
      WHERE relation_id = NEW.target_relation_id;
-    DELETE FROM synchro.membership_staged_edges WHERE relation_id = NEW.target_relation_id;
-    DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = NEW.target_relation_id;
+    PERFORM synchro.synchro_restart_staging(NEW.target_relation_id);
     RETURN NULL;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_dependency_staging_trigger() FROM PUBLIC;
@@ -82,26 +101,9 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() TO synchro_work
 -- Stages the pending rule of a relation again from its first row (after fixing the rule or
 -- a grant it lacked): clears a recorded failure. Returns false when nothing is pending.
 CREATE FUNCTION synchro.synchro_retry_staging(p_schema text, p_relation text) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-DECLARE
-    v_relation_id text;
-BEGIN
-    SELECT relation_id INTO v_relation_id FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation;
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
-    UPDATE synchro.membership_functions
-       SET staged_through = NULL, staging_started_at = now(), staging_epoch = staging_epoch + 1,
-           staging_failed_detail = NULL, staging_failed_sqlstate = NULL, staging_failed_at = NULL
-     WHERE relation_id = v_relation_id AND pending_function_oid IS NOT NULL;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    DELETE FROM synchro.membership_staged_edges WHERE relation_id = v_relation_id;
-    DELETE FROM synchro.membership_staged_unscoped WHERE relation_id = v_relation_id;
-    RETURN true;
-END $$;
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT synchro.synchro_restart_staging((synchro.synchro_synced_relation(p_schema, p_relation)).relation_id)
+$$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_retry_staging(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_retry_staging(text, text) TO synchro_operator;
 
@@ -112,14 +114,9 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_retry_staging(text, text) TO synchro_o
 CREATE FUNCTION synchro.synchro_skip_staging(p_schema text, p_relation text) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
-    v_relation_id text;
+    v_relation_id text := (synchro.synchro_synced_relation(p_schema, p_relation)).relation_id;
     v_live boolean;
 BEGIN
-    SELECT relation_id INTO v_relation_id FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation;
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
     SELECT live INTO v_live FROM synchro.membership_functions
      WHERE relation_id = v_relation_id AND pending_function_oid IS NOT NULL FOR UPDATE;
     IF NOT FOUND THEN

@@ -38,6 +38,24 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_membership_uncovered() FROM PUBLIC;
 
+-- The worker's periodic coverage count (capture/step.rs; it reads every projected row of
+-- the relations with a live rule, about 0.3 s per 100,000, so readiness, asked on every
+-- probe, reads the recorded result instead): records each such relation's uncovered rows
+-- and returns their total.
+CREATE FUNCTION synchro.synchro_record_membership_coverage() RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH counted AS (
+        UPDATE synchro.relation_capture rc
+           SET uncovered_rows = coalesce(u.rows, 0), coverage_checked_at = now()
+          FROM synchro.membership_functions m
+          LEFT JOIN synchro.synchro_membership_uncovered() u ON u.relation_id = m.relation_id
+         WHERE m.relation_id = rc.relation_id AND m.live AND rc.status = 'active'
+        RETURNING rc.uncovered_rows)
+    SELECT coalesce(sum(uncovered_rows), 0)::bigint FROM counted
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_record_membership_coverage() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_record_membership_coverage() TO synchro_worker;
+
 CREATE FUNCTION synchro.synchro_health_detail() RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     WITH slot AS (
@@ -108,8 +126,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
             THEN 'failed' ELSE 'ok' END,
         -- Every projected row of a relation whose rule is live was evaluated: it has a live
         -- edge or is recorded as in no scope. A row with neither was lost from every scope.
-        'membership_coverage', CASE WHEN EXISTS (
-            SELECT 1 FROM synchro.synchro_membership_uncovered()) THEN 'failed' ELSE 'ok' END,
+        -- As the worker last counted (at its start, every few minutes, at each activation);
+        -- unknown until it has counted every such relation.
+        'membership_coverage', (SELECT CASE WHEN bool_or(rc.uncovered_rows > 0) THEN 'failed'
+                                            WHEN bool_or(rc.coverage_checked_at IS NULL) THEN 'unknown'
+                                            ELSE 'ok' END
+                                  FROM synchro.membership_functions m
+                                  JOIN synchro.relation_capture rc USING (relation_id)
+                                 WHERE m.live AND rc.status = 'active'),
         -- No staging stopped on a failed evaluation, and every membership rule is live (a
         -- first rule still staging serves nothing yet).
         'membership_staging', CASE
@@ -165,8 +189,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                   JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
         'slot_wal_status', (SELECT s.wal_status FROM pg_replication_slots s
                               JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
-        'membership_uncovered_rows', (SELECT coalesce(jsonb_object_agg(u.relation_id, u.rows), '{}'::jsonb)
-                                        FROM synchro.synchro_membership_uncovered() u),
+        'membership_uncovered_rows', (SELECT coalesce(jsonb_object_agg(relation_id, uncovered_rows), '{}'::jsonb)
+                                        FROM synchro.relation_capture WHERE uncovered_rows > 0),
+        'membership_coverage_checked_at', (SELECT min(coverage_checked_at) FROM synchro.relation_capture),
         'membership_staging', (SELECT coalesce(jsonb_object_agg(m.relation_id, jsonb_strip_nulls(jsonb_build_object(
                                    'first_rule', NOT m.live, 'since', m.staging_started_at,
                                    'failed', m.staging_failed_detail, 'sqlstate', m.staging_failed_sqlstate,

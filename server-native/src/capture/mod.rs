@@ -114,6 +114,8 @@ pub struct Worker {
     slot: String,
     last_compaction: Instant,
     last_heartbeat: Instant,
+    /// When this worker last counted membership coverage (`None`: not yet).
+    last_coverage: Option<Instant>,
 }
 
 impl Worker {
@@ -153,6 +155,7 @@ impl Worker {
             last_heartbeat: Instant::now()
                 .checked_sub(step::HEARTBEAT_INTERVAL)
                 .unwrap_or_else(Instant::now),
+            last_coverage: None,
         })
     }
 

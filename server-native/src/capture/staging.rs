@@ -159,20 +159,10 @@ impl Worker {
                     // Never activate a rule that was not asked about every row: those rows
                     // would be in no scope. Stage it again from the start.
                     db.execute(
-                        "UPDATE synchro.membership_functions
-                            SET staged_through = NULL, staging_started_at = now(),
-                                staging_epoch = staging_epoch + 1
-                          WHERE relation_id = $1",
+                        "SELECT synchro.synchro_restart_staging($1)",
                         &[&reg.relation_id],
                     )
                     .await?;
-                    for table in ["membership_staged_edges", "membership_staged_unscoped"] {
-                        db.execute(
-                            &format!("DELETE FROM synchro.{table} WHERE relation_id = $1"),
-                            &[&reg.relation_id],
-                        )
-                        .await?;
-                    }
                     tracing::error!(
                         unstaged,
                         "staged membership rule left rows unevaluated; staging it again"
@@ -341,7 +331,10 @@ pub(super) async fn activate(
     )
     .await?;
     db.execute(
-        "UPDATE synchro.relation_capture SET membership_evaluated = $2, updated_at = now() WHERE relation_id = $1",
+        // Every row was just accounted for (the activation's precondition).
+        "UPDATE synchro.relation_capture
+            SET membership_evaluated = $2, updated_at = now(), uncovered_rows = 0, coverage_checked_at = now()
+          WHERE relation_id = $1",
         &[&reg.relation_id, &(reg.contract.current + 1)],
     )
     .await?;
