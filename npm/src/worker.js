@@ -64,13 +64,20 @@ async function reportMutations() {
   return pending;
 }
 
-async function afterRound(phase) {
+// Counts the session's status reports, so a round's end that took a while to read is not
+// published over a later report.
+let statusSeq = 0;
+
+// A round ended (live or offline): publishes the pending writes and the schema it ended on,
+// with `phasePatch` unless a later status was reported meanwhile (a live phase goes out with
+// its round's schema, so a status that says connected never shows the schema of before).
+async function afterRound(phasePatch, seq) {
   try {
     const pendingWrites = await reportMutations();
     const schema = live ? await live.schema() : client.schema();
     const patch = { pendingWrites, schema };
-    if (phase === "live") Object.assign(patch, { lastSyncedAt: Date.now(), progress: null });
-    publish(patch);
+    if (phasePatch.phase === "live") Object.assign(patch, { lastSyncedAt: Date.now(), progress: null });
+    publish(seq === statusSeq ? { ...phasePatch, ...patch } : patch);
   } catch {
     // The session ended meanwhile; its end reports.
   }
@@ -80,11 +87,16 @@ function startLive() {
   const c = client;
   client = null;
   live = c.startLive(options.live || {}, (s) => {
+    const seq = ++statusSeq;
     const patch = { phase: s.status };
     if (s.status === "offline") patch.lastError = { ...s.error, retryInMs: s.retryInMs };
     if (s.status === "live") patch.lastError = null;
-    publish(patch);
-    if (s.status === "live" || s.status === "offline") afterRound(s.status);
+    if (s.status === "live") {
+      afterRound(patch, seq);
+    } else {
+      publish(patch);
+      if (s.status === "offline") afterRound({}, seq);
+    }
   });
   live.done.then((d) => {
     live = null;
