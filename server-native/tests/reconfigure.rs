@@ -545,3 +545,84 @@ async fn a_stage_decoded_before_its_commit_is_visible_is_still_activated() {
         .get(0);
     assert_eq!(state, "active");
 }
+
+#[tokio::test]
+async fn a_table_recreated_with_other_column_types_registers_again_after_its_retirement() {
+    use synchro_server::registry::{register, retire, RegisterRequest};
+    let env = Env::installed().await;
+    docs(&env).await;
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    // The old rule reads the old projection view; it stays (the operator replaces it later).
+    env.as_app_owner(
+        "DROP TABLE app.docs CASCADE;
+         CREATE TABLE app.docs (id text PRIMARY KEY, owner text NOT NULL, team integer, title text);
+         INSERT INTO app.docs VALUES ('a', 'alice', 1, 'again'), ('b', 'bob', NULL, 'again')",
+    )
+    .await;
+    let mut op = env.login("synchro_dev_operator").await;
+    retire(&mut op, "app", "docs").await.unwrap();
+    drain(&mut worker).await;
+    // The view of the retired relation had `id bigint` and `team text`: the new one has other
+    // types, so it cannot be a replacement of the old view.
+    register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
+        .await
+        .unwrap();
+    op.batch_execute(
+        "CREATE FUNCTION rules.doc_scopes_v2(p_id text) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.doc_scopes_v2(text) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.doc_scopes_v2(text) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes_v2(text)');",
+    )
+    .await
+    .unwrap();
+    synchro_server::publish::publish(&mut op).await.unwrap();
+    drain(&mut worker).await;
+    let edges: Vec<(String, String)> = env
+        .admin
+        .query(
+            "SELECT scope_id, pk FROM synchro.membership_edges ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        edges,
+        [
+            ("user:alice".to_owned(), "\"a\"".to_owned()),
+            ("user:bob".to_owned(), "\"b\"".to_owned())
+        ]
+    );
+    // The new view has the new types; the old rule still reads the retired one (no rows).
+    let types: Vec<String> = env
+        .admin
+        .query(
+            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+              WHERE a.attrelid = 'synchro_projection.\"app.docs\"'::regclass AND a.attnum > 0
+              ORDER BY a.attnum",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        types,
+        ["text", "text", "integer", "text"],
+        "the new table's own types"
+    );
+    let old_rule_rows: i64 = env
+        .admin
+        .query_one("SELECT count(*) FROM rules.doc_scopes(1)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(old_rule_rows, 0);
+}
