@@ -557,14 +557,6 @@ BEGIN
         DELETE FROM synchro.fields WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.relation_capture WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.relations WHERE relation_id = v_rel.relation_id;
-        -- Its projection view is renamed aside (not dropped: membership functions still read
-        -- it, and a view cannot be dropped under them), so that a later registration of the
-        -- same name creates its view afresh, with that table's column types. Functions that
-        -- read the retired view keep working and see no rows.
-        IF to_regclass(format('synchro_projection.%I', v_rel.physical_schema || '.' || v_rel.physical_relation)) IS NOT NULL THEN
-            EXECUTE format('ALTER VIEW synchro_projection.%I RENAME TO %I',
-                           v_rel.physical_schema || '.' || v_rel.physical_relation, 'retired_' || md5(v_rel.relation_id));
-        END IF;
         -- The projection's key index of this relation (40_membership).
         IF EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = 'projection_key_' || md5(v_rel.relation_id)
                       AND c.relnamespace = 'synchro'::regnamespace) THEN

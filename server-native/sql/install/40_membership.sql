@@ -48,32 +48,48 @@ DECLARE
     v_cols text;
     v_key text;
     v_index text := 'projection_key_' || md5(p_relation_id);
+    v_view regclass;
+    v_attempt integer;
 BEGIN
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id;
     IF NOT FOUND THEN RETURN; END IF;
-    -- The view's existing columns keep their positions (CREATE OR REPLACE VIEW can only
-    -- append); one whose field was retired (33_reconfigure) reads as NULL of its type.
-    SELECT string_agg(c.expr, ', ' ORDER BY c.ord) INTO v_cols FROM (
-        SELECT a.attnum::integer AS ord,
-               coalesce(synchro.synchro_projection_expression(f.field_id, f.portable_type),
-                        'NULL::' || format_type(a.atttypid, a.atttypmod)) || ' AS ' || quote_ident(a.attname) AS expr
-          FROM pg_attribute a
-          LEFT JOIN synchro.fields f ON f.relation_id = p_relation_id AND f.column_name = a.attname
-         WHERE a.attrelid = to_regclass(format('synchro_projection.%I', v_rel.physical_schema || '.' || v_rel.physical_relation))
-           AND a.attnum > 0
-        UNION ALL
-        SELECT 100000 + f.attnum, synchro.synchro_projection_expression(f.field_id, f.portable_type) || ' AS '
-                                  || quote_ident(f.column_name)
-          FROM synchro.fields f
-         WHERE f.relation_id = p_relation_id
-           AND NOT EXISTS (SELECT 1 FROM pg_attribute a
-                            WHERE a.attrelid = to_regclass(format('synchro_projection.%I',
-                                                                  v_rel.physical_schema || '.' || v_rel.physical_relation))
-                              AND a.attnum > 0 AND a.attname = f.column_name)) c;
-    IF v_cols IS NULL THEN RETURN; END IF;
-    EXECUTE format('CREATE OR REPLACE VIEW synchro_projection.%I AS SELECT %s FROM synchro.projection_rows r '
-                   'WHERE r.relation_id = %L',
-                   v_rel.physical_schema || '.' || v_rel.physical_relation, v_cols, p_relation_id);
+    -- Twice at most: a view of the same name left by a retired relation whose columns have
+    -- other types (the table was dropped and recreated differently) cannot be replaced; it
+    -- is renamed aside (functions that read it keep working and see no rows) and this
+    -- relation gets a view of its own. A view of the same name with compatible columns is
+    -- replaced in place, so a rule that read it reads the new relation's rows.
+    FOR v_attempt IN 1..2 LOOP
+        v_view := to_regclass(format('synchro_projection.%I', v_rel.physical_schema || '.' || v_rel.physical_relation));
+        -- The view's existing columns keep their positions (CREATE OR REPLACE VIEW can only
+        -- append); one whose field was retired (33_reconfigure) reads as NULL of its type.
+        SELECT string_agg(c.expr, ', ' ORDER BY c.ord) INTO v_cols FROM (
+            SELECT a.attnum::integer AS ord,
+                   coalesce(synchro.synchro_projection_expression(f.field_id, f.portable_type),
+                            'NULL::' || format_type(a.atttypid, a.atttypmod)) || ' AS ' || quote_ident(a.attname) AS expr
+              FROM pg_attribute a
+              LEFT JOIN synchro.fields f ON f.relation_id = p_relation_id AND f.column_name = a.attname
+             WHERE a.attrelid = v_view AND a.attnum > 0
+            UNION ALL
+            SELECT 100000 + f.attnum, synchro.synchro_projection_expression(f.field_id, f.portable_type) || ' AS '
+                                      || quote_ident(f.column_name)
+              FROM synchro.fields f
+             WHERE f.relation_id = p_relation_id
+               AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                WHERE a.attrelid = v_view AND a.attnum > 0 AND a.attname = f.column_name)) c;
+        IF v_cols IS NULL THEN RETURN; END IF;
+        BEGIN
+            EXECUTE format('CREATE OR REPLACE VIEW synchro_projection.%I AS SELECT %s FROM synchro.projection_rows r '
+                           'WHERE r.relation_id = %L',
+                           v_rel.physical_schema || '.' || v_rel.physical_relation, v_cols, p_relation_id);
+            EXIT;
+        EXCEPTION WHEN invalid_table_definition THEN
+            IF v_attempt = 2 OR v_view IS NULL
+               OR position(quote_literal(p_relation_id) IN pg_get_viewdef(v_view)) > 0 THEN
+                RAISE;
+            END IF;
+            EXECUTE format('ALTER VIEW %s RENAME TO %I', v_view, 'retired_' || v_view::oid);
+        END;
+    END LOOP;
     SELECT synchro.synchro_projection_expression(f.field_id, f.portable_type)
       INTO v_key FROM synchro.fields f WHERE f.relation_id = p_relation_id AND f.is_key;
     IF v_key IS NOT NULL AND NOT EXISTS (
