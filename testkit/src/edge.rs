@@ -28,6 +28,12 @@ pub fn edge_dir() -> PathBuf {
 impl Edge {
     /// Starts the gateway in front of `origin` (a base URL) with the HS256 `secret`, and
     /// `vars` (`NAME`, value) beyond those; waits until it answers (up to 90 s).
+    ///
+    /// A port picked free can be taken by a parallel test's wrangler before this one binds
+    /// it; then this wrangler exits and the port answers for the other test's gateway (and
+    /// its server: a client saw `client_generation_expired` on its first pull). So the
+    /// gateway counts as started only when its own output says it listens on its port, and
+    /// is started again on other ports when it exits first.
     pub async fn start(origin: &str, secret: &str, vars: &[(&str, &str)]) -> Edge {
         let dir = edge_dir();
         let wrangler = dir.join("node_modules/.bin/wrangler");
@@ -36,6 +42,30 @@ impl Edge {
             "the edge gateway is not built: run scripts/test-edge.sh (it installs wrangler and builds {})",
             dir.display()
         );
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let mut edge = Edge::spawn(&wrangler, &dir, origin, secret, vars);
+            match edge.wait_listening().await {
+                Ok(()) => {
+                    edge.wait_answering().await;
+                    return edge;
+                }
+                Err(output) if attempts < 5 => {
+                    eprintln!("wrangler dev exited before listening; starting it again:\n{output}");
+                }
+                Err(output) => panic!("wrangler dev never listened; its output:\n{output}"),
+            }
+        }
+    }
+
+    fn spawn(
+        wrangler: &std::path::Path,
+        dir: &std::path::Path,
+        origin: &str,
+        secret: &str,
+        vars: &[(&str, &str)],
+    ) -> Edge {
         let port = crate::pg::free_port();
         let inspector = crate::pg::free_port();
         let base = format!("http://127.0.0.1:{port}");
@@ -50,9 +80,9 @@ impl Edge {
         std::fs::create_dir_all(&state).expect("the edge state directory");
         let secrets = state.join("secrets.env");
         std::fs::write(&secrets, format!("JWT_SECRET={secret}\n")).expect("the secrets file");
-        let mut command = Command::new(&wrangler);
+        let mut command = Command::new(wrangler);
         command
-            .current_dir(&dir)
+            .current_dir(dir)
             .args(["dev", "--ip", "127.0.0.1", "--port", &port.to_string()])
             .args(["--inspector-port", &inspector.to_string()])
             .args(["--persist-to", &state.to_string_lossy()])
@@ -71,14 +101,35 @@ impl Edge {
             .stderr(file)
             .spawn()
             .expect("wrangler dev starts");
-        let edge = Edge {
+        Edge {
             child,
             base,
             log,
             state,
-        };
-        edge.wait_answering().await;
-        edge
+        }
+    }
+
+    /// Until this wrangler says it listens on its own port (up to 90 s); its output when it
+    /// exits or fails to bind first.
+    async fn wait_listening(&mut self) -> Result<(), String> {
+        let ready = format!("Ready on {}", self.base);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let out = self.output();
+            if out.contains(&ready) {
+                return Ok(());
+            }
+            if out.contains("Address already in use")
+                || matches!(self.child.try_wait(), Ok(Some(_)))
+            {
+                return Err(out);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "wrangler dev never listened; its output:\n{out}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn wait_answering(&self) {

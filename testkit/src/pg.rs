@@ -315,13 +315,23 @@ pub async fn wait_ready(http: &reqwest::Client, base: &str) {
     }
 }
 
-/// A free local TCP port.
+/// A free local TCP port, never one this process handed out before: the tests of one
+/// binary run in parallel, and the kernel can give a port just released to the next caller
+/// before the first one's server has bound it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Registers `app.<table>` (already created) as multi_scope with a membership rule: `rule`
