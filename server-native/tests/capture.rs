@@ -317,6 +317,34 @@ async fn relation_drift_blocks_capture_without_acknowledging() {
     assert_eq!(detail, "failed");
 }
 
+#[tokio::test]
+async fn a_column_added_without_a_reconfiguration_is_reported_by_the_drift_check() {
+    let (env, relation_id) = setup().await;
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(health(&env, "registry_drift").await, "ok");
+    // The catalog still matches the registration (same name, OID and replica identity):
+    // only the stream shows the column nobody declared.
+    env.as_app_owner("ALTER TABLE app.items ADD COLUMN note text; INSERT INTO app.items (id, note) VALUES (9, 'x')")
+        .await;
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("registered_relation_drift".into())
+    );
+    assert_eq!(health(&env, "registry_drift").await, "failed");
+    let report: serde_json::Value = env
+        .login("synchro_dev_monitor")
+        .await
+        .query_one("SELECT synchro.synchro_capture_report()::text", &[])
+        .await
+        .map(|r| serde_json::from_str(&r.get::<_, String>(0)).unwrap())
+        .unwrap();
+    assert_eq!(report["blocked"]["detail"], "column_added", "{report}");
+    assert_eq!(report["blocked"]["relation_id"], relation_id.as_str());
+}
+
 async fn health(env: &Env, check: &str) -> String {
     env.login("synchro_dev_monitor")
         .await

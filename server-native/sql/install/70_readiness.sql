@@ -67,12 +67,23 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     )
     SELECT jsonb_build_object(
         'schema_installed', 'ok',
-        'current_manifest', CASE WHEN EXISTS (SELECT 1 FROM synchro.manifests) THEN 'ok' ELSE 'failed' END,
+        -- A manifest clients can be served: published, and not waiting for the activation of
+        -- its registry generation (a first deployment's reconfiguration; publish.rs serves
+        -- no manifest from the first unactivated one on).
+        'current_manifest', CASE
+            WHEN NOT EXISTS (SELECT 1 FROM synchro.manifests) THEN 'failed'
+            WHEN NOT EXISTS (SELECT 1 FROM synchro.manifests m
+                              WHERE m.schema_version < coalesce((SELECT min(u) FROM synchro.synchro_unactivated_manifests() u),
+                                                                9223372036854775807)) THEN 'unknown'
+            ELSE 'ok' END,
+        -- Every registered relation matches its registration, as the catalog shows it now
+        -- and as the worker last found it (a block on drift found in the stream).
         'registry_drift', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.relations r
              WHERE NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                                 WHERE c.oid = r.physical_relation_oid AND c.relname = r.physical_relation
                                   AND n.nspname = r.physical_schema AND c.relreplident = r.replica_identity))
+          OR EXISTS (SELECT 1 FROM synchro.capture_state WHERE blocked_reason = 'registered_relation_drift')
             THEN 'failed' ELSE 'ok' END,
         'assignment_function', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.synchro_assignment_function_check() WHERE NOT intact) THEN 'failed' ELSE 'ok' END,
