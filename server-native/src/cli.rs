@@ -25,7 +25,7 @@ enum Command {
     /// Install or upgrade the synchro schema and roles (needs a superuser connection).
     Install {
         /// PostgreSQL connection string.
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Registry operations (as a synchro_operator login).
@@ -36,13 +36,13 @@ enum Command {
     /// Publish the registry as a new immutable manifest when it changed.
     Publish {
         /// PostgreSQL connection string (synchro_operator login).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Print the detailed health checks (synchro_monitor or synchro_operator login).
     Health {
         /// PostgreSQL connection string.
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Serve the sync HTTP API (as a synchro_adapter login). Every option can also be set by
@@ -106,6 +106,18 @@ enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
     },
+    /// Print the operator settings as JSON (value, and range when settable), or change one
+    /// with `--set KEY VALUE` (synchro_operator login): client_ttl_days,
+    /// rebuild_session_ttl_minutes, backfill_batch_size, capture_max_heartbeat_age_seconds,
+    /// capture_max_wal_lag_bytes.
+    Settings {
+        /// PostgreSQL connection string (synchro_operator login; synchro_monitor to read).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The setting to change and its new value.
+        #[arg(long, num_args = 2, value_names = ["KEY", "VALUE"])]
+        set: Option<Vec<String>>,
+    },
     /// GET /ready of a local `serve`: exits 0 when it answers 200 within 5 s, 1 otherwise
     /// (the container's health check; it needs no curl in the image).
     Probe {
@@ -119,7 +131,7 @@ enum Command {
     /// raises resume floors. Prints counts only.
     Compact {
         /// Operator or worker login connection string.
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// Effects deleted per transaction (compaction.batch_size), a positive integer.
         #[arg(long, default_value_t = crate::retention::DEFAULT_BATCH_SIZE)]
@@ -129,7 +141,7 @@ enum Command {
     /// with a demo schema registered, serving on 127.0.0.1:8787.
     Dev {
         /// Use this database instead of a throwaway cluster (needs superuser rights).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
@@ -148,6 +160,7 @@ impl Command {
             Command::Serve { .. } => "synchro-server serve",
             Command::Capture { action: None, .. } => "synchro-server capture",
             Command::Capture { .. } => "synchro-server capture (operator)",
+            Command::Settings { .. } => "synchro-server settings",
             Command::Probe { .. } => "synchro-server probe",
             Command::Compact { .. } => "synchro-server compact",
             Command::Dev { .. } => "synchro-server dev",
@@ -302,7 +315,7 @@ enum RegistryCommand {
     /// Register a schema-qualified relation.
     Register {
         /// PostgreSQL connection string (synchro_operator login).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// Exact schema name.
         #[arg(long)]
@@ -345,7 +358,7 @@ enum RegistryCommand {
     /// next publish). --unique needs a unique index of the source on those columns.
     Index {
         /// PostgreSQL connection string (synchro_operator login).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// The registered schema name.
         #[arg(long)]
@@ -367,7 +380,7 @@ enum RegistryCommand {
     /// later registration of the same table is a new table ID.
     RetireTable {
         /// PostgreSQL connection string (synchro_operator login).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// The registered schema name.
         #[arg(long)]
@@ -381,7 +394,7 @@ enum RegistryCommand {
     /// holding its rows rebuilds.
     Reset {
         /// PostgreSQL connection string (synchro_operator login).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// The registered schema name.
         #[arg(long)]
@@ -396,7 +409,7 @@ enum RegistryCommand {
     /// safe now and what blocks it.
     Rollout {
         /// PostgreSQL connection string (synchro_monitor or synchro_operator login).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// The registered schema name (with --retire).
         #[arg(long, requires = "relation")]
@@ -420,7 +433,7 @@ enum RegistryCommand {
 #[derive(clap::Args)]
 struct ReconfigureArgs {
     /// PostgreSQL connection string (synchro_operator login).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// The registered schema name.
     #[arg(long)]
@@ -755,6 +768,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             action: Some(action),
             ..
         } => return capture_command(action).await,
+        Command::Settings { database_url, set } => {
+            let (sql, args) = match set {
+                Some(kv) => ("SELECT synchro.synchro_set_setting($1, $2)::text", kv),
+                None => ("SELECT synchro.synchro_settings()::text", vec![]),
+            };
+            return operator_function(&database_url, sql, &args).await;
+        }
         Command::Capture {
             action: None,
             database_url,
@@ -861,7 +881,14 @@ async fn capture_command(action: CaptureCommand) -> Result<ExitCode> {
             vec![r.schema, r.relation],
         ),
     };
-    let db = connect_db(&url).await?;
+    operator_function(&url, sql, &args).await
+}
+
+/// Runs one operator SQL function returning JSON text and prints it; a refusal it raises
+/// (`invalid_registration`, `invalid_setting`: 22023 with a JSON detail) is printed as
+/// `{"error": ...}` with exit code 1.
+async fn operator_function(url: &str, sql: &str, args: &[String]) -> Result<ExitCode> {
+    let db = connect_db(url).await?;
     let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
         .iter()
         .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
@@ -871,13 +898,27 @@ async fn capture_command(action: CaptureCommand) -> Result<ExitCode> {
             println!("{}", row.get::<_, String>(0));
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => match crate::registry::registration_error(e) {
-            RegistrationError::Invalid(body, _) => {
-                println!("{body}");
-                Ok(ExitCode::FAILURE)
+        Err(e) => {
+            if let Some(d) = e.as_db_error().filter(|d| d.message() == "invalid_setting") {
+                let detail: serde_json::Value = d
+                    .detail()
+                    .and_then(|t| serde_json::from_str(t).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                let mut error = serde_json::json!({"code": "invalid_setting"});
+                if let (Some(e), Some(d)) = (error.as_object_mut(), detail.as_object()) {
+                    e.extend(d.clone());
+                }
+                println!("{}", serde_json::json!({ "error": error }));
+                return Ok(ExitCode::FAILURE);
             }
-            e => Err(e.into()),
-        },
+            match crate::registry::registration_error(e) {
+                RegistrationError::Invalid(body, _) => {
+                    println!("{body}");
+                    Ok(ExitCode::FAILURE)
+                }
+                e => Err(e.into()),
+            }
+        }
     }
 }
 

@@ -970,3 +970,86 @@ async fn operator_commands_leave_the_postgres_log_quiet() {
         "the commands' sessions left lines in the PostgreSQL log:\n{log}"
     );
 }
+
+fn settings_cli(env: &Env, login: &str, args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .arg("settings")
+        .args(args)
+        .env("DATABASE_URL", env.cluster.url(login, "app"))
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), json)
+}
+
+#[tokio::test]
+async fn an_operator_changes_the_client_ttl_within_its_range_and_nothing_else() {
+    let env = Env::installed().await;
+    // An app version nobody has used for ten days: active under the default 30 days.
+    env.admin
+        .batch_execute(
+            "INSERT INTO synchro.clients (user_id, client_id, client_generation, scope_set_version,
+                 assigned_scopes, generation_started_at)
+             VALUES ('u', 'c', 1, 1, '{}', now() - interval '10 days')",
+        )
+        .await
+        .unwrap();
+    let active = || async {
+        env.admin
+            .query_one("SELECT count(*) FROM synchro.synchro_active_clients()", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(active().await, 1);
+    let (code, shown) = settings_cli(&env, "synchro_dev_monitor", &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        shown["client_ttl_days"],
+        serde_json::json!({"value": "30", "min": 1, "max": 3650})
+    );
+    assert_eq!(shown["max_bound"], serde_json::json!({"value": "100000"}));
+
+    let (code, set) = settings_cli(
+        &env,
+        "synchro_dev_operator",
+        &["--set", "client_ttl_days", "7"],
+    );
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        set,
+        serde_json::json!({"key": "client_ttl_days", "value": "7", "previous": "30"})
+    );
+    assert_eq!(active().await, 0, "idle for longer than the new TTL");
+
+    // Refusals are typed, exit 1 and change nothing.
+    for (args, reason) in [
+        (["--set", "client_ttl_days", "0"], "out_of_range"),
+        (["--set", "client_ttl_days", "7 days"], "out_of_range"),
+        (["--set", "client_ttl_days", "99999"], "out_of_range"),
+        (["--set", "max_bound", "5"], "not_settable"),
+        (["--set", "no_such_key", "5"], "not_settable"),
+    ] {
+        let (code, refused) = settings_cli(&env, "synchro_dev_operator", &args);
+        assert_eq!(code, Some(1), "{args:?}");
+        assert_eq!(refused["error"]["code"], "invalid_setting", "{refused}");
+        assert_eq!(refused["error"]["reason"], reason, "{args:?}: {refused}");
+    }
+    // A monitor reads settings but changes none.
+    let (code, _) = settings_cli(
+        &env,
+        "synchro_dev_monitor",
+        &["--set", "client_ttl_days", "30"],
+    );
+    assert_ne!(code, Some(0));
+    let ttl: String = env
+        .admin
+        .query_one(
+            "SELECT value FROM synchro.settings WHERE key = 'client_ttl_days'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ttl, "7");
+}

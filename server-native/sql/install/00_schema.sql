@@ -48,3 +48,58 @@ GRANT SELECT ON synchro.settings TO synchro_worker;
 -- The largest bound a registration or a compaction batch may ask for (spec 003 "Strict
 -- Positive Limits").
 INSERT INTO synchro.settings (key, value) VALUES ('max_bound', '100000');
+
+-- The settings an operator may change (synchro-server settings), each a whole number in
+-- its range; the others are fixed by the install. NULL for a key that is not settable.
+CREATE FUNCTION synchro.synchro_setting_range(p_key text) RETURNS int8range
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT CASE p_key
+        -- Clients not seen for this long expire (and stop holding compaction and the
+        -- rollout advisor back).
+        WHEN 'client_ttl_days' THEN int8range(1, 3650, '[]')
+        WHEN 'rebuild_session_ttl_minutes' THEN int8range(1, 10080, '[]')
+        -- Rows a staged membership rule evaluates per worker transaction.
+        WHEN 'backfill_batch_size' THEN int8range(1, 100000, '[]')
+        WHEN 'capture_max_heartbeat_age_seconds' THEN int8range(1, 86400, '[]')
+        WHEN 'capture_max_wal_lag_bytes' THEN int8range(1, 1000000000000000, '[]')
+    END
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_setting_range(text) FROM PUBLIC;
+
+-- Every setting with its value and, for a settable one, its range.
+CREATE FUNCTION synchro.synchro_settings() RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT coalesce(jsonb_object_agg(s.key, jsonb_strip_nulls(jsonb_build_object(
+               'value', s.value,
+               'min', lower(synchro.synchro_setting_range(s.key)),
+               'max', upper(synchro.synchro_setting_range(s.key)) - 1)) ORDER BY s.key), '{}'::jsonb)
+      FROM synchro.settings s
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_settings() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_settings() TO synchro_operator, synchro_monitor;
+
+-- Changes one settable setting. A key that is not settable, or a value that is not a whole
+-- number in its range, raises 22023 'invalid_setting' with a JSON detail
+-- {"key", "reason": "not_settable" | "out_of_range", "min", "max"}. Returns
+-- {"key", "value", "previous"}.
+CREATE FUNCTION synchro.synchro_set_setting(p_key text, p_value text) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_range int8range := synchro.synchro_setting_range(p_key);
+    v_previous text;
+BEGIN
+    SELECT value INTO v_previous FROM synchro.settings WHERE key = p_key FOR UPDATE;
+    IF v_range IS NULL OR NOT FOUND THEN
+        RAISE EXCEPTION 'invalid_setting' USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('key', p_key, 'reason', 'not_settable')::text;
+    END IF;
+    IF p_value IS NULL OR p_value !~ '^[0-9]{1,18}$' OR NOT (p_value::bigint <@ v_range) THEN
+        RAISE EXCEPTION 'invalid_setting' USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('key', p_key, 'reason', 'out_of_range',
+                                        'min', lower(v_range), 'max', upper(v_range) - 1)::text;
+    END IF;
+    UPDATE synchro.settings SET value = p_value::bigint::text WHERE key = p_key;
+    RETURN jsonb_build_object('key', p_key, 'value', p_value::bigint::text, 'previous', v_previous);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_set_setting(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_set_setting(text, text) TO synchro_operator;
