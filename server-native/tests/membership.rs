@@ -232,6 +232,90 @@ async fn membership_functions_are_validated_and_cannot_read_live_tables() {
         .unwrap_or("")
         .to_owned();
     assert!(detail.contains("invalid_scope_function"), "{detail}");
+    assert!(
+        detail.contains(r#""missing_grant": "GRANT synchro_operator TO nobody""#),
+        "{detail}"
+    );
+
+    // Each refusal says what is wrong and, for a privilege, the statement that grants it.
+    let refusal = |sql: String| {
+        let op = &op;
+        async move {
+            let err = op.batch_execute(&sql).await.unwrap_err();
+            let detail = err
+                .as_db_error()
+                .and_then(|d| d.detail())
+                .unwrap()
+                .to_owned();
+            serde_json::from_str::<serde_json::Value>(&detail).unwrap()["error"].clone()
+        }
+    };
+    env.admin
+        .batch_execute("CREATE SCHEMA rules2 AUTHORIZATION synchro_dev_operator")
+        .await
+        .unwrap();
+    op.batch_execute(&create_rule("scoped", "'user:' || owner", "").replace("rules.", "rules2."))
+        .await
+        .unwrap();
+    let register_scoped = register_rule("scoped").replace("rules.", "rules2.");
+    let e = refusal(register_scoped.clone()).await;
+    assert_eq!(e["reason"], "invalid_scope_function", "{e}");
+    assert_eq!(e["problem"], "schema_not_usable", "{e}");
+    assert_eq!(
+        e["missing_grant"],
+        "GRANT USAGE ON SCHEMA rules2 TO synchro_owner, synchro_worker"
+    );
+    env.admin
+        .batch_execute("GRANT USAGE ON SCHEMA rules2 TO synchro_owner")
+        .await
+        .unwrap();
+    let e = refusal(register_scoped.clone()).await;
+    assert_eq!(e["problem"], "worker_cannot_call", "{e}");
+    assert_eq!(
+        e["missing_grant"],
+        "GRANT USAGE ON SCHEMA rules2 TO synchro_worker"
+    );
+    env.admin
+        .batch_execute("GRANT USAGE ON SCHEMA rules2 TO synchro_worker")
+        .await
+        .unwrap();
+    op.batch_execute("REVOKE EXECUTE ON FUNCTION rules2.scoped(bigint) FROM synchro_worker")
+        .await
+        .unwrap();
+    let e = refusal(register_scoped.clone()).await;
+    assert_eq!(e["problem"], "worker_cannot_call", "{e}");
+    assert_eq!(
+        e["missing_grant"],
+        "GRANT EXECUTE ON FUNCTION rules2.scoped(bigint) TO synchro_worker"
+    );
+    op.batch_execute("GRANT EXECUTE ON FUNCTION rules2.scoped(bigint) TO synchro_worker")
+        .await
+        .unwrap();
+    op.batch_execute(&register_scoped).await.unwrap();
+    for (name, problem) in [
+        ("volatile", "not_stable"),
+        ("live", "reads_outside_projection_views"),
+    ] {
+        let e = refusal(format!(
+            "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.{name}(bigint)')"
+        ))
+        .await;
+        assert_eq!(e["problem"], problem, "{name}: {e}");
+    }
+    let e = refusal(
+        "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.wrong_key(bigint)')"
+            .into(),
+    )
+    .await;
+    assert_eq!(
+        (&e["problem"], &e["expected_arguments"]),
+        (
+            &serde_json::json!("not_found"),
+            &serde_json::json!(["bigint"])
+        ),
+        "{e}"
+    );
+
     // Projection views are readable by the operator and the worker only.
     let adapter = env.login("synchro_dev_adapter").await;
     assert_eq!(

@@ -61,18 +61,21 @@ GRANT SELECT ON synchro.fields TO synchro_worker;
 -- Raises invalid_registration with the spec's error body as DETAIL: SQLSTATE 22023 for
 -- invalid_limit, 42P17 for every other reason.
 CREATE FUNCTION synchro.synchro_registration_error(p_reason text, p_relation_id text DEFAULT NULL,
-    p_field_id text DEFAULT NULL) RETURNS void
+    p_field_id text DEFAULT NULL, p_extra jsonb DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_error jsonb := jsonb_build_object('code', 'invalid_registration', 'reason', p_reason);
 BEGIN
     IF p_relation_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('relation_id', p_relation_id); END IF;
     IF p_field_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('field_id', p_field_id); END IF;
+    -- Members that say what to fix (a column and its type, a missing grant): catalog names
+    -- the operator wrote, never row values.
+    IF p_extra IS NOT NULL THEN v_error := p_extra || v_error; END IF;
     RAISE EXCEPTION 'invalid_registration: %', p_reason
         USING ERRCODE = CASE WHEN p_reason = 'invalid_limit' THEN '22023' ELSE '42P17' END,
               DETAIL = jsonb_build_object('error', v_error)::text;
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_registration_error(text, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_registration_error(text, text, text, jsonb) FROM PUBLIC;
 
 -- The synced relation registered under this schema and name, or the registration error
 -- ambiguous_physical_relation (the operator functions that name a relation).

@@ -168,19 +168,93 @@ CREATE TABLE synchro.membership_unscoped (
 REVOKE ALL ON synchro.membership_unscoped FROM PUBLIC;
 GRANT SELECT, INSERT, DELETE ON synchro.membership_unscoped TO synchro_worker;
 
--- Whether a membership or impact function's owner may read what the function reads (spec
--- 003: USAGE on synchro_projection and SELECT on every projection view it depends on), since
--- the worker evaluates it as that owner.
-CREATE FUNCTION synchro.synchro_function_owner_can_read(p_function oid) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT has_schema_privilege(p.proowner, 'synchro_projection', 'USAGE')
-       AND NOT EXISTS (
-           SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
-            WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.refclassid = 'pg_class'::regclass
-              AND NOT has_table_privilege(p.proowner, c.oid, 'SELECT'))
-      FROM pg_proc p WHERE p.oid = p_function
-$$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_function_owner_can_read(oid) FROM PUBLIC;
+-- Resolves and checks a membership or impact function (spec 003 "Function signatures",
+-- "Function restrictions"): LANGUAGE sql with a SQL-standard body, exactly the given argument
+-- types, RETURNS SETOF p_returns, STABLE, SECURITY INVOKER, executable by synchro_worker and
+-- not PUBLIC, reading only projection views (else undeclared_dependency) its owner may read
+-- (the worker evaluates it as that owner). A refusal is invalid_registration with the spec's
+-- reason and, beside it, what exactly is wrong ("problem") and, for a missing privilege, the
+-- statement that grants it ("missing_grant"). Runs as synchro_owner (the registration
+-- functions are SECURITY DEFINER), which must be able to look the function up.
+CREATE FUNCTION synchro.synchro_rule_function(p_function text, p_relation_id text, p_arg_types oid[], p_returns oid)
+RETURNS oid
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_name text[];
+    v_oid oid;
+    v_proc pg_proc%ROWTYPE;
+    v_schema text;
+    v_view text;
+    v_problem text;
+    v_grant text;
+BEGIN
+    BEGIN
+        v_name := parse_ident(split_part(coalesce(p_function, ''), '(', 1));
+    EXCEPTION WHEN OTHERS THEN
+        v_name := NULL;
+    END;
+    IF cardinality(v_name) = 2 AND EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = v_name[1])
+       AND NOT has_schema_privilege('synchro_owner', v_name[1], 'USAGE') THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', 'schema_not_usable',
+                'missing_grant', format('GRANT USAGE ON SCHEMA %I TO synchro_owner, synchro_worker', v_name[1])));
+    END IF;
+    BEGIN
+        v_oid := to_regprocedure(p_function);
+    EXCEPTION WHEN OTHERS THEN
+        v_oid := NULL;
+    END;
+    IF v_oid IS NULL THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', 'not_found', 'expected_arguments',
+                (SELECT array_agg(format_type(t, NULL) ORDER BY n) FROM unnest(p_arg_types) WITH ORDINALITY a(t, n))));
+    END IF;
+    SELECT * INTO v_proc FROM pg_proc WHERE oid = v_oid;
+    v_schema := v_proc.pronamespace::regnamespace::text;
+    v_problem := CASE
+        WHEN v_proc.prolang <> (SELECT oid FROM pg_language WHERE lanname = 'sql') OR v_proc.prosqlbody IS NULL
+            THEN 'not_sql_standard_body'
+        WHEN v_proc.pronargs <> cardinality(p_arg_types) OR ARRAY(SELECT unnest(v_proc.proargtypes::oid[])) <> p_arg_types
+            THEN 'wrong_arguments'
+        WHEN NOT v_proc.proretset OR v_proc.prorettype <> p_returns THEN 'wrong_return_type'
+        WHEN v_proc.provolatile <> 's' THEN 'not_stable'
+        WHEN v_proc.prosecdef THEN 'security_definer'
+        WHEN has_function_privilege('public', v_oid, 'EXECUTE') THEN 'executable_by_public' END;
+    IF v_problem IS NOT NULL THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', v_problem));
+    END IF;
+    v_grant := CASE
+        WHEN NOT has_schema_privilege('synchro_worker', v_proc.pronamespace, 'USAGE')
+            THEN format('GRANT USAGE ON SCHEMA %s TO synchro_worker', v_schema)
+        WHEN NOT has_function_privilege('synchro_worker', v_oid, 'EXECUTE')
+            THEN format('GRANT EXECUTE ON FUNCTION %s TO synchro_worker', v_oid::regprocedure) END;
+    IF v_grant IS NOT NULL THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', 'worker_cannot_call', 'missing_grant', v_grant));
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_depend d JOIN pg_proc p ON p.oid = d.refobjid
+                WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_proc'::regclass
+                  AND p.pronamespace <> 'pg_catalog'::regnamespace)
+       OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
+                   WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
+                     AND c.relnamespace <> 'synchro_projection'::regnamespace) THEN
+        PERFORM synchro.synchro_registration_error('undeclared_dependency', p_relation_id, NULL,
+            jsonb_build_object('problem', 'reads_outside_projection_views'));
+    END IF;
+    SELECT c.oid::regclass::text INTO v_view FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
+     WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
+       AND NOT has_table_privilege(v_proc.proowner, c.oid, 'SELECT')
+     LIMIT 1;
+    IF NOT has_schema_privilege(v_proc.proowner, 'synchro_projection', 'USAGE') OR v_view IS NOT NULL THEN
+        -- The projection views are readable by synchro_operator (and the worker).
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', 'owner_cannot_read',
+                'missing_grant', format('GRANT synchro_operator TO %I', v_proc.proowner::regrole::text)));
+    END IF;
+    RETURN v_oid;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_rule_function(text, text, oid[], oid) FROM PUBLIC;
 
 -- Registers the membership function of a synced relation (spec 000/003): LANGUAGE sql with
 -- a SQL-standard body, STABLE, SECURITY INVOKER, exactly one argument of the key's SQL type,
@@ -194,37 +268,10 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp
 DECLARE
     v_rel synchro.relations%ROWTYPE;
     v_oid oid;
-    v_proc pg_proc%ROWTYPE;
 BEGIN
     v_rel := synchro.synchro_synced_relation(p_schema, p_relation);
-    BEGIN
-        v_oid := to_regprocedure(p_function);
-    EXCEPTION WHEN OTHERS THEN
-        v_oid := NULL;
-    END;
-    IF v_oid IS NULL THEN
-        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_rel.relation_id);
-    END IF;
-    SELECT * INTO v_proc FROM pg_proc WHERE oid = v_oid;
-    IF v_proc.prolang <> (SELECT oid FROM pg_language WHERE lanname = 'sql') OR v_proc.prosqlbody IS NULL
-       OR v_proc.pronargs <> 1 OR v_proc.proargtypes[0] <> v_rel.primary_key_type
-       OR NOT v_proc.proretset OR v_proc.prorettype <> 'text'::regtype
-       OR v_proc.provolatile <> 's' OR v_proc.prosecdef
-       OR has_function_privilege('public', v_oid, 'EXECUTE')
-       OR NOT has_function_privilege('synchro_worker', v_oid, 'EXECUTE') THEN
-        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_rel.relation_id);
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_depend d JOIN pg_proc p ON p.oid = d.refobjid
-                WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_proc'::regclass
-                  AND p.pronamespace <> 'pg_catalog'::regnamespace)
-       OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
-                   WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
-                     AND c.relnamespace <> 'synchro_projection'::regnamespace) THEN
-        PERFORM synchro.synchro_registration_error('undeclared_dependency', v_rel.relation_id);
-    END IF;
-    IF NOT synchro.synchro_function_owner_can_read(v_oid) THEN
-        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_rel.relation_id);
-    END IF;
+    v_oid := synchro.synchro_rule_function(p_function, v_rel.relation_id, ARRAY[v_rel.primary_key_type]::oid[],
+                                           'text'::regtype);
     IF EXISTS (SELECT 1 FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id) THEN
         -- A rule change is staged: the live rule keeps serving until the worker has evaluated
         -- the new one over every row and activates it atomically.

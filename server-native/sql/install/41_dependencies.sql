@@ -88,7 +88,6 @@ DECLARE
     v_target synchro.relations%ROWTYPE;
     v_dep synchro.relations%ROWTYPE;
     v_oid oid;
-    v_proc pg_proc%ROWTYPE;
     v_max integer := (SELECT value::integer FROM synchro.settings WHERE key = 'max_bound');
     v_bound integer;
     v_id text;
@@ -107,34 +106,8 @@ BEGIN
     IF v_bound < 1 OR v_bound > v_max THEN
         PERFORM synchro.synchro_registration_error('invalid_limit', v_target.relation_id);
     END IF;
-    BEGIN
-        v_oid := to_regprocedure(p_function);
-    EXCEPTION WHEN OTHERS THEN
-        v_oid := NULL;
-    END;
-    IF v_oid IS NULL THEN
-        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_target.relation_id);
-    END IF;
-    SELECT * INTO v_proc FROM pg_proc WHERE oid = v_oid;
-    IF v_proc.prolang <> (SELECT oid FROM pg_language WHERE lanname = 'sql') OR v_proc.prosqlbody IS NULL
-       OR v_proc.pronargs <> 2 OR v_proc.proargtypes[0] <> 'jsonb'::regtype OR v_proc.proargtypes[1] <> 'jsonb'::regtype
-       OR NOT v_proc.proretset OR v_proc.prorettype <> 'synchro.synchro_row_ref'::regtype
-       OR v_proc.provolatile <> 's' OR v_proc.prosecdef
-       OR has_function_privilege('public', v_oid, 'EXECUTE')
-       OR NOT has_function_privilege('synchro_worker', v_oid, 'EXECUTE') THEN
-        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_target.relation_id);
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_depend d JOIN pg_proc p ON p.oid = d.refobjid
-                WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_proc'::regclass
-                  AND p.pronamespace <> 'pg_catalog'::regnamespace)
-       OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
-                   WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
-                     AND c.relnamespace <> 'synchro_projection'::regnamespace) THEN
-        PERFORM synchro.synchro_registration_error('undeclared_dependency', v_target.relation_id);
-    END IF;
-    IF NOT synchro.synchro_function_owner_can_read(v_oid) THEN
-        PERFORM synchro.synchro_registration_error('invalid_scope_function', v_target.relation_id);
-    END IF;
+    v_oid := synchro.synchro_rule_function(p_function, v_target.relation_id, ARRAY['jsonb'::regtype, 'jsonb'::regtype]::oid[],
+                                           'synchro.synchro_row_ref'::regtype);
     INSERT INTO synchro.membership_dependencies (dependency_id, target_relation_id, dependency_relation_id,
         impact_function_oid, impact_function_signature, definition_sha256, max_impact_rows)
     VALUES (synchro.synchro_new_id('dep_'), v_target.relation_id, v_dep.relation_id, v_oid,
