@@ -151,7 +151,18 @@ async fn an_activation_interrupted_before_the_slot_advance_is_applied_once() {
     env.as_app_owner("ALTER TABLE app.docs ADD COLUMN note text")
         .await;
     let mut op = env.login("synchro_dev_operator").await;
-    reconfigure(&mut op, &request("docs"), true).await.unwrap();
+    // The plan shows the field ID the reconfiguration then assigns.
+    let added = |plan: &synchro_server::registry::ReconfigurePlan| {
+        plan.to_json()["registry"]["added"][0]["field_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let planned = added(&reconfigure(&mut op, &request("docs"), false).await.unwrap());
+    assert_eq!(
+        added(&reconfigure(&mut op, &request("docs"), true).await.unwrap()),
+        planned
+    );
     env.admin
         .batch_execute("UPDATE app.docs SET note = 'after' WHERE id = 2")
         .await

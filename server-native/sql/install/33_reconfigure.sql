@@ -296,7 +296,10 @@ BEGIN
             PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id);
         END IF;
         IF v_old.field_id IS NULL THEN
-            v_field_id := synchro.synchro_new_id('fld_');
+            -- Derived from what the plan sees too (the relation, the column, how many
+            -- generations it has had), so `registry plan` shows the ID `reconfigure` assigns.
+            v_field_id := 'fld_' || md5(format('%s/%s/%s/%s', v_rel.relation_id, v_col.attname, v_col.attnum,
+                (SELECT count(*) FROM synchro.registry_generations g WHERE g.relation_id = v_rel.relation_id)));
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %I.%I WHERE %I IS NOT NULL)',
                            v_rel.physical_schema, v_rel.physical_relation, v_col.attname) INTO v_has;
             v_added := v_added || jsonb_build_object('field_id', v_field_id, 'column', v_col.attname,
