@@ -76,8 +76,47 @@ impl RegistrationError {
     }
 }
 
+/// Whether a registry transaction lost a deadlock or a serialization conflict (with the
+/// capture worker: its activation and rule evaluations lock the projection and its views in
+/// the opposite order). PostgreSQL rolled it back whole; it is run again.
+fn conflicted(e: &RegistrationError) -> bool {
+    matches!(e, RegistrationError::Database(m)
+        if m.ends_with("(SQLSTATE 40P01)") || m.ends_with("(SQLSTATE 40001)"))
+}
+
+/// A failure of the publish step: its database error's message and SQLSTATE when it was
+/// one (so a conflict is recognized), else the whole chain.
+fn from_anyhow(e: anyhow::Error) -> RegistrationError {
+    match e
+        .chain()
+        .find_map(|c| c.downcast_ref::<tokio_postgres::Error>())
+        .filter(|pg| pg.as_db_error().is_some())
+    {
+        Some(pg) => RegistrationError::Database(crate::install::describe(pg)),
+        None => RegistrationError::Database(format!("{e:#}")),
+    }
+}
+
+/// Attempts of a registry transaction that conflicted (see [`conflicted`]).
+const ATTEMPTS: u64 = 5;
+
+/// Before attempt `n + 1` of a conflicted transaction.
+async fn back_off(attempt: u64) {
+    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+}
+
 /// Registers one relation; returns `{"relation_id","table_id"?,"fields":[...]}`.
 pub async fn register(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
+    for attempt in 1.. {
+        match register_once(db, r).await {
+            Err(e) if attempt < ATTEMPTS && conflicted(&e) => back_off(attempt).await,
+            outcome => return outcome,
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+async fn register_once(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
     let row = db
         .query_one(
             "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb)::text",
@@ -181,6 +220,20 @@ pub async fn reconfigure(
     r: &ReconfigureRequest,
     apply: bool,
 ) -> Result<ReconfigurePlan, RegistrationError> {
+    for attempt in 1.. {
+        match reconfigure_once(db, r, apply).await {
+            Err(e) if attempt < ATTEMPTS && conflicted(&e) => back_off(attempt).await,
+            outcome => return outcome,
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+async fn reconfigure_once(
+    db: &mut Client,
+    r: &ReconfigureRequest,
+    apply: bool,
+) -> Result<ReconfigurePlan, RegistrationError> {
     let tx = db
         .transaction()
         .await
@@ -216,7 +269,7 @@ pub async fn reconfigure(
         .get(0);
     let change: Value =
         serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
-    let database = |e: anyhow::Error| RegistrationError::Database(format!("{e:#}"));
+    let database = from_anyhow;
     // A dry run classifies without staging: no copy is taken under the table's lock.
     let publish = crate::publish::publish_in(&tx, apply)
         .await
@@ -370,6 +423,21 @@ async fn change_and_publish(
     schema: &str,
     relation: &str,
 ) -> Result<(Value, crate::publish::PublishOutcome), RegistrationError> {
+    for attempt in 1.. {
+        match change_and_publish_once(db, function, schema, relation).await {
+            Err(e) if attempt < ATTEMPTS && conflicted(&e) => back_off(attempt).await,
+            outcome => return outcome,
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+async fn change_and_publish_once(
+    db: &mut Client,
+    function: &str,
+    schema: &str,
+    relation: &str,
+) -> Result<(Value, crate::publish::PublishOutcome), RegistrationError> {
     let tx = db
         .transaction()
         .await
@@ -386,7 +454,7 @@ async fn change_and_publish(
         serde_json::from_str(&text).map_err(|e| RegistrationError::Database(e.to_string()))?;
     let outcome = crate::publish::publish_in(&tx, true)
         .await
-        .map_err(|e| RegistrationError::Database(format!("{e:#}")))?;
+        .map_err(from_anyhow)?;
     tx.commit()
         .await
         .map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;

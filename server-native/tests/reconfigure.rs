@@ -637,3 +637,121 @@ async fn a_table_recreated_with_other_column_types_registers_again_after_its_ret
         .get(0);
     assert_eq!(old_rule_rows, 0);
 }
+
+/// Until every relation is active and no generation is in flight (30 s at most; then the
+/// state that did not settle, for the failure message).
+async fn settled(env: &Env) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let r = env
+            .admin
+            .query_one(
+                "SELECT (SELECT count(*) FROM synchro.relation_capture WHERE status <> 'active')
+                      + (SELECT count(*) FROM synchro.registry_generations WHERE state IN ('pending', 'staged'))
+                      + (SELECT count(*) FROM synchro.membership_functions WHERE NOT live),
+                        jsonb_build_object(
+                          'capture', (SELECT jsonb_agg(jsonb_build_object('status', status)) FROM synchro.relation_capture),
+                          'generations', (SELECT jsonb_agg(jsonb_build_object('change', change, 'state', state))
+                                            FROM synchro.registry_generations),
+                          'blocked', (SELECT blocked_reason || '/' || blocked_detail FROM synchro.capture_state))::text",
+                &[],
+            )
+            .await
+            .unwrap();
+        if r.get::<_, i64>(0) == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never settled: {}",
+            r.get::<_, String>(1)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_table_recreated_retired_and_registered_again_while_the_worker_runs() {
+    use synchro_server::registry::{register, retire, RegisterRequest};
+    let env = Env::installed().await;
+    docs(&env).await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    let worker = tokio::spawn(synchro_server::capture::run_forever(
+        url,
+        std::time::Duration::from_millis(5),
+    ));
+    let mut op = env.login("synchro_dev_operator").await;
+    synchro_server::publish::publish(&mut op).await.unwrap();
+    // The worker's drift check may read the catalog between the drop and the retirement
+    // and record its block just after the retirement committed (which then had nothing to
+    // lift); and the same name names two relations until the retirement is activated.
+    // Each round at another offset from the worker's steps.
+    for round in 0..4u64 {
+        settled(&env).await;
+        env.as_app_owner(
+            "DROP TABLE app.docs CASCADE;
+             CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
+             INSERT INTO app.docs SELECT g, 'alice', 'red', 'x' FROM generate_series(1, 5000) g",
+        )
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(7 * round)).await;
+        retire(&mut op, "app", "docs").await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(3 * round)).await;
+        register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
+            .await
+            .unwrap();
+        op.batch_execute(
+            "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)')",
+        )
+        .await
+        .unwrap();
+        synchro_server::publish::publish(&mut op).await.unwrap();
+    }
+    settled(&env).await;
+    worker.abort();
+    // One relation, the last registered, with its rule live over every row.
+    let r = env
+        .admin
+        .query_one(
+            "SELECT (SELECT count(*) FROM synchro.relations),
+                    (SELECT count(*) FROM synchro.projection_rows),
+                    (SELECT count(DISTINCT pk) FROM synchro.membership_edges)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)),
+        (1, 5000, 5000)
+    );
+    // The retired relations' key indexes went with the registrations after them; the last
+    // retired one's (activated after the last registration, or before) goes with the next.
+    let partial = || async {
+        env.admin
+            .query_one(
+                "SELECT count(*) FROM pg_index WHERE indrelid = 'synchro.projection_rows'::regclass
+                    AND indpred IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert!((1..=2).contains(&partial().await));
+    env.admin
+        .batch_execute("SELECT synchro.synchro_drop_orphaned_projection_indexes()")
+        .await
+        .unwrap();
+    assert_eq!(partial().await, 1);
+    let live_key_index: bool = env
+        .admin
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_class c, synchro.relations r
+                             WHERE c.relname = 'projection_key_' || md5(r.relation_id))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(live_key_index, "the live relation's key index stays");
+}

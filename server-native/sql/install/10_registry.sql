@@ -84,8 +84,14 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_rel synchro.relations%ROWTYPE;
 BEGIN
-    SELECT * INTO v_rel FROM synchro.relations
-     WHERE physical_schema = p_schema AND physical_relation = p_relation AND kind = 'synced';
+    -- While a retired relation waits for capture to reach its boundary, the same table may
+    -- already be registered again: the name means the new registration.
+    SELECT r.* INTO v_rel FROM synchro.relations r
+     WHERE r.physical_schema = p_schema AND r.physical_relation = p_relation AND r.kind = 'synced'
+     ORDER BY EXISTS (SELECT 1 FROM synchro.registry_generations g
+                       WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
+                         AND g.state IN ('pending', 'staged'))
+     LIMIT 1;
     IF NOT FOUND THEN
         PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
     END IF;
@@ -200,6 +206,9 @@ DECLARE
     v_fields jsonb := '[]'::jsonb;
     v_field_id text;
 BEGIN
+    -- First, before this transaction holds any other lock (the capture worker takes
+    -- projection_rows before the views, so this order forms no cycle with it).
+    PERFORM synchro.synchro_drop_orphaned_projection_indexes();
     IF p_fanout_bound IS NULL OR p_fanout_bound < 1 OR p_fanout_bound > v_max
        OR p_impact_bound IS NULL OR p_impact_bound < 1 OR p_impact_bound > v_max THEN
         PERFORM synchro.synchro_registration_error('invalid_limit');

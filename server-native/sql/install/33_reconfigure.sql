@@ -560,11 +560,11 @@ BEGIN
         DELETE FROM synchro.fields WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.relation_capture WHERE relation_id = v_rel.relation_id;
         DELETE FROM synchro.relations WHERE relation_id = v_rel.relation_id;
-        -- The projection's key index of this relation (40_membership).
-        IF EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = 'projection_key_' || md5(v_rel.relation_id)
-                      AND c.relnamespace = 'synchro'::regnamespace) THEN
-            EXECUTE format('DROP INDEX synchro.%I', 'projection_key_' || md5(v_rel.relation_id));
-        END IF;
+        -- The projection's key index of this relation (40_membership) stays, empty: dropping
+        -- it here took an ACCESS EXCLUSIVE lock on projection_rows inside capture's
+        -- transaction, after its evaluations had read projection views, and deadlocked with a
+        -- registration replacing one of those views (40P01). The next registration drops the
+        -- key indexes of relations that are gone (synchro_drop_orphaned_projection_indexes).
         UPDATE synchro.registry_generations SET state = 'superseded'
          WHERE relation_id = v_gen.relation_id AND state = 'active';
         UPDATE synchro.registry_generations SET state = 'active', activated_at = now(), activated_lsn = p_lsn

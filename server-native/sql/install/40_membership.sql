@@ -100,6 +100,28 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_create_projection_view(text) FROM PUBLIC;
 
+-- Drops the projection indexes (key and operator-declared) of relations that no longer exist
+-- (retired: the worker's activation leaves them, empty, see synchro_activate_generation).
+-- Takes an ACCESS EXCLUSIVE lock on projection_rows only when there is one to drop.
+CREATE FUNCTION synchro.synchro_drop_orphaned_projection_indexes() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_index regclass;
+    v_dropped integer := 0;
+BEGIN
+    FOR v_index IN
+        SELECT i.indexrelid::regclass FROM pg_index i
+         WHERE i.indrelid = 'synchro.projection_rows'::regclass AND i.indpred IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM synchro.relations r
+                            WHERE pg_get_expr(i.indpred, i.indrelid) = format('(relation_id = %L::text)', r.relation_id))
+    LOOP
+        EXECUTE format('DROP INDEX %s', v_index);
+        v_dropped := v_dropped + 1;
+    END LOOP;
+    RETURN v_dropped;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_drop_orphaned_projection_indexes() FROM PUBLIC;
+
 CREATE FUNCTION synchro.synchro_fields_view_trigger() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
 BEGIN

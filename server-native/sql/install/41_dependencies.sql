@@ -92,13 +92,13 @@ DECLARE
     v_bound integer;
     v_id text;
 BEGIN
-    SELECT * INTO v_target FROM synchro.relations
-     WHERE physical_schema = p_target_schema AND physical_relation = p_target_relation AND kind = 'synced';
-    IF NOT FOUND THEN
-        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
-    END IF;
-    SELECT * INTO v_dep FROM synchro.relations
-     WHERE physical_schema = p_dependency_schema AND physical_relation = p_dependency_relation;
+    v_target := synchro.synchro_synced_relation(p_target_schema, p_target_relation);
+    SELECT r.* INTO v_dep FROM synchro.relations r
+     WHERE r.physical_schema = p_dependency_schema AND r.physical_relation = p_dependency_relation
+     ORDER BY EXISTS (SELECT 1 FROM synchro.registry_generations g
+                       WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
+                         AND g.state IN ('pending', 'staged'))
+     LIMIT 1;
     IF NOT FOUND THEN
         PERFORM synchro.synchro_registration_error('undeclared_dependency', v_target.relation_id);
     END IF;

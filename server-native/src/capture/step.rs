@@ -87,7 +87,10 @@ impl Worker {
         if let Some(reason) = state.get::<_, Option<String>>(1) {
             // A blocked worker receives and confirms nothing.
             self.stream = None;
-            return Ok(StepOutcome::Blocked(reason));
+            if self.lift_drift_of_a_retirement().await? == 0 {
+                return Ok(StepOutcome::Blocked(reason));
+            }
+            tracing::info!("a drift block lifted: its relation is being retired");
         }
         match self.run(confirmed, failpoint).await {
             Ok(outcome) => Ok(outcome),
@@ -128,6 +131,29 @@ impl Worker {
             ordinal: None,
         }
         .into())
+    }
+
+    /// Lifts a block on the catalog drift (a drop, recreation, rename, another key or replica
+    /// identity) of a relation whose retirement is now pending or staged: the retirement is
+    /// the documented recovery and lifts such a block itself, but a drift check that read the
+    /// catalog just before the retirement committed records its block just after (the
+    /// retirement found nothing to lift, and capture stayed blocked for good).
+    async fn lift_drift_of_a_retirement(&self) -> Result<u64> {
+        Ok(self
+            .materialize
+            .execute(
+                "UPDATE synchro.capture_state
+                    SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
+                        blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL
+                  WHERE blocked_reason = 'registered_relation_drift'
+                    AND blocked_detail IN ('relation_dropped', 'relation_renamed', 'replica_identity_changed',
+                                           'primary_key_changed')
+                    AND EXISTS (SELECT 1 FROM synchro.registry_generations g
+                                 WHERE g.relation_id = blocked_relation_id AND g.change = 'retirement'
+                                   AND g.state IN ('pending', 'staged'))",
+                &[],
+            )
+            .await?)
     }
 
     /// The step of a leader that is not blocked.
