@@ -55,6 +55,13 @@ pub async fn close_connections(limit: std::time::Duration) {
     let _ = tokio::time::timeout(limit, futures_util::future::join_all(tasks)).await;
 }
 
+/// Adds a task that ends a session to those [`close_connections`] waits for.
+pub(crate) fn track_session(task: tokio::task::JoinHandle<()>) {
+    let mut open = CONNECTIONS.lock().expect("connections");
+    open.retain(|t| !t.is_finished());
+    open.push(task);
+}
+
 /// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front
 /// for anything else) and drives the connection on the runtime. Unless the URL sets them,
 /// a connect gives up after 10 s, and a path that went silent (no reset from the peer) is
@@ -91,11 +98,7 @@ pub async fn connect_db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
             tracing::warn!(error = %install::describe_for_log(&e), "database connection ended");
         }
     });
-    {
-        let mut open = CONNECTIONS.lock().expect("connections");
-        open.retain(|t| !t.is_finished());
-        open.push(task);
-    }
+    track_session(task);
     // JIT compilation (PostgreSQL's default `jit = on`) of a plan whose function scans the
     // planner estimates at 1,000 rows each took ~10 ms for a 0.3 ms query: synchro's
     // statements are short, so its sessions never JIT.

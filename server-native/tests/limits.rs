@@ -545,6 +545,24 @@ async fn sigterm_lets_in_flight_requests_finish_and_closes_idle_connections() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");
+    // Every session, the replication stream's too, ended with a Terminate: nothing in the
+    // PostgreSQL log ("unexpected EOF on standby connection", "could not receive data").
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = env.cluster.server_log().unwrap();
+    let noisy: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            [
+                "unexpected EOF",
+                "could not receive data",
+                "could not send data",
+                "connection to client lost",
+            ]
+            .iter()
+            .any(|noise| l.contains(noise))
+        })
+        .collect();
+    assert!(noisy.is_empty(), "{noisy:#?}");
 }
 
 /// Waits up to `within` for `server` to exit; its status.

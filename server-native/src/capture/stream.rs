@@ -49,7 +49,8 @@ const CONFIRM_WAIT: Duration = Duration::from_secs(2);
 
 /// An open replication stream and what it has received but not yet handed out.
 pub(super) struct Stream {
-    client: ReplicationClient,
+    /// Taken only by `drop`, which ends the session cleanly.
+    client: Option<ReplicationClient>,
     /// The relation shapes this session described: pgoutput describes a relation once per
     /// session (and again after it changed), so they live as long as the stream.
     pub(super) shapes: Shapes,
@@ -66,7 +67,28 @@ pub(super) struct Stream {
     confirmed: u64,
 }
 
+impl Drop for Stream {
+    /// Ends the replication session with CopyDone and Terminate (bounded to 2 s), on a task
+    /// `close_connections` waits for before the process exits: a process that exited with
+    /// the stream open (a `serve` or `capture` shutdown) left "unexpected EOF on standby
+    /// connection" in the PostgreSQL log.
+    fn drop(&mut self) {
+        let Some(mut client) = self.client.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            crate::track_session(runtime.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+            }));
+        }
+    }
+}
+
 impl Stream {
+    fn client(&mut self) -> &mut ReplicationClient {
+        self.client.as_mut().expect("open until dropped")
+    }
+
     /// Opens the stream of `slot` for the worker login `url`, once no other session holds
     /// the slot (a previous stream of this worker releases it a few ms after it ended).
     pub(super) async fn open(url: &str, slot: &str, control: &Client) -> Result<Stream> {
@@ -101,7 +123,7 @@ impl Stream {
             .await
             .map_err(|e| anyhow::anyhow!("starting the capture stream: {e}"))?;
         Ok(Stream {
-            client,
+            client: Some(client),
             shapes: Shapes::new(),
             partial: None,
             ready: VecDeque::new(),
@@ -127,7 +149,7 @@ impl Stream {
             // cooperative budget would otherwise make the channel look empty after 128
             // events, which capped a batch at about ten transactions).
             while self.ready_messages < limit {
-                match tokio::task::unconstrained(self.client.recv()).now_or_never() {
+                match tokio::task::unconstrained(self.client().recv()).now_or_never() {
                     Some(event) => self.push(event)?,
                     None => break,
                 }
@@ -140,7 +162,7 @@ impl Stream {
             if self.received >= horizon && !pending_before_horizon {
                 return Ok(Vec::new());
             }
-            match tokio::time::timeout_at(deadline, self.client.recv()).await {
+            match tokio::time::timeout_at(deadline, self.client().recv()).await {
                 Ok(event) => self.push(event)?,
                 Err(_) => return Ok(self.take(limit)),
             }
@@ -153,7 +175,7 @@ impl Stream {
         if !self.ready.is_empty() || self.partial.is_some() {
             return Ok(());
         }
-        match tokio::time::timeout(max, self.client.recv()).await {
+        match tokio::time::timeout(max, self.client().recv()).await {
             Ok(event) => self.push(event),
             Err(_) => Ok(()),
         }
@@ -234,7 +256,7 @@ impl Stream {
         let lsn = u64::from(lsn);
         if lsn > self.confirmed {
             self.confirmed = lsn;
-            self.client.update_applied_lsn(Lsn::from_u64(lsn));
+            self.client().update_applied_lsn(Lsn::from_u64(lsn));
         }
     }
 
