@@ -376,6 +376,26 @@ enum RegistryCommand {
         #[arg(long)]
         unique: bool,
     },
+    /// Index a registered relation's projection on columns a membership or impact function
+    /// filters or joins on (README "Writing fast rules"); with `--drop INDEX`, drop one.
+    /// Prints `{"index","relation_id","columns","created"}` (or `{"dropped"}`).
+    ProjectionIndex {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long, required_unless_present = "drop")]
+        schema: Option<String>,
+        /// The registered relation name.
+        #[arg(long, required_unless_present = "drop")]
+        relation: Option<String>,
+        /// A projected column, in index order; repeatable (1 to 8).
+        #[arg(long = "column", required_unless_present = "drop")]
+        columns: Vec<String>,
+        /// Drop the projection index of this name instead.
+        #[arg(long, conflicts_with_all = ["schema", "relation", "columns"])]
+        drop: Option<String>,
+    },
     /// Retire a synced table (Class 4) and publish: clients across it get unsupported; a
     /// later registration of the same table is a new table ID.
     RetireTable {
@@ -634,6 +654,47 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+        Command::Registry {
+            command:
+                RegistryCommand::ProjectionIndex {
+                    database_url,
+                    schema,
+                    relation,
+                    columns,
+                    drop,
+                },
+        } => {
+            return match drop {
+                Some(index) => {
+                    operator_function(
+                        &database_url,
+                        "SELECT jsonb_build_object('dropped', synchro.synchro_drop_projection_index($1))::text",
+                        &[index],
+                    )
+                    .await
+                }
+                None => {
+                    let db = connect_db(&database_url).await?;
+                    let row = db
+                        .query_one(
+                            "SELECT synchro.synchro_index_projection($1, $2, $3)::text",
+                            &[&schema, &relation, &columns],
+                        )
+                        .await;
+                    match row.map_err(crate::registry::registration_error) {
+                        Ok(row) => {
+                            println!("{}", row.get::<_, String>(0));
+                            Ok(ExitCode::SUCCESS)
+                        }
+                        Err(RegistrationError::Invalid(body, _)) => {
+                            println!("{body}");
+                            Ok(ExitCode::FAILURE)
+                        }
+                        Err(e) => Err(e.into()),
+                    }
+                }
+            };
         }
         Command::Registry {
             command:

@@ -1137,3 +1137,137 @@ async fn an_operator_changes_the_client_ttl_within_its_range_and_nothing_else() 
         .get(0);
     assert_eq!(ttl, "7");
 }
+
+fn registry_cli(env: &Env, args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .arg("registry")
+        .args(args)
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), json)
+}
+
+#[tokio::test]
+async fn an_operator_indexes_a_projection_column_a_rule_filters_on() {
+    let (env, mut worker) = setup().await;
+    let mut op = env.login("synchro_dev_operator").await;
+    synchro_server::publish::publish(&mut op).await.unwrap();
+    drain(&mut worker).await;
+    env.as_app_owner(
+        "ALTER TABLE app.docs ADD COLUMN due timestamptz;
+         INSERT INTO app.docs (id, owner, team) SELECT g, 'u' || g, 't' || (g % 500) FROM generate_series(1, 5000) g",
+    )
+    .await;
+    // (the added column is reconfigured in)
+    synchro_server::registry::reconfigure(
+        &mut op,
+        &synchro_server::registry::ReconfigureRequest {
+            schema: "app".into(),
+            relation: "docs".into(),
+            ..Default::default()
+        },
+        true,
+    )
+    .await
+    .unwrap();
+    drain(&mut worker).await;
+    let plan = || async {
+        env.admin
+            .query(
+                "EXPLAIN SELECT id FROM synchro_projection.\"app.docs\" WHERE team = 't7'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(!plan().await.contains("projection_idx_"));
+    let (code, created) = registry_cli(
+        &env,
+        &[
+            "projection-index",
+            "--schema",
+            "app",
+            "--relation",
+            "docs",
+            "--column",
+            "team",
+        ],
+    );
+    assert_eq!(code, Some(0), "{created}");
+    assert_eq!(created["created"], true);
+    let index = created["index"].as_str().unwrap().to_owned();
+    assert!(plan().await.contains(&index), "{}", plan().await);
+    // Again: nothing new.
+    let (_, again) = registry_cli(
+        &env,
+        &[
+            "projection-index",
+            "--schema",
+            "app",
+            "--relation",
+            "docs",
+            "--column",
+            "team",
+        ],
+    );
+    assert_eq!(
+        (&again["created"], &again["index"]),
+        (&serde_json::json!(false), &created["index"])
+    );
+    // Refusals name the column (and its type).
+    let (code, refused) = registry_cli(
+        &env,
+        &[
+            "projection-index",
+            "--schema",
+            "app",
+            "--relation",
+            "docs",
+            "--column",
+            "due",
+        ],
+    );
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        refused["error"]["reason"], "unsupported_column_type",
+        "{refused}"
+    );
+    assert_eq!(
+        (&refused["error"]["column"], &refused["error"]["type"]),
+        (&serde_json::json!("due"), &serde_json::json!("datetime"))
+    );
+    let (_, refused) = registry_cli(
+        &env,
+        &[
+            "projection-index",
+            "--schema",
+            "app",
+            "--relation",
+            "docs",
+            "--column",
+            "nope",
+        ],
+    );
+    assert_eq!(refused["error"]["column"], "nope", "{refused}");
+    let (code, dropped) = registry_cli(&env, &["projection-index", "--drop", &index]);
+    assert_eq!(
+        (code, &dropped["dropped"]),
+        (Some(0), &serde_json::json!(true))
+    );
+    assert!(!plan().await.contains(&index));
+    // Only projection indexes can be dropped this way.
+    let (_, dropped) = registry_cli(
+        &env,
+        &["projection-index", "--drop", "projection_rows_pkey"],
+    );
+    assert_eq!(dropped["dropped"], false);
+}

@@ -100,6 +100,90 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_create_projection_view(text) FROM PUBLIC;
 
+-- Operator-declared indexes on a registered relation's projection (synchro-server registry
+-- projection-index): an expression index on projection_rows over exactly the expressions the
+-- relation's view exposes, partial to the relation, so a membership or impact function that
+-- filters or joins on those view columns ("the items of order X") probes an index instead of
+-- parsing every projected row of the relation. Only types whose view expression PostgreSQL
+-- can index (immutable casts): string, int, int64, decimal, float, boolean, bytes; datetime,
+-- date, time and json are refused (their casts depend on session settings or have no btree).
+-- Creating one locks projection_rows against the worker's writes while it builds (about a
+-- second per 100,000 projected rows of the relation), then refreshes its statistics.
+-- Returns {"index","relation_id","columns","created"}.
+CREATE FUNCTION synchro.synchro_index_projection(p_schema text, p_relation text, p_columns text[])
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_exprs text[];
+    v_bad text;
+    v_name text;
+BEGIN
+    SELECT r.* INTO v_rel FROM synchro.relations r
+     WHERE r.physical_schema = p_schema AND r.physical_relation = p_relation
+     ORDER BY EXISTS (SELECT 1 FROM synchro.registry_generations g
+                       WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
+                         AND g.state IN ('pending', 'staged'))
+     LIMIT 1;
+    IF NOT FOUND THEN
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    IF p_columns IS NULL OR cardinality(p_columns) NOT BETWEEN 1 AND 8
+       OR (SELECT count(DISTINCT c) FROM unnest(p_columns) c) <> cardinality(p_columns) THEN
+        PERFORM synchro.synchro_registration_error('invalid_limit', v_rel.relation_id, NULL,
+            jsonb_build_object('problem', 'an index has 1 to 8 distinct columns'));
+    END IF;
+    SELECT c.name INTO v_bad FROM unnest(p_columns) c(name)
+     WHERE NOT EXISTS (SELECT 1 FROM synchro.fields f WHERE f.relation_id = v_rel.relation_id AND f.column_name = c.name)
+     LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        PERFORM synchro.synchro_registration_error('missing_field', v_rel.relation_id, NULL,
+            jsonb_build_object('column', v_bad, 'problem', 'not_projected'));
+    END IF;
+    SELECT f.column_name || ' ' || f.portable_type INTO v_bad
+      FROM unnest(p_columns) c(name) JOIN synchro.fields f ON f.relation_id = v_rel.relation_id AND f.column_name = c.name
+     WHERE f.portable_type NOT IN ('string', 'int', 'int64', 'decimal', 'float', 'boolean', 'bytes')
+     LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, NULL,
+            jsonb_build_object('column', split_part(v_bad, ' ', 1), 'type', split_part(v_bad, ' ', 2),
+                               'problem', 'not_indexable'));
+    END IF;
+    SELECT array_agg('(' || replace(synchro.synchro_projection_expression(f.field_id, f.portable_type), 'r.row_json', 'row_json')
+                     || ')' ORDER BY c.ord)
+      INTO v_exprs
+      FROM unnest(p_columns) WITH ORDINALITY c(name, ord)
+      JOIN synchro.fields f ON f.relation_id = v_rel.relation_id AND f.column_name = c.name;
+    v_name := 'projection_idx_' || md5(v_rel.relation_id || '/' || array_to_string(v_exprs, ','));
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = v_name AND c.relnamespace = 'synchro'::regnamespace) THEN
+        RETURN jsonb_build_object('index', v_name, 'relation_id', v_rel.relation_id, 'columns', to_jsonb(p_columns),
+                                  'created', false);
+    END IF;
+    EXECUTE format('CREATE INDEX %I ON synchro.projection_rows (%s) WHERE relation_id = %L',
+                   v_name, array_to_string(v_exprs, ', '), v_rel.relation_id);
+    -- Statistics of the new expressions, so the planner knows their selectivity at once.
+    ANALYZE synchro.projection_rows;
+    RETURN jsonb_build_object('index', v_name, 'relation_id', v_rel.relation_id, 'columns', to_jsonb(p_columns),
+                              'created', true);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_index_projection(text, text, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_index_projection(text, text, text[]) TO synchro_operator;
+
+-- Drops an operator-declared projection index (by the name synchro_index_projection
+-- returned). Returns whether there was one.
+CREATE FUNCTION synchro.synchro_drop_projection_index(p_index text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    IF p_index IS NULL OR p_index !~ '^projection_idx_[0-9a-f]{32}$'
+       OR NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = p_index AND c.relnamespace = 'synchro'::regnamespace) THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('DROP INDEX synchro.%I', p_index);
+    RETURN true;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_drop_projection_index(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_drop_projection_index(text) TO synchro_operator;
+
 -- Drops the projection indexes (key and operator-declared) of relations that no longer exist
 -- (retired: the worker's activation leaves them, empty, see synchro_activate_generation).
 -- Takes an ACCESS EXCLUSIVE lock on projection_rows only when there is one to drop.
