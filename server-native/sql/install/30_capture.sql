@@ -41,6 +41,26 @@ REVOKE ALL ON synchro.capture_state FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.capture_state TO synchro_worker;
 INSERT INTO synchro.capture_state (slot_name) VALUES ('synchro_capture');
 
+-- What the leading worker is doing, written by its own heartbeat session (capture/heartbeat.rs)
+-- about once a second while a step runs, so a long evaluation (a rule staged over many
+-- rows, a change whose impact function names thousands of rows) neither looks like a dead
+-- worker to readiness nor goes unexplained: heartbeat_at advances only while the worker's
+-- materialization session is running or between statements of its transaction, never
+-- while it waits on a lock. Counts and IDs only.
+CREATE TABLE synchro.capture_progress (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    heartbeat_at timestamptz,
+    phase text NOT NULL DEFAULT 'idle' CHECK (phase IN
+        ('idle', 'applying', 'staging', 'impacts', 'membership', 'activating', 'bootstrapping')),
+    relation_id text,
+    done bigint,
+    total bigint,
+    phase_started_at timestamptz
+);
+REVOKE ALL ON synchro.capture_progress FROM PUBLIC;
+GRANT SELECT, UPDATE ON synchro.capture_progress TO synchro_worker;
+INSERT INTO synchro.capture_progress DEFAULT VALUES;
+
 -- The latest captured state of every registered row: canonical wire JSON keyed by field ID,
 -- and an opaque server version. Deleted rows are removed. The worker materializes
 -- projections and progress; nothing else writes them.

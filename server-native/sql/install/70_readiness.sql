@@ -96,9 +96,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                                                            WHERE datname = current_database())
                AND ((l.classid::bigint << 32) | l.objid::bigint) = 32503137342878319 AND l.objsubid = 1)
             THEN 'ok' ELSE 'failed' END,
-        'capture_heartbeat', (SELECT CASE WHEN c.heartbeat_at IS NULL OR l.max_age IS NULL THEN 'unknown'
-                                          WHEN c.heartbeat_at > now() - make_interval(secs => l.max_age) THEN 'ok'
-                                          ELSE 'failed' END FROM synchro.capture_state c, limits l),
+        -- The worker's last step, or its heartbeat session while a long step runs.
+        'capture_heartbeat', (SELECT CASE WHEN greatest(c.heartbeat_at, p.heartbeat_at) IS NULL OR l.max_age IS NULL
+                                          THEN 'unknown'
+                                          WHEN greatest(c.heartbeat_at, p.heartbeat_at) > now() - make_interval(secs => l.max_age)
+                                          THEN 'ok'
+                                          ELSE 'failed' END
+                                FROM synchro.capture_state c CROSS JOIN limits l
+                                LEFT JOIN synchro.capture_progress p ON true),
         'capture_slot', CASE WHEN EXISTS (SELECT 1 FROM slot) THEN 'ok' ELSE 'failed' END,
         'capture_wal_lag', (SELECT CASE WHEN s.confirmed_flush_lsn IS NULL OR l.max_lag IS NULL THEN 'unknown'
                                         WHEN pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn) <= l.max_lag
@@ -208,6 +213,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                    'failed', m.staging_failed_detail, 'sqlstate', m.staging_failed_sqlstate,
                                    'failed_at', m.staging_failed_at))), '{}'::jsonb)
                                  FROM synchro.membership_functions m WHERE m.pending_function_oid IS NOT NULL),
+        'progress', (SELECT jsonb_strip_nulls(jsonb_build_object('phase', p.phase, 'relation_id', p.relation_id,
+                         'done', p.done, 'total', p.total, 'since', p.phase_started_at, 'heartbeat_at', p.heartbeat_at))
+                       FROM synchro.capture_progress p),
         'registry_generation', (SELECT max(generation) FROM synchro.registry_generations WHERE state = 'active'),
         'reconfigurations_pending', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'pending'),
         'reconfigurations_staged', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'staged'))

@@ -12,6 +12,7 @@ use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
 use super::block::{evaluation_failure, InRelation};
+use super::heartbeat::Phase;
 use super::membership::{column_image, membership_round, EvalRow};
 use super::reconfigure::{self, Activation};
 use super::registry::{Pending, Relations, Status};
@@ -19,6 +20,9 @@ use super::staging::{record_staging_failure, stage_rows, StagingRestarted};
 use super::statements::{in_transaction, Statements};
 use super::transaction::{FinalRow, RowKey, TxChanges};
 use super::Worker;
+
+/// Dependency events per impact function call (one statement each).
+const IMPACT_CHUNK: usize = 2000;
 
 /// A touched row of one relation, in its final state.
 struct RowChange {
@@ -158,6 +162,8 @@ impl Worker {
             .finish_bootstraps(registry, bootstrapped, commit_lsn)
             .await?;
         for (a, diff) in activations.iter().zip(&diffs) {
+            self.heartbeat
+                .report(Phase::Activating, Some(&a.relation_id), None, None);
             a.record_scopes(db, diff).await?;
             a.activate(db, commit_lsn, diff).await?;
         }
@@ -208,11 +214,28 @@ impl Worker {
                     news.push(c.row.as_ref().map(|n| column_image(reg, n)).transpose()?);
                 }
                 let target = &registry[&impact.target];
-                let named = self
-                    .functions
-                    .impacted(db, impact, target, &olds, &news)
-                    .await
-                    .map_err(|e| e.context(InRelation(target.relation_id.clone())))?;
+                // In chunks, reporting progress: one statement for 50,000 events gave no
+                // sign of life for as long as it ran.
+                let mut named = Vec::new();
+                let mut seen = HashSet::new();
+                for (i, (olds, news)) in olds
+                    .chunks(IMPACT_CHUNK)
+                    .zip(news.chunks(IMPACT_CHUNK))
+                    .enumerate()
+                {
+                    self.heartbeat.report(
+                        Phase::Impacts,
+                        Some(&target.relation_id),
+                        Some((i * IMPACT_CHUNK) as i64),
+                        Some(changed.rows[rel].len() as i64),
+                    );
+                    let keys = self
+                        .functions
+                        .impacted(db, impact, target, olds, news)
+                        .await
+                        .map_err(|e| e.context(InRelation(target.relation_id.clone())))?;
+                    named.extend(keys.into_iter().filter(|k| seen.insert(k.clone())));
+                }
                 let entry = match targets.iter().position(|t| t.relation == impact.target) {
                     Some(i) => i,
                     None => {
@@ -223,10 +246,12 @@ impl Worker {
                         targets.len() - 1
                     }
                 };
+                let present: HashSet<&str> =
+                    targets[entry].rows.iter().map(|r| r.pk.as_str()).collect();
                 let fresh: Vec<&str> = named
                     .iter()
-                    .filter(|pk| !targets[entry].rows.iter().any(|r| &r.pk == *pk))
                     .map(String::as_str)
+                    .filter(|pk| !present.contains(pk))
                     .collect();
                 for r in db
                     .query(&self.statements.versions, &[&target.relation_id, &fresh])
@@ -250,6 +275,12 @@ impl Worker {
         let mut effects = 0;
         for Target { relation, rows } in targets {
             let reg = &registry[relation];
+            self.heartbeat.report(
+                Phase::Membership,
+                Some(&reg.relation_id),
+                None,
+                Some(rows.len() as i64),
+            );
             if let Some(m) = reg.live_membership() {
                 let in_relation = |e: anyhow::Error| e.context(InRelation(reg.relation_id.clone()));
                 let eval = self

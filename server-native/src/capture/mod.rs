@@ -39,6 +39,7 @@ use tokio_postgres::Client;
 
 mod block;
 mod bootstrap;
+mod heartbeat;
 mod materialize;
 mod membership;
 pub mod pgoutput;
@@ -116,6 +117,8 @@ pub struct Worker {
     last_heartbeat: Instant,
     /// When this worker last counted membership coverage (`None`: not yet).
     last_coverage: Option<Instant>,
+    /// Its heartbeat session: progress and liveness while a step runs long.
+    heartbeat: heartbeat::Heartbeat,
 }
 
 impl Worker {
@@ -133,10 +136,14 @@ impl Worker {
         materialize
             .batch_execute("SET plan_cache_mode = force_custom_plan")
             .await?;
-        let slot: String = materialize
-            .query_one("SELECT slot_name::text FROM synchro.capture_state", &[])
-            .await?
-            .get(0);
+        let row = materialize
+            .query_one(
+                "SELECT slot_name::text, pg_backend_pid() FROM synchro.capture_state",
+                &[],
+            )
+            .await?;
+        let slot: String = row.get(0);
+        let heartbeat = heartbeat::Heartbeat::start(url, row.get(1));
         ensure_slot(&control, &slot).await?;
         let unseen = control.prepare(step::UNSEEN).await?;
         let statements = Statements::prepare(&materialize).await?;
@@ -156,6 +163,7 @@ impl Worker {
                 .checked_sub(step::HEARTBEAT_INTERVAL)
                 .unwrap_or_else(Instant::now),
             last_coverage: None,
+            heartbeat,
         })
     }
 

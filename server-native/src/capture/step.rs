@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
 use super::block::{block_site, BlockDetail, BlockSite, Decoding, Drifted, InTransaction};
+use super::heartbeat::Phase;
 use super::materialize::Span;
 use super::registry::{Relations, Status};
 use super::staging::{Staged, StagingRestarted};
@@ -29,6 +30,9 @@ const HORIZON_WAIT: Duration = Duration::from_millis(500);
 
 /// How long one step keeps applying once it has applied something.
 const STEP_BUDGET: Duration = Duration::from_secs(1);
+
+/// How long one step stages pending rules (batch after batch) before it turns to the stream.
+const STAGING_BUDGET: Duration = Duration::from_millis(500);
 
 /// How long a step waits for decoded transactions to become visible before it fails (and
 /// the next step tries again).
@@ -167,6 +171,7 @@ impl Worker {
         // Work done this step: source transactions applied plus staging batches, so
         // `Applied(0)` means caught up with both.
         let mut applied = self.stage_pending(&mut registry).await?;
+        let mut source_applied = 0;
         // Everything committed before this point is received before the step goes idle.
         let horizon: PgLsn = self
             .control
@@ -187,6 +192,8 @@ impl Worker {
                 break;
             }
             self.await_visible(&transactions).await?;
+            self.heartbeat
+                .report(Phase::Applying, None, None, Some(transactions.len() as i64));
             let stream = self.stream.as_mut().expect("opened");
             let mut shapes = std::mem::take(&mut stream.shapes);
             let done = self
@@ -199,6 +206,7 @@ impl Worker {
                 )
                 .await?;
             applied += done.count;
+            source_applied += done.count;
             if done.stopped {
                 // As a crash would: nothing more is confirmed.
                 self.stream = None;
@@ -210,7 +218,8 @@ impl Worker {
                 stream.confirm(end);
             }
         }
-        self.heartbeat(applied).await?;
+        self.heartbeat(source_applied).await?;
+        self.heartbeat.report(Phase::Idle, None, None, None);
         Ok(StepOutcome::Applied(applied))
     }
 
@@ -298,6 +307,8 @@ impl Worker {
             .map(|r| r.relation_id.clone())
             .collect();
         for relation_id in &pending {
+            self.heartbeat
+                .report(Phase::Bootstrapping, Some(relation_id), None, None);
             self.bootstrap(&registry, relation_id).await?;
         }
         if pending.is_empty() {
@@ -331,7 +342,9 @@ impl Worker {
     /// Staged rule changes: one bounded batch each (activation when complete). Returns the
     /// batches staged.
     async fn stage_pending(&self, registry: &mut Relations) -> Result<usize> {
-        let staging: Vec<u32> = registry
+        let started = Instant::now();
+        let mut staging_again: Vec<u32> = Vec::new();
+        let mut staging: Vec<u32> = registry
             .iter()
             .filter(|(_, r)| {
                 r.status == Status::Active && r.pending.as_ref().is_some_and(|p| !p.failed)
@@ -339,7 +352,10 @@ impl Worker {
             .map(|(oid, _)| *oid)
             .collect();
         let mut batches = 0;
-        for oid in staging {
+        while let Some(oid) = staging.pop().or_else(|| {
+            staging.append(&mut staging_again);
+            staging.pop()
+        }) {
             // An earlier relation's activation or restart reloaded the registry.
             let Some(reg) = registry
                 .get(&oid)
@@ -347,12 +363,20 @@ impl Worker {
             else {
                 continue;
             };
+            self.heartbeat
+                .report(Phase::Staging, Some(&reg.relation_id), None, None);
             let staged = self.stage_batch(reg).await?;
             batches += 1;
             match staged {
                 Staged::Through(t) => {
                     let reg = registry.get_mut(&oid).expect("listed");
                     reg.pending.as_mut().expect("pending").staged_through = Some(t);
+                    // More batches of this relation while the step's staging budget lasts:
+                    // one batch per step paid the step's fixed cost (drift check, registry,
+                    // stream) for every 1,000 rows.
+                    if started.elapsed() < STAGING_BUDGET {
+                        staging_again.push(oid);
+                    }
                 }
                 // Activated (a new live rule), restarted (another pending state) or stopped
                 // on a failed evaluation: reload.
@@ -581,10 +605,11 @@ impl Worker {
         Ok(())
     }
 
-    /// Records the heartbeat when the step applied nothing and the last one is older than
-    /// [`HEARTBEAT_INTERVAL`] (every applied transaction writes it).
-    async fn heartbeat(&mut self, applied: usize) -> Result<()> {
-        if applied > 0 {
+    /// Records the heartbeat when the step applied no source transaction and the last one
+    /// is older than [`HEARTBEAT_INTERVAL`] (every applied transaction writes it; staging
+    /// batches do not: a rule staged over many rows left it stale for the whole staging).
+    async fn heartbeat(&mut self, transactions: usize) -> Result<()> {
+        if transactions > 0 {
             self.last_heartbeat = Instant::now(); // each apply wrote it
         } else if self.last_heartbeat.elapsed() >= HEARTBEAT_INTERVAL {
             self.materialize
