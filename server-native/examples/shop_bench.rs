@@ -154,10 +154,8 @@ async fn main() -> Result<()> {
     publish::publish(&mut op).await?;
     let (bootstrap_secs, bootstrap_gap) = until(
         &monitor,
-        &format!(
-            "(SELECT count(*) FROM synchro.membership_functions WHERE live) = 2
-             AND NOT EXISTS (SELECT 1 FROM synchro.relation_capture WHERE status <> 'active')"
-        ),
+        "(SELECT count(*) FROM synchro.membership_functions WHERE live) = 2
+         AND NOT EXISTS (SELECT 1 FROM synchro.relation_capture WHERE status <> 'active')",
         Duration::from_secs(1800),
     )
     .await?;

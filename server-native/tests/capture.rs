@@ -345,6 +345,45 @@ async fn a_column_added_without_a_reconfiguration_is_reported_by_the_drift_check
     assert_eq!(report["blocked"]["relation_id"], relation_id.as_str());
 }
 
+#[tokio::test]
+async fn statistics_put_off_by_a_lock_are_refreshed_once_it_is_released() {
+    let (env, _) = setup().await;
+    env.admin
+        .batch_execute(
+            "INSERT INTO app.items SELECT g, 'x', 1, NULL FROM generate_series(1, 500) g",
+        )
+        .await
+        .unwrap();
+    let analyzed = || async {
+        env.admin
+            .query_one(
+                "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables
+                  WHERE schemaname = 'synchro' AND relname = 'projection_rows'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    };
+    // An index build or autovacuum holds a lock ANALYZE would wait for.
+    let holder = env.login("postgres").await;
+    holder
+        .batch_execute("BEGIN; LOCK TABLE synchro.projection_rows IN SHARE UPDATE EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    drain(&mut worker).await; // the bootstrap copy, then its ANALYZE is put off
+    assert_eq!(projection(&env).await.len(), 500);
+    assert!(!analyzed().await);
+    worker.step(Failpoint::None).await.unwrap();
+    assert!(!analyzed().await, "still locked");
+    holder.batch_execute("COMMIT").await.unwrap();
+    worker.step(Failpoint::None).await.unwrap();
+    assert!(analyzed().await, "refreshed at the next step");
+}
+
 async fn health(env: &Env, check: &str) -> String {
     env.login("synchro_dev_monitor")
         .await

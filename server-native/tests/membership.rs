@@ -394,6 +394,7 @@ async fn a_changed_rule_is_staged_in_batches_then_activated_atomically() {
         .await
         .unwrap();
     drain(&mut worker).await;
+    worker.set_staging_budget(std::time::Duration::ZERO);
     let generations_before = generations(&env).await;
     env.admin
         .batch_execute("UPDATE synchro.settings SET value = '2' WHERE key = 'backfill_batch_size'")
@@ -593,6 +594,7 @@ async fn a_re_registration_while_a_staging_batch_is_in_flight_never_leaves_a_row
         .await
         .unwrap();
     drain(&mut worker).await;
+    worker.set_staging_budget(std::time::Duration::ZERO);
     assert_eq!(coverage(&env).await.0, "ok");
     let op = env.login("synchro_dev_operator").await;
     op.batch_execute(
@@ -1270,4 +1272,80 @@ async fn an_operator_indexes_a_projection_column_a_rule_filters_on() {
         &["projection-index", "--drop", "projection_rows_pkey"],
     );
     assert_eq!(dropped["dropped"], false);
+}
+
+#[tokio::test]
+async fn a_long_staging_batch_heartbeats_and_reports_its_progress() {
+    let (env, mut worker) = setup().await;
+    env.admin
+        .batch_execute(
+            "INSERT INTO app.docs SELECT g, 'u' || g, 'red' FROM generate_series(1, 2000) g",
+        )
+        .await
+        .unwrap();
+    let mut op = env.login("synchro_dev_operator").await;
+    synchro_server::publish::publish(&mut op).await.unwrap();
+    drain(&mut worker).await;
+    // A rule that takes about 2 ms a row: one staging batch runs for seconds.
+    op.batch_execute(&format!(
+        "{}{}",
+        create_rule(
+            "slow",
+            "'team:' || team",
+            " AND pg_catalog.pg_sleep(0.002) IS NOT NULL"
+        ),
+        register_rule("slow")
+    ))
+    .await
+    .unwrap();
+    let stepping = tokio::spawn(async move {
+        worker.step(Failpoint::None).await.unwrap();
+        worker
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let progress = loop {
+        let p: serde_json::Value = serde_json::from_str(
+            &env.login("synchro_dev_monitor")
+                .await
+                .query_one(
+                    "SELECT (synchro.synchro_capture_report()->'progress')::text",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, String>(0),
+        )
+        .unwrap();
+        if p["phase"] == "staging" && !p["heartbeat_at"].is_null() {
+            break p;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no progress reported: {p}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let relation: String = env
+        .admin
+        .query_one("SELECT relation_id FROM synchro.relations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(progress["relation_id"], relation.as_str());
+    let heartbeat: String = env
+        .login("synchro_dev_monitor")
+        .await
+        .query_one(
+            "SELECT synchro.synchro_health_detail()->>'capture_heartbeat'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        heartbeat, "ok",
+        "the heartbeat is fresh while the batch runs"
+    );
+    assert!(!stepping.is_finished(), "the batch is still running");
+    stepping.await.unwrap();
 }

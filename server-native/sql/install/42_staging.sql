@@ -14,7 +14,7 @@
 -- the live one. No live edge set is deleted and rebuilt in place; no client sees a
 -- partially staged rule.
 
-INSERT INTO synchro.settings (key, value) VALUES ('backfill_batch_size', '1000');
+INSERT INTO synchro.settings (key, value) VALUES ('backfill_batch_size', '4000');
 
 CREATE TABLE synchro.membership_staged_edges (
     -- No foreign key to synchro.relations here: this is one of the worker's high-volume
@@ -86,11 +86,26 @@ CREATE TRIGGER synchro_dependency_staging AFTER INSERT OR UPDATE ON synchro.memb
 -- one index probe per row (a rebuild's snapshot read: 390 ms instead of 170 ms). A table
 -- autovacuum holds at that moment is skipped (it is being analyzed or vacuumed anyway); the
 -- worker never waits for it nor cancels it.
-CREATE FUNCTION synchro.synchro_analyze_materialized() RETURNS void
+-- Returns false, analyzing nothing, while another session holds a lock ANALYZE would wait
+-- for (autovacuum, an index build): the worker then tries again at its next steps, so the
+-- statistics are never left stale after a bulk write (a skipped ANALYZE left the planner
+-- scanning a projection for every key). SKIP_LOCKED stays as the backstop for a lock taken
+-- between the look and the ANALYZE.
+CREATE FUNCTION synchro.synchro_analyze_materialized() RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 BEGIN
+    IF EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.relation IN ('synchro.projection_rows'::regclass, 'synchro.membership_edges'::regclass,
+                                     'synchro.membership_staged_edges'::regclass, 'synchro.membership_unscoped'::regclass,
+                                     'synchro.membership_staged_unscoped'::regclass)
+                  AND l.granted AND l.pid <> pg_backend_pid()
+                  AND l.mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
+                                 'AccessExclusiveLock')) THEN
+        RETURN false;
+    END IF;
     ANALYZE (SKIP_LOCKED) synchro.projection_rows, synchro.membership_edges, synchro.membership_staged_edges,
         synchro.membership_unscoped, synchro.membership_staged_unscoped;
+    RETURN true;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() TO synchro_worker;

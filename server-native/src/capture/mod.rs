@@ -119,6 +119,10 @@ pub struct Worker {
     last_coverage: Option<Instant>,
     /// Its heartbeat session: progress and liveness while a step runs long.
     heartbeat: heartbeat::Heartbeat,
+    /// Statistics to refresh: the last ANALYZE was put off by another session's lock.
+    analyze_due: std::sync::atomic::AtomicBool,
+    /// How long one step stages batch after batch ([`Worker::set_staging_budget`]).
+    staging_budget: Duration,
 }
 
 impl Worker {
@@ -164,7 +168,16 @@ impl Worker {
                 .unwrap_or_else(Instant::now),
             last_coverage: None,
             heartbeat,
+            analyze_due: Default::default(),
+            staging_budget: step::STAGING_BUDGET,
         })
+    }
+
+    /// How long one step stages pending rules, batch after batch (500 ms by default);
+    /// `Duration::ZERO` stages one batch per relation per step (tests that step through a
+    /// staging batch by batch).
+    pub fn set_staging_budget(&mut self, budget: Duration) {
+        self.staging_budget = budget;
     }
 
     /// Waits up to `max` before the next step: until the replication stream delivers
@@ -189,13 +202,24 @@ impl Worker {
     /// bootstrap copy, an activation, a re-evaluated rule: `synchro_analyze_materialized`);
     /// a failure only leaves them to autovacuum.
     async fn analyze_materialized(&self) {
-        if self
+        use std::sync::atomic::Ordering;
+        match self
             .materialize
-            .batch_execute("SELECT synchro.synchro_analyze_materialized()")
+            .query_one("SELECT synchro.synchro_analyze_materialized()", &[])
             .await
-            .is_err()
         {
-            tracing::warn!("refreshing the projection statistics failed");
+            // Done, or another session holds a lock it needs: tried again at the next step.
+            Ok(row) => self
+                .analyze_due
+                .store(!row.get::<_, bool>(0), Ordering::Relaxed),
+            Err(_) => tracing::warn!("refreshing the projection statistics failed"),
+        }
+    }
+
+    /// [`Worker::analyze_materialized`] again when the last one was put off by a lock.
+    async fn analyze_if_due(&self) {
+        if self.analyze_due.load(std::sync::atomic::Ordering::Relaxed) {
+            self.analyze_materialized().await;
         }
     }
 

@@ -32,7 +32,7 @@ const HORIZON_WAIT: Duration = Duration::from_millis(500);
 const STEP_BUDGET: Duration = Duration::from_secs(1);
 
 /// How long one step stages pending rules (batch after batch) before it turns to the stream.
-const STAGING_BUDGET: Duration = Duration::from_millis(500);
+pub(super) const STAGING_BUDGET: Duration = Duration::from_millis(500);
 
 /// How long a step waits for decoded transactions to become visible before it fails (and
 /// the next step tries again).
@@ -167,6 +167,7 @@ impl Worker {
         drift?;
         let mut registry = self.bootstrap_pending(registry?).await?;
         self.count_coverage_if_due().await?;
+        self.analyze_if_due().await;
         self.reevaluate_stale(&mut registry).await?;
         // Work done this step: source transactions applied plus staging batches, so
         // `Applied(0)` means caught up with both.
@@ -374,7 +375,7 @@ impl Worker {
                     // More batches of this relation while the step's staging budget lasts:
                     // one batch per step paid the step's fixed cost (drift check, registry,
                     // stream) for every 1,000 rows.
-                    if started.elapsed() < STAGING_BUDGET {
+                    if started.elapsed() < self.staging_budget {
                         staging_again.push(oid);
                     }
                 }
