@@ -123,9 +123,15 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
               WHERE p.pubname = 'synchro_publication')
             EXCEPT (SELECT physical_relation_oid FROM synchro.relations))
             THEN 'ok' ELSE 'failed' END,
+        -- Every relation's first copy is activated: copied and caught up by the stream (a
+        -- copy the worker has not reached yet is not served as complete). A reconfiguration's
+        -- copy in flight does not count: the manifest before it keeps being served in full,
+        -- and the report lists it (reconfigurations_staged).
         'capture_bootstrap', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.relation_capture rc JOIN synchro.relations r USING (relation_id)
-             WHERE rc.status <> 'active' AND rc.bootstrap_lsn IS NULL)
+             WHERE rc.status <> 'active'
+               AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                                WHERE g.relation_id = rc.relation_id AND g.state IN ('pending', 'staged')))
             THEN 'unknown' ELSE 'ok' END,
         -- Every other relation's projection a membership function reads is a declared
         -- dependency (with its impact function); otherwise its changes would not re-evaluate.
