@@ -711,23 +711,24 @@ async fn blocked(env: &Env) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Runs `synchro-server capture <args>` as the operator login; returns its JSON output.
-fn capture_cli(env: &Env, args: &[&str]) -> serde_json::Value {
+/// Runs `synchro-server <args>` with `login`'s connection string in DATABASE_URL: its exit
+/// code and JSON output (null when it printed none).
+fn cli(env: &Env, login: &str, args: &[&str]) -> (Option<i32>, serde_json::Value) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .arg("capture")
         .args(args)
-        .env(
-            "DATABASE_URL",
-            env.cluster.url("synchro_dev_operator", "app"),
-        )
+        .env("DATABASE_URL", env.cluster.url(login, "app"))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), json)
+}
+
+/// Runs `synchro-server capture <args>` as the operator login, which must succeed; returns
+/// its JSON output.
+fn capture_cli(env: &Env, args: &[&str]) -> serde_json::Value {
+    let (code, json) = cli(env, "synchro_dev_operator", &[&["capture"], args].concat());
+    assert_eq!(code, Some(0), "{json}");
+    json
 }
 
 /// A new worker in place of `worker` (its prepared evaluations gone), once it leads.
@@ -1058,14 +1059,7 @@ async fn operator_commands_leave_the_postgres_log_quiet() {
 }
 
 fn settings_cli(env: &Env, login: &str, args: &[&str]) -> (Option<i32>, serde_json::Value) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .arg("settings")
-        .args(args)
-        .env("DATABASE_URL", env.cluster.url(login, "app"))
-        .output()
-        .unwrap();
-    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code(), json)
+    cli(env, login, &[&["settings"], args].concat())
 }
 
 #[tokio::test]
@@ -1141,17 +1135,7 @@ async fn an_operator_changes_the_client_ttl_within_its_range_and_nothing_else() 
 }
 
 fn registry_cli(env: &Env, args: &[&str]) -> (Option<i32>, serde_json::Value) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .arg("registry")
-        .args(args)
-        .env(
-            "DATABASE_URL",
-            env.cluster.url("synchro_dev_operator", "app"),
-        )
-        .output()
-        .unwrap();
-    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code(), json)
+    cli(env, "synchro_dev_operator", &[&["registry"], args].concat())
 }
 
 #[tokio::test]

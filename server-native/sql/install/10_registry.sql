@@ -77,6 +77,26 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_registration_error(text, text, text, jsonb) FROM PUBLIC;
 
+-- The relation registered under this schema and name (only a synced one with
+-- p_synced_only), or NULL. While a retired relation waits for capture to reach its boundary,
+-- the same table may already be registered again: the name then means the new registration.
+CREATE FUNCTION synchro.synchro_named_relation(p_schema text, p_relation text, p_synced_only boolean)
+RETURNS synchro.relations
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+BEGIN
+    SELECT r.* INTO v_rel FROM synchro.relations r
+     WHERE r.physical_schema = p_schema AND r.physical_relation = p_relation
+       AND (r.kind = 'synced' OR NOT p_synced_only)
+     ORDER BY EXISTS (SELECT 1 FROM synchro.registry_generations g
+                       WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
+                         AND g.state IN ('pending', 'staged'))
+     LIMIT 1;
+    RETURN v_rel; -- all NULL when none
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_named_relation(text, text, boolean) FROM PUBLIC;
+
 -- The synced relation registered under this schema and name, or the registration error
 -- ambiguous_physical_relation (the operator functions that name a relation).
 CREATE FUNCTION synchro.synchro_synced_relation(p_schema text, p_relation text) RETURNS synchro.relations
@@ -84,15 +104,8 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_rel synchro.relations%ROWTYPE;
 BEGIN
-    -- While a retired relation waits for capture to reach its boundary, the same table may
-    -- already be registered again: the name means the new registration.
-    SELECT r.* INTO v_rel FROM synchro.relations r
-     WHERE r.physical_schema = p_schema AND r.physical_relation = p_relation AND r.kind = 'synced'
-     ORDER BY EXISTS (SELECT 1 FROM synchro.registry_generations g
-                       WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
-                         AND g.state IN ('pending', 'staged'))
-     LIMIT 1;
-    IF NOT FOUND THEN
+    v_rel := synchro.synchro_named_relation(p_schema, p_relation, true);
+    IF v_rel.relation_id IS NULL THEN
         PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
     END IF;
     RETURN v_rel;

@@ -119,13 +119,8 @@ DECLARE
     v_bad text;
     v_name text;
 BEGIN
-    SELECT r.* INTO v_rel FROM synchro.relations r
-     WHERE r.physical_schema = p_schema AND r.physical_relation = p_relation
-     ORDER BY EXISTS (SELECT 1 FROM synchro.registry_generations g
-                       WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
-                         AND g.state IN ('pending', 'staged'))
-     LIMIT 1;
-    IF NOT FOUND THEN
+    v_rel := synchro.synchro_named_relation(p_schema, p_relation, false);
+    IF v_rel.relation_id IS NULL THEN
         PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
     END IF;
     IF p_columns IS NULL OR cardinality(p_columns) NOT BETWEEN 1 AND 8

@@ -93,13 +93,8 @@ DECLARE
     v_id text;
 BEGIN
     v_target := synchro.synchro_synced_relation(p_target_schema, p_target_relation);
-    SELECT r.* INTO v_dep FROM synchro.relations r
-     WHERE r.physical_schema = p_dependency_schema AND r.physical_relation = p_dependency_relation
-     ORDER BY EXISTS (SELECT 1 FROM synchro.registry_generations g
-                       WHERE g.relation_id = r.relation_id AND g.change = 'retirement'
-                         AND g.state IN ('pending', 'staged'))
-     LIMIT 1;
-    IF NOT FOUND THEN
+    v_dep := synchro.synchro_named_relation(p_dependency_schema, p_dependency_relation, false);
+    IF v_dep.relation_id IS NULL THEN
         PERFORM synchro.synchro_registration_error('undeclared_dependency', v_target.relation_id);
     END IF;
     v_bound := coalesce(p_max_impact_rows, v_dep.impact_bound);
