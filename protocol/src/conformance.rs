@@ -3,7 +3,7 @@
 //! Input: `{"cases":[{"id","command","input"}]}`. Output: `{"results":[{"id","output"}]}`,
 //! one result per case in order, serialized by RFC 8785 so that two implementations can be
 //! compared octet for octet. `output` is `{"valid":true, ...}` or
-//! `{"valid":false,"error":{"code","message"}}`. See README.md for every command.
+//! `{"valid":false,"error":{"code","message"}}`. See docs/protocol.md for every command.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -12,7 +12,7 @@
 //!   function, whose items are evaluated again; until the generation is active;
 //! - the longest heartbeat gap seen meanwhile (readiness fails past 60 s);
 //! - the cost of one impact call and of 1,000 item evaluations with the good rule (indexed
-//!   projection, scalar subquery) and the bad ones (no index; a join), for the README.
+//!   projection, scalar subquery) and the bad ones (no index; a join), for docs/operator.md.
 //!
 //! `cargo run --release -p synchro-server --example shop_bench -- [customers] [orders]
 //! [items]` (defaults 10,000, 50,000, 120,000: the figures; scripts/bench-shop.sh).

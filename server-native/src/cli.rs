@@ -377,7 +377,7 @@ enum RegistryCommand {
         unique: bool,
     },
     /// Index a registered relation's projection on columns a membership or impact function
-    /// filters or joins on (README "Writing fast rules"); with `--drop INDEX`, drop one.
+    /// filters or joins on (docs/operator.md "Writing fast rules"); with `--drop INDEX`, drop one.
     /// Prints `{"index","relation_id","columns","created"}` (or `{"dropped"}`).
     ProjectionIndex {
         /// PostgreSQL connection string (synchro_operator login).

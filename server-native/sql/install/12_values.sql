@@ -313,7 +313,7 @@ BEGIN
               DETAIL = jsonb_build_object('error', jsonb_build_object('code', 'unrepresentable_value',
                   'relation_id', p_relation_id, 'field_ids', to_jsonb(p_field_ids)))::text,
               HINT = 'A synced value must be finite, dated within years 1 to 9999 in UTC, before midnight, '
-                     'and JSON within I-JSON; see the synchro README.';
+                     'and JSON within I-JSON; see docs/operator.md in the synchro repository.';
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_unrepresentable_error(text, text[]) FROM PUBLIC;
 

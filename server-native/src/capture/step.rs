@@ -286,7 +286,7 @@ impl Worker {
             detail,
             relation_id = site.relation_id.as_deref(),
             sqlstate,
-            "capture blocked; fix the cause, then `synchro-server capture unblock` (see the README, \"When capture blocks\")"
+            "capture blocked; fix the cause, then `synchro-server capture unblock` (see docs/operator.md, \"When capture blocks\")"
         );
         self.functions.forget_prepared();
         Ok(StepOutcome::Blocked(reason.to_owned()))
