@@ -54,7 +54,10 @@ pub(crate) async fn connect(
     let lineage = serving_lineage(db).await?;
     let transition_scopes = crate::publish::transition_scopes(db, &lineage)
         .await
-        .map_err(|_| ApiError::unavailable())?;
+        .map_err(|_| {
+            tracing::warn!("the affected scopes of the manifest history could not be read");
+            ApiError::unavailable()
+        })?;
     let (previous_generation, expired) = match &stored {
         Some(row) => (Some(row.get::<_, i64>(0) as u64), row.get::<_, bool>(2)),
         None => (None, false),
@@ -89,7 +92,11 @@ pub(crate) async fn connect(
         client_generation: req.client_generation,
         schema_reset: req.schema_reset,
     };
-    let outcome = dispatch(&request, &view).map_err(|_| ApiError::unavailable())?;
+    let outcome = dispatch(&request, &view).map_err(|e| {
+        // (The protocol core's bounded error code: never the client's values.)
+        tracing::error!(code = e.code(), "connect dispatch refused the server's own lineage");
+        ApiError::unavailable()
+    })?;
     let (action, cursor_updates) = match outcome {
         ConnectOutcome::Schema {
             action,

@@ -95,12 +95,11 @@ impl ApiError {
         self
     }
 
-    /// 500 `sync_integrity_failure`: something the server must verify could not be.
-    pub(crate) fn integrity() -> ApiError {
-        ApiError::new(
-            ErrorCode::SyncIntegrityFailure,
-            "scope assignment could not be evaluated",
-        )
+    /// 500 `sync_integrity_failure`: something the server must verify could not be. The
+    /// bounded reason is logged (never a value, key or identity) and says what in the message.
+    pub(crate) fn integrity(why: Integrity) -> ApiError {
+        tracing::error!(reason = why.as_str(), "sync integrity failure");
+        ApiError::new(ErrorCode::SyncIntegrityFailure, why.message())
     }
 
     /// 422 `schema_mismatch` with the current and received references.
@@ -179,5 +178,60 @@ impl IntoResponse for ApiError {
             headers.insert("connection", "close".parse().expect("header value"));
         }
         response
+    }
+}
+
+/// Why a response could not be verified (`sync_integrity_failure`): a bounded reason for the
+/// log and the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Integrity {
+    /// The registered assignment function is missing or changed since its registration.
+    AssignmentChanged,
+    /// An assignment function is registered but no evaluator connection is configured.
+    AssignmentUnconfigured,
+    /// The assignment function failed.
+    AssignmentFailed,
+    /// The assignment function returned a null, blank or `user:` scope.
+    AssignmentInvalidScope,
+    /// The assignment function returned more scopes than its bound.
+    AssignmentBoundExceeded,
+    /// A stored row, key, value or outcome does not read under the current manifest.
+    StoredRow,
+    /// A row or scope digest could not be computed (a duplicate identity, a bad value).
+    Digest,
+    /// The database answered other rows than were asked for.
+    Answer,
+    /// A thread rendering a rebuild page failed.
+    Render,
+}
+
+impl Integrity {
+    /// The code logged.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Integrity::AssignmentChanged => "assignment_changed",
+            Integrity::AssignmentUnconfigured => "assignment_unconfigured",
+            Integrity::AssignmentFailed => "assignment_failed",
+            Integrity::AssignmentInvalidScope => "assignment_invalid_scope",
+            Integrity::AssignmentBoundExceeded => "assignment_bound_exceeded",
+            Integrity::StoredRow => "stored_row",
+            Integrity::Digest => "digest",
+            Integrity::Answer => "answer",
+            Integrity::Render => "render",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Integrity::AssignmentChanged
+            | Integrity::AssignmentUnconfigured
+            | Integrity::AssignmentFailed
+            | Integrity::AssignmentInvalidScope
+            | Integrity::AssignmentBoundExceeded => "scope assignment could not be evaluated",
+            Integrity::StoredRow => "a stored row could not be read under the current schema",
+            Integrity::Digest => "a checksum could not be computed",
+            Integrity::Answer => "the database answered inconsistently",
+            Integrity::Render => "a page could not be rendered",
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use synchro_protocol::json::Json;
 use synchro_protocol::token::ScopeStreamState;
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Integrity};
 
 /// What every pull and rebuild request is checked against, in the spec's order.
 pub(crate) struct Gates {
@@ -113,14 +113,10 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
     let (schema, name, max, intact): (String, String, Option<i32>, bool) =
         (check.get(0), check.get(1), check.get(2), check.get(3));
     if !intact {
-        tracing::error!("assignment function missing or changed since registration");
-        return Err(ApiError::integrity());
+        return Err(ApiError::integrity(Integrity::AssignmentChanged));
     }
     let Some(owner_db) = &state.assignment_db else {
-        tracing::error!(
-            "an assignment function is registered but no evaluator connection is configured"
-        );
-        return Err(ApiError::integrity());
+        return Err(ApiError::integrity(Integrity::AssignmentUnconfigured));
     };
     let limit = max.map_or(String::new(), |m| format!(" LIMIT {}", i64::from(m) + 1));
     let sql = format!(
@@ -133,8 +129,7 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
         if super::error::transient(&e) {
             return ApiError::from(e); // retryable: the next request connects again
         }
-        tracing::error!("assignment function evaluation failed");
-        ApiError::integrity()
+        ApiError::integrity(Integrity::AssignmentFailed)
     })?;
     let mut scopes = Vec::with_capacity(rows.len());
     for row in rows {
@@ -142,14 +137,12 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
         match scope {
             Some(s) if !s.trim().is_empty() && !s.starts_with("user:") => scopes.push(s),
             _ => {
-                tracing::error!("assignment function returned an invalid scope");
-                return Err(ApiError::integrity());
+                return Err(ApiError::integrity(Integrity::AssignmentInvalidScope));
             }
         }
     }
     if max.is_some_and(|m| scopes.len() > m as usize) {
-        tracing::error!("assignment function returned more scopes than its bound");
-        return Err(ApiError::integrity());
+        return Err(ApiError::integrity(Integrity::AssignmentBoundExceeded));
     }
     Ok(scopes)
 }

@@ -42,6 +42,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::wire::Message;
 
 pub use error::ApiError;
+pub(crate) use error::Integrity;
 pub use state::{AppState, Config, ConnectionPool, Pooled, SharedConnection, SnapshotPool};
 
 pub(crate) use gates::{assigned_scopes, gates, still_current, Gates};

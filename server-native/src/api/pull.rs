@@ -16,7 +16,7 @@ use synchro_protocol::value::TypedValue;
 
 use synchro_protocol::wire::{Change, ChangeOp, PullRequest, PullResponse, ScopeUpdates};
 
-use super::{gates, still_current, ApiError, AppState, Gates};
+use super::{gates, still_current, ApiError, AppState, Gates, Integrity};
 
 pub(crate) fn now_datetime() -> String {
     // Issue time for cursors, UTC with microseconds.
@@ -223,12 +223,13 @@ pub(crate) async fn pull(
             r.get(6),
         );
         high.insert(scope.clone(), position as u64);
-        let pk_json = Json::parse(&pk).map_err(|_| ApiError::integrity())?;
+        let pk_json = Json::parse(&pk).map_err(|_| ApiError::integrity(Integrity::StoredRow))?;
         let op = match (kind.as_str(), row_json) {
             ("upsert", Some(text)) => {
-                let row = Json::parse(&text).map_err(|_| ApiError::integrity())?;
+                let row =
+                    Json::parse(&text).map_err(|_| ApiError::integrity(Integrity::StoredRow))?;
                 let d = row_digest(current, &table_id, &pk_json, &row, &version)
-                    .map_err(|_| ApiError::integrity())?;
+                    .map_err(|_| ApiError::integrity(Integrity::Digest))?;
                 digested.push((
                     crate::digest_cache::key(&schema_hash, &table_id, &pk, &version),
                     d.digest,
@@ -351,7 +352,7 @@ pub(crate) async fn scope_checksum(
         } else if advance_index(db, manifest, scope, &mut index, fingerprint).await? {
             let d = index
                 .digest(&schema_hash, scope)
-                .map_err(|_| ApiError::integrity())?;
+                .map_err(|_| ApiError::integrity(Integrity::Digest))?;
             crate::digest_cache::scope_put(&schema_hash, scope, fingerprint, d);
             crate::digest_cache::index_put(&schema_hash, scope, index);
             return Ok(Checksum(d));
@@ -389,7 +390,7 @@ pub(crate) async fn scope_checksum(
             .await
             ?;
         if rows.len() != missing_pks.len() {
-            return Err(ApiError::integrity());
+            return Err(ApiError::integrity(Integrity::Answer));
         }
         let mut fresh = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -411,12 +412,12 @@ pub(crate) async fn scope_checksum(
                 .iter()
                 .map(|(identity, digest)| (identity.as_bytes(), *digest)),
         )
-        .map_err(|_| ApiError::integrity())?,
+        .map_err(|_| ApiError::integrity(Integrity::Digest))?,
     };
     crate::digest_cache::INDEX_BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let d = index
         .digest(&schema_hash, scope)
-        .map_err(|_| ApiError::integrity())?;
+        .map_err(|_| ApiError::integrity(Integrity::Digest))?;
     crate::digest_cache::scope_put(&schema_hash, scope, fingerprint, d);
     crate::digest_cache::index_put(&schema_hash, scope, index);
     Ok(Checksum(d))
@@ -497,9 +498,9 @@ fn row_entry(
         r.get(first + 3),
     );
     let (pk, identity) = key_identity(manifest, table_id, pk)?;
-    let row = Json::parse(row_json).map_err(|_| ApiError::integrity())?;
+    let row = Json::parse(row_json).map_err(|_| ApiError::integrity(Integrity::StoredRow))?;
     let d = row_digest(manifest, table_id, &pk.to_wire(), &row, version)
-        .map_err(|_| ApiError::integrity())?;
+        .map_err(|_| ApiError::integrity(Integrity::Digest))?;
     Ok((identity, d.digest))
 }
 
@@ -509,9 +510,12 @@ pub(super) fn key_identity(
     table_id: &str,
     pk: &str,
 ) -> Result<(TypedValue, RowIdentity), ApiError> {
-    let table = manifest.table(table_id).ok_or_else(ApiError::integrity)?;
+    let table = manifest
+        .table(table_id)
+        .ok_or_else(|| ApiError::integrity(Integrity::StoredRow))?;
     let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
-        .map_err(|_| ApiError::integrity())?;
-    let identity = RowIdentity::new(table, &key).map_err(|_| ApiError::integrity())?;
+        .map_err(|_| ApiError::integrity(Integrity::StoredRow))?;
+    let identity =
+        RowIdentity::new(table, &key).map_err(|_| ApiError::integrity(Integrity::StoredRow))?;
     Ok((key, identity))
 }

@@ -32,7 +32,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::wire::{Message, Mutation, Outcome, PushRequest, PushResponse};
 use tokio_postgres::types::{ToSql, Type};
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Integrity};
 
 /// Push bounds (spec-gaps: the original project's defaults), shared with the edge gateway.
 pub use synchro_protocol::wire::gate::PushLimits;
@@ -167,7 +167,7 @@ pub(crate) async fn push(
             let o = Json::parse(o)
                 .ok()
                 .and_then(|j| Outcome::from_json(&j).ok())
-                .ok_or_else(ApiError::integrity)?;
+                .ok_or_else(|| ApiError::integrity(Integrity::StoredRow))?;
             outcomes.push(Some(o));
             continue;
         }
@@ -189,7 +189,10 @@ pub(crate) async fn push(
     drop(membership);
     let outcomes = outcomes
         .into_iter()
-        .map(|o| o.or_else(|| written.next()).ok_or_else(ApiError::integrity))
+        .map(|o| {
+            o.or_else(|| written.next())
+                .ok_or_else(|| ApiError::integrity(Integrity::Answer))
+        })
         .collect::<Result<Vec<Outcome>, ApiError>>()?;
     let body = PushResponse {
         batch_id: r.batch_id.clone(),

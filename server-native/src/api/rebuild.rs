@@ -25,7 +25,7 @@ use synchro_protocol::wire::{RebuildEnd, RebuildRecord, RebuildRequest, Rendered
 
 use tokio_postgres::types::ToSql;
 
-use super::{gates, still_current, ApiError, AppState, Gates};
+use super::{gates, still_current, ApiError, AppState, Gates, Integrity};
 
 fn restart(scope: &str) -> ApiError {
     ApiError::rebuild_restart(scope)
@@ -189,7 +189,7 @@ pub(crate) async fn rebuild(
         let checksum = hex::decode(s.get::<_, &str>(10))
             .ok()
             .and_then(|d| <[u8; 32]>::try_from(d).ok())
-            .ok_or_else(ApiError::integrity)?;
+            .ok_or_else(|| ApiError::integrity(Integrity::StoredRow))?;
         // Complete: the records go; the header keeps pinning retention at the watermark.
         db.execute(
             "SELECT synchro.synchro_rebuild_complete($1)",
@@ -348,7 +348,7 @@ async fn render(
     let (manifest, scope) = (manifest.clone(), scope.to_owned());
     tokio::task::spawn_blocking(move || render_all(&manifest, &scope, &rows))
         .await
-        .map_err(|_| ApiError::integrity())?
+        .map_err(|_| ApiError::integrity(Integrity::Render))?
 }
 
 fn render_all(
@@ -356,7 +356,7 @@ fn render_all(
     scope: &str,
     rows: &[tokio_postgres::Row],
 ) -> Result<Rendered, ApiError> {
-    let integrity = |_| ApiError::integrity();
+    let integrity = |_| ApiError::integrity(Integrity::Digest);
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(rows.len() / RENDER_SPLIT)
@@ -372,7 +372,10 @@ fn render_all(
                 .collect();
             running
                 .into_iter()
-                .map(|t| t.join().unwrap_or_else(|_| Err(ApiError::integrity())))
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(ApiError::integrity(Integrity::Render)))
+                })
                 .collect::<Result<_, _>>()
         })?
     };
@@ -417,14 +420,15 @@ fn render_rows(
     manifest: &synchro_protocol::manifest::Manifest,
     rows: &[tokio_postgres::Row],
 ) -> Result<Vec<RenderedRow>, ApiError> {
-    let integrity = |_| ApiError::integrity();
+    let stored = |_| ApiError::integrity(Integrity::StoredRow);
+    let integrity = |_| ApiError::integrity(Integrity::Digest);
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
         let (table_id, pk, row_json, version): (&str, &str, &str, &str) =
             (r.get(0), r.get(1), r.get(2), r.get(3));
         let (key, identity) = super::pull::key_identity(manifest, table_id, pk)?;
         let pk = key.to_wire();
-        let row = Json::parse(row_json).map_err(integrity)?;
+        let row = Json::parse(row_json).map_err(stored)?;
         let d = row_digest(manifest, table_id, &pk, &row, version).map_err(integrity)?;
         let record = RebuildRecord {
             table_id: table_id.to_owned(),

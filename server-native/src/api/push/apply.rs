@@ -37,7 +37,7 @@ use tokio_postgres::{Client, Transaction};
 use super::checks::Prepared;
 use super::scopes::{evaluate, Probe};
 use super::{missing_row_conflict, rejected};
-use crate::api::ApiError;
+use crate::api::{ApiError, Integrity};
 
 /// Optimistic runs of a batch before it is executed one mutation at a time.
 const ATTEMPTS: usize = 3;
@@ -243,7 +243,7 @@ async fn run(
         let same = scopes
             .get(&before)
             .cloned()
-            .ok_or_else(ApiError::integrity)?;
+            .ok_or_else(|| ApiError::integrity(Integrity::Answer))?;
         scopes.insert(after, same);
     }
 
@@ -283,7 +283,7 @@ async fn sequential(
         let w = write_batch(tx, std::slice::from_ref(p), &[false])
             .await?
             .pop()
-            .ok_or_else(ApiError::integrity)?;
+            .ok_or_else(|| ApiError::integrity(Integrity::Answer))?;
         fn probe<'a>(p: &'a Prepared<'_>, r: &'a Row) -> Probe<'a> {
             Probe {
                 relation_id: &p.table.relation_id,
@@ -378,7 +378,7 @@ fn outcome(
     let digest = |row: &Json, version: &str| -> Result<Checksum, ApiError> {
         row_digest(current, &p.table.table_id, &p.pk.to_wire(), row, version)
             .map(|d| Checksum(d.digest))
-            .map_err(|_| ApiError::integrity())
+            .map_err(|_| ApiError::integrity(Integrity::Digest))
     };
     match verdict {
         Verdict::Invisible => return Ok(missing_row_conflict(id)),
@@ -393,7 +393,9 @@ fn outcome(
     }
     Ok(match w.status.as_str() {
         "applied" => {
-            let version = w.version.ok_or_else(ApiError::integrity)?;
+            let version = w
+                .version
+                .ok_or_else(|| ApiError::integrity(Integrity::Answer))?;
             let row = match post {
                 Some(r) => {
                     let c = digest(&r.json, &version)?;
@@ -468,7 +470,7 @@ async fn write_batch(
         )
         .await?;
     if rows.len() != writes.len() {
-        return Err(ApiError::integrity());
+        return Err(ApiError::integrity(Integrity::Answer));
     }
     Ok(rows
         .iter()
@@ -501,7 +503,7 @@ fn row(table: &Table, fields: &[(String, u32)], image: &[Option<String>]) -> Res
         let value = match text {
             None => Json::Null,
             Some(t) => crate::capture::values::text_to_wire(&field.spec, *oid, t.as_bytes())
-                .map_err(|_| ApiError::integrity())?
+                .map_err(|_| ApiError::integrity(Integrity::StoredRow))?
                 .to_wire(),
         };
         row.push((field_id.clone(), value));

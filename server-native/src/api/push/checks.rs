@@ -11,7 +11,7 @@ use synchro_protocol::value::TypedValue;
 use synchro_protocol::wire::{AuthoredSchema, Incompatible, Mutation, Operation, Outcome};
 
 use super::rejected;
-use crate::api::ApiError;
+use crate::api::{ApiError, Integrity};
 
 /// A mutation that passed every check, in the forms the database write takes.
 pub(super) struct Prepared<'a> {
@@ -169,7 +169,7 @@ pub(super) fn prepare<'a>(
             }
         }
     }
-    let key = key_text(&pk.to_wire()).ok_or_else(ApiError::integrity)?;
+    let key = key_text(&pk.to_wire()).ok_or_else(|| ApiError::integrity(Integrity::StoredRow))?;
     let pk_wire = pk.to_wire_text();
     Ok(Ok(Prepared {
         m,

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use crate::api::ApiError;
+use crate::api::{ApiError, Integrity};
 
 /// One row to evaluate.
 pub(super) struct Probe<'a> {
@@ -54,14 +54,17 @@ pub(super) async fn evaluate(
     // One result per probe, by its 1-based ordinal.
     let mut out: Vec<Option<BTreeSet<String>>> = vec![None; probes.len()];
     for row in &scopes {
-        let i = usize::try_from(row.get::<_, i32>(0) - 1).map_err(|_| ApiError::integrity())?;
-        let slot = out.get_mut(i).ok_or_else(ApiError::integrity)?;
+        let i = usize::try_from(row.get::<_, i32>(0) - 1)
+            .map_err(|_| ApiError::integrity(Integrity::Answer))?;
+        let slot = out
+            .get_mut(i)
+            .ok_or_else(|| ApiError::integrity(Integrity::Answer))?;
         if slot.is_some() {
-            return Err(ApiError::integrity());
+            return Err(ApiError::integrity(Integrity::Answer));
         }
         *slot = Some(row.get::<_, Vec<String>>(1).into_iter().collect());
     }
     out.into_iter()
-        .map(|s| s.ok_or_else(ApiError::integrity))
+        .map(|s| s.ok_or_else(|| ApiError::integrity(Integrity::Answer)))
         .collect()
 }
