@@ -94,7 +94,10 @@ pub(crate) async fn connect(
     };
     let outcome = dispatch(&request, &view).map_err(|e| {
         // (The protocol core's bounded error code: never the client's values.)
-        tracing::error!(code = e.code(), "connect dispatch refused the server's own lineage");
+        tracing::error!(
+            code = e.code(),
+            "connect dispatch refused the server's own lineage"
+        );
         ApiError::unavailable()
     })?;
     let (action, cursor_updates) = match outcome {

@@ -1,0 +1,609 @@
+//! The `synchro-server` command line: install, register, publish, serve, capture, compact,
+//! health, and a one-command dev server. The binary is `main()`; it lives in the library so
+//! test packages can build the same program (`synchro-tests` does).
+//!
+//! | module | owns |
+//! |---|---|
+//! | this file | the arguments (clap), `main`, and which command runs what |
+//! | `registry` | `registry ...`: registration, plans and reconfigurations, indexes, retirement |
+//! | `operator` | `install`, `publish`, `health`, `settings`, `compact`, `capture unblock|...` |
+//! | `serve` | `serve`, `capture` (the worker), `probe` and `dev` |
+
+mod operator;
+mod registry;
+mod serve;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use crate::api::Config;
+
+#[derive(Parser)]
+#[command(name = "synchro-server", version, about = "synchro native server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install or upgrade the synchro schema and roles (needs a superuser connection).
+    Install {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Registry operations (as a synchro_operator login).
+    Registry {
+        #[command(subcommand)]
+        command: RegistryCommand,
+    },
+    /// Publish the registry as a new immutable manifest when it changed.
+    Publish {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Print the detailed health checks (synchro_monitor or synchro_operator login).
+    Health {
+        /// PostgreSQL connection string.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Serve the sync HTTP API (as a synchro_adapter login). Every option can also be set by
+    /// the environment variable shown in `--help` (the container is configured that way).
+    /// SIGTERM or SIGINT: stop accepting, end event streams (`end` `{"reason":"shutdown"}`),
+    /// let in-flight requests finish, exit 0.
+    Serve(ServeArgs),
+    /// Run the capture worker (one leader per database; others wait). SIGTERM or SIGINT
+    /// stops it and exits 0: a step in progress is abandoned (its transaction rolls back)
+    /// and the next worker resumes from the last committed progress. With a subcommand: the
+    /// operator's ways out of a blocked capture or a stopped staging (synchro_operator login).
+    Capture {
+        #[command(subcommand)]
+        action: Option<CaptureCommand>,
+        /// Worker login connection string (REPLICATION, member of synchro_worker).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+    },
+    /// Print the operator settings as JSON (value, and range when settable), or change one
+    /// with `--set KEY VALUE` (synchro_operator login): client_ttl_days,
+    /// rebuild_session_ttl_minutes, backfill_batch_size, capture_max_heartbeat_age_seconds,
+    /// capture_max_wal_lag_bytes.
+    Settings {
+        /// PostgreSQL connection string (synchro_operator login; synchro_monitor to read).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The setting to change and its new value.
+        #[arg(long, num_args = 2, value_names = ["KEY", "VALUE"])]
+        set: Option<Vec<String>>,
+    },
+    /// GET /ready of a local `serve`: exits 0 when it answers 200 within 5 s, 1 otherwise
+    /// (the container's health check; it needs no curl in the image).
+    Probe {
+        /// The address `serve` listens on (an unspecified address such as 0.0.0.0 is
+        /// probed on loopback).
+        #[arg(long, env = "SYNCHRO_LISTEN", default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+    },
+    /// Run one retention compaction pass now (the capture leader also runs one every
+    /// minute): expires stale client generations, deletes acknowledged scope effects and
+    /// raises resume floors. Prints counts only.
+    Compact {
+        /// Operator or worker login connection string.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// Effects deleted per transaction (compaction.batch_size), a positive integer.
+        #[arg(long, default_value_t = crate::retention::DEFAULT_BATCH_SIZE)]
+        batch_size: i32,
+    },
+    /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
+    /// with a demo schema registered, serving on 127.0.0.1:8787.
+    Dev {
+        /// Use this database instead of a throwaway cluster (needs superuser rights).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+    },
+}
+
+impl Command {
+    /// The sessions' `application_name`: what they are for, per command.
+    fn application_name(&self) -> &'static str {
+        match self {
+            Command::Install { .. } => "synchro-server install",
+            Command::Registry { .. } => "synchro-server registry",
+            Command::Publish { .. } => "synchro-server publish",
+            Command::Health { .. } => "synchro-server health",
+            Command::Serve { .. } => "synchro-server serve",
+            Command::Capture { action: None, .. } => "synchro-server capture",
+            Command::Capture { .. } => "synchro-server capture (operator)",
+            Command::Settings { .. } => "synchro-server settings",
+            Command::Probe { .. } => "synchro-server probe",
+            Command::Compact { .. } => "synchro-server compact",
+            Command::Dev { .. } => "synchro-server dev",
+        }
+    }
+}
+
+/// The options of `serve` (each also an environment variable).
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// PostgreSQL connection string (synchro_adapter login).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Address to listen on.
+    #[arg(long, env = "SYNCHRO_LISTEN", default_value = "127.0.0.1:8787")]
+    listen: SocketAddr,
+    /// HS256 secret for bearer JWTs.
+    #[arg(long, env = "SYNCHRO_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: String,
+    /// Root secret for scope cursor keys (default: derived from the JWT secret with a
+    /// purpose label). Rotating it invalidates every cursor (scopes rebuild).
+    #[arg(long, env = "SYNCHRO_CURSOR_SECRET", hide_env_values = true)]
+    cursor_secret: Option<String>,
+    /// Longest accepted bearer-token lifetime: a token whose `exp` lies further than
+    /// this from now is refused (401).
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_TOKEN_LIFETIME_SECS",
+        default_value_t = crate::auth::DEFAULT_MAX_TOKEN_LIFETIME_SECS
+    )]
+    max_token_lifetime_secs: u64,
+    /// Largest accepted request body in bytes.
+    #[arg(long, env = "SYNCHRO_MAX_BODY_BYTES", default_value_t = 1_048_576)]
+    max_body_bytes: usize,
+    /// Minimum client runtime version (SemVer 2.0.0): a connect whose `client_version` is
+    /// absent or of lower precedence is answered 426 `upgrade_required`. A malformed
+    /// value refuses to start.
+    #[arg(long, env = "SYNCHRO_MIN_CLIENT_VERSION", value_parser = semver_version)]
+    min_client_version: Option<String>,
+    /// Connection as the owner of the registered scope-assignment function (evaluated
+    /// with that owner's privileges).
+    #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL", hide_env_values = true)]
+    assignment_url: Option<String>,
+    /// Also run the capture worker in this process, as this worker login (REPLICATION,
+    /// member of synchro_worker). Without it, run `synchro-server capture` separately.
+    #[arg(long, env = "SYNCHRO_WORKER_DATABASE_URL", hide_env_values = true)]
+    worker_url: Option<String>,
+    /// With --worker-url, use that login only for push's scope evaluation and run no
+    /// capture worker in this process (it runs as `synchro-server capture`, e.g. its
+    /// own container).
+    #[arg(long, env = "SYNCHRO_NO_CAPTURE", requires = "worker_url")]
+    no_capture: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// The operator's recoveries (each prints one JSON object and changes nothing else).
+#[derive(Subcommand)]
+enum CaptureCommand {
+    /// Lift a durable capture block once its cause is fixed (a rule or grant repaired, a
+    /// value corrected): the worker tries again from the last applied transaction, and blocks
+    /// again with the same reason if the cause remains. Prints the block lifted.
+    Unblock {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Stage a relation's pending membership rule again from its first row (after its
+    /// staging stopped on a failed evaluation and the rule or a grant was fixed).
+    RetryStaging(StagedRelation),
+    /// Abandon a relation's pending membership rule: a changed rule is dropped and the live
+    /// one keeps serving; a first rule is removed (its rows are in no scope until a rule is
+    /// registered).
+    SkipStaging(StagedRelation),
+}
+
+/// The relation whose staging `capture retry-staging|skip-staging` acts on.
+#[derive(clap::Args)]
+struct StagedRelation {
+    /// PostgreSQL connection string (synchro_operator login).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// The registered schema name.
+    #[arg(long)]
+    schema: String,
+    /// The registered relation name.
+    #[arg(long)]
+    relation: String,
+}
+
+/// Load limits of `serve` (over one: 503 `temporary_unavailable` with a `reason` and
+/// `Retry-After`, or the connection is closed).
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Open connections at most (lowered at start if the open-file limit is smaller).
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_CONNECTIONS",
+        default_value_t = limits_default().max_connections,
+        value_parser = positive::<usize>()
+    )]
+    max_connections: usize,
+    /// Open connections per peer address (IPv6: per /64) at most; 0 = no per-peer cap
+    /// (behind a reverse proxy, whose address every connection has).
+    #[arg(long, env = "SYNCHRO_MAX_CONNECTIONS_PER_PEER", default_value_t = limits_default().max_connections_per_peer)]
+    max_connections_per_peer: usize,
+    /// Milliseconds within which a request head must arrive (from the accept, or from its
+    /// first byte on a kept-alive connection).
+    #[arg(
+        long,
+        env = "SYNCHRO_HEADER_TIMEOUT_MS",
+        default_value_t = millis(limits_default().header_timeout),
+        value_parser = positive::<u64>()
+    )]
+    header_timeout_ms: u64,
+    /// Milliseconds within which the whole request body must arrive after its head.
+    #[arg(
+        long,
+        env = "SYNCHRO_BODY_TIMEOUT_MS",
+        default_value_t = millis(Config::default().body_timeout),
+        value_parser = positive::<u64>()
+    )]
+    body_timeout_ms: u64,
+    /// Milliseconds a kept-alive connection may wait for its next request.
+    #[arg(
+        long,
+        env = "SYNCHRO_IDLE_TIMEOUT_MS",
+        default_value_t = millis(limits_default().idle_timeout),
+        value_parser = positive::<u64>()
+    )]
+    idle_timeout_ms: u64,
+    /// Open `POST /sync/events` streams at most, server-wide.
+    #[arg(long, env = "SYNCHRO_MAX_EVENT_STREAMS", default_value_t = Config::default().max_event_streams)]
+    max_event_streams: usize,
+    /// Open `POST /sync/events` streams per user and client ID at most.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_EVENT_STREAMS_PER_CLIENT",
+        default_value_t = Config::default().max_event_streams_per_client
+    )]
+    max_event_streams_per_client: usize,
+    /// Rebuild sessions in progress per user and client ID at most.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_REBUILD_SESSIONS_PER_CLIENT",
+        default_value_t = Config::default().max_rebuild_sessions_per_client,
+        value_parser = positive::<u32>()
+    )]
+    max_rebuild_sessions_per_client: u32,
+    /// `Retry-After` seconds sent with a refusal for load.
+    #[arg(long, env = "SYNCHRO_RETRY_AFTER_SECONDS", default_value_t = Config::default().retry_after_seconds)]
+    retry_after_seconds: u64,
+}
+
+fn limits_default() -> crate::serve::ConnectionLimits {
+    crate::serve::ConnectionLimits::default()
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// A parser of SemVer 2.0.0 versions (kept as given).
+fn semver_version(text: &str) -> std::result::Result<String, String> {
+    synchro_protocol::semver::Version::parse(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// A parser of integers of at least 1.
+fn positive<T>() -> clap::builder::RangedU64ValueParser<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: Send + Sync + 'static + std::error::Error,
+{
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
+impl LimitArgs {
+    fn apply(self, config: Config) -> Config {
+        use std::time::Duration;
+        Config {
+            connections: crate::serve::ConnectionLimits {
+                max_connections: self.max_connections,
+                max_connections_per_peer: self.max_connections_per_peer,
+                header_timeout: Duration::from_millis(self.header_timeout_ms),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            },
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
+            max_event_streams: self.max_event_streams,
+            max_event_streams_per_client: self.max_event_streams_per_client,
+            max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
+            retry_after_seconds: self.retry_after_seconds,
+            ..config
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum RegistryCommand {
+    /// Register a schema-qualified relation.
+    Register {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// Exact schema name.
+        #[arg(long)]
+        schema: String,
+        /// Exact relation name.
+        #[arg(long)]
+        relation: String,
+        /// synced or capture_dependency.
+        #[arg(long, default_value = "synced")]
+        kind: String,
+        /// single_scope or multi_scope.
+        #[arg(long, default_value = "single_scope")]
+        composition: String,
+        /// Refuse client pushes to this table.
+        #[arg(long)]
+        no_push: bool,
+        /// Client-visible table name (default: the relation name).
+        #[arg(long)]
+        table_name: Option<String>,
+        /// Membership fanout bound.
+        #[arg(long, default_value_t = 1000)]
+        fanout_bound: i32,
+        /// Impact bound.
+        #[arg(long, default_value_t = 1000)]
+        impact_bound: i32,
+        /// A column that is not synced (server-only, or without a portable type); repeatable.
+        #[arg(long = "server-only")]
+        server_only: Vec<String>,
+        #[command(flatten)]
+        lifecycle: LifecycleArgs,
+    },
+    /// Show what reconfiguring a relation after DDL would do, changing nothing: the class,
+    /// the fields added, changed and retired, the affected scopes, and the connect action
+    /// active clients on each manifest would get.
+    Plan {
+        #[command(flatten)]
+        change: ReconfigureArgs,
+    },
+    /// Declare a local index (created in every client's SQLite database; Class 2 at the
+    /// next publish). --unique needs a unique index of the source on those columns.
+    Index {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
+        /// The index name (letters, digits, underscores).
+        #[arg(long)]
+        name: String,
+        /// A synced column, in index order; repeatable.
+        #[arg(long = "column", required = true)]
+        columns: Vec<String>,
+        /// A unique index.
+        #[arg(long)]
+        unique: bool,
+    },
+    /// Index a registered relation's projection on columns a membership or impact function
+    /// filters or joins on (docs/operator.md "Writing fast rules"); with `--drop INDEX`, drop one.
+    /// Prints `{"index","relation_id","columns","created"}` (or `{"dropped"}`).
+    ProjectionIndex {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long, required_unless_present = "drop")]
+        schema: Option<String>,
+        /// The registered relation name.
+        #[arg(long, required_unless_present = "drop")]
+        relation: Option<String>,
+        /// A projected column, in index order; repeatable (1 to 8).
+        #[arg(long = "column", required_unless_present = "drop")]
+        columns: Vec<String>,
+        /// Drop the projection index of this name instead.
+        #[arg(long, conflicts_with_all = ["schema", "relation", "columns"])]
+        drop: Option<String>,
+    },
+    /// Retire a synced table (Class 4) and publish: clients across it get unsupported; a
+    /// later registration of the same table is a new table ID.
+    RetireTable {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
+    },
+    /// Reset one relation's stream: capture re-copies it at a new boundary (lifting a block
+    /// found at one of its changes, e.g. after a TRUNCATE or a fixed value) and every scope
+    /// holding its rows rebuilds.
+    Reset {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name.
+        #[arg(long)]
+        schema: String,
+        /// The registered relation name.
+        #[arg(long)]
+        relation: String,
+    },
+    /// The rollout advisor: per manifest, the active clients on it, the last push authored
+    /// under it, the unresolved queued intents seen and the clients held at
+    /// upgrade_required (counts only); with --retire, whether retiring those columns is
+    /// safe now and what blocks it.
+    Rollout {
+        /// PostgreSQL connection string (synchro_monitor or synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// The registered schema name (with --retire).
+        #[arg(long, requires = "relation")]
+        schema: Option<String>,
+        /// The registered relation name (with --retire).
+        #[arg(long, requires = "schema")]
+        relation: Option<String>,
+        /// A registered column a planned contract retires; repeatable.
+        #[arg(long, requires = "relation")]
+        retire: Vec<String>,
+    },
+    /// Reconfigure a relation after DDL and publish the resulting manifest, in one
+    /// transaction; capture activates it at a transaction boundary of the stream.
+    Reconfigure {
+        #[command(flatten)]
+        change: ReconfigureArgs,
+    },
+}
+
+/// Which relation to reconfigure, and how.
+#[derive(clap::Args)]
+struct ReconfigureArgs {
+    /// PostgreSQL connection string (synchro_operator login).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// The registered schema name.
+    #[arg(long)]
+    schema: String,
+    /// The registered relation name.
+    #[arg(long)]
+    relation: String,
+    /// A column that is not synced; repeatable. Replaces the current list when given.
+    #[arg(long = "server-only")]
+    server_only: Vec<String>,
+    /// Keep no server-only column (instead of keeping the current list).
+    #[arg(long, conflicts_with = "server_only")]
+    no_server_only: bool,
+    /// A registered column whose field is retired (Class 4); repeatable.
+    #[arg(long)]
+    retire: Vec<String>,
+    /// Declare the lifecycle columns anew (the ones given; a change is Class 4).
+    #[arg(long)]
+    set_lifecycle: bool,
+    #[command(flatten)]
+    lifecycle: LifecycleArgs,
+}
+
+/// Server-owned lifecycle columns (each a timestamptz column; not writable by clients).
+#[derive(clap::Args)]
+struct LifecycleArgs {
+    /// The creation time column.
+    #[arg(long)]
+    created_at: Option<String>,
+    /// The last update time column.
+    #[arg(long)]
+    updated_at: Option<String>,
+    /// The deletion (tombstone) time column.
+    #[arg(long)]
+    deleted_at: Option<String>,
+}
+
+impl LifecycleArgs {
+    fn map(&self) -> std::collections::BTreeMap<String, String> {
+        [
+            ("created_at", &self.created_at),
+            ("updated_at", &self.updated_at),
+            ("deleted_at", &self.deleted_at),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.to_owned(), v)))
+        .collect()
+    }
+}
+
+impl ReconfigureArgs {
+    fn request(&self) -> crate::registry::ReconfigureRequest {
+        crate::registry::ReconfigureRequest {
+            schema: self.schema.clone(),
+            relation: self.relation.clone(),
+            server_only: if self.no_server_only {
+                Some(Vec::new())
+            } else if self.server_only.is_empty() {
+                None
+            } else {
+                Some(self.server_only.clone())
+            },
+            retire: self.retire.clone(),
+            lifecycle: (self.set_lifecycle || !self.lifecycle.map().is_empty())
+                .then(|| self.lifecycle.map()),
+        }
+    }
+}
+
+/// Runs the command line with the process's arguments and environment.
+pub fn main() -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(async_main()),
+        Err(e) => {
+            eprintln!("synchro-server: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn async_main() -> ExitCode {
+    use std::io::IsTerminal;
+    crate::logging::init(
+        &std::env::var("SYNCHRO_LOG").unwrap_or_else(|_| "info".into()),
+        std::io::stderr,
+        std::io::stderr().is_terminal(),
+    );
+    let cli = Cli::parse();
+    let _ = crate::APPLICATION_NAME.set(cli.command.application_name());
+    let code = match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("synchro-server: {e:#}");
+            ExitCode::FAILURE
+        }
+    };
+    // Every client is dropped by now: let the sessions end cleanly (nothing in the
+    // PostgreSQL log).
+    crate::close_connections(std::time::Duration::from_secs(2)).await;
+    code
+}
+
+/// Which function runs each command (the commands' bodies live in the modules above).
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Install { database_url } => operator::install(&database_url).await,
+        Command::Registry { command } => registry::run(command).await,
+        Command::Publish { database_url } => operator::publish(&database_url).await,
+        Command::Health { database_url } => operator::health(&database_url).await,
+        Command::Serve(args) => serve::serve_command(args).await,
+        Command::Capture {
+            action: Some(action),
+            ..
+        } => operator::capture_command(action).await,
+        Command::Capture {
+            action: None,
+            database_url,
+        } => serve::capture_worker(database_url).await,
+        Command::Settings { database_url, set } => operator::settings(&database_url, set).await,
+        Command::Probe { listen } => Ok(match crate::probe::ready(listen).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("synchro-server probe: {e}");
+                ExitCode::FAILURE
+            }
+        }),
+        Command::Compact {
+            database_url,
+            batch_size,
+        } => operator::compact(&database_url, batch_size).await,
+        Command::Dev {
+            database_url,
+            listen,
+        } => serve::run_dev(database_url, listen)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+    }
+}

@@ -1,0 +1,143 @@
+//! The operator's and monitor's one-shot commands: `install`, `publish`, `health`,
+//! `settings`, `compact` and the ways out of a blocked capture (`capture unblock|...`). Each
+//! prints one JSON object.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use super::CaptureCommand;
+use crate::{connect_db, install};
+
+/// `install`: the schema, roles and grants (idempotent; a superuser connection).
+pub(super) async fn install(database_url: &str) -> Result<ExitCode> {
+    let mut db = connect_db(database_url).await?;
+    let report = install::install(&mut db).await?;
+    println!(
+        "{}",
+        serde_json::json!({"version": report.version, "applied": report.applied})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `publish`: a new manifest when the registry changed.
+pub(super) async fn publish(database_url: &str) -> Result<ExitCode> {
+    let mut db = connect_db(database_url).await?;
+    println!("{}", crate::publish::publish(&mut db).await?.to_json());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `health`: one JSON object `{ready, not_ok, checks, report}`; exit 1 unless every check
+/// is ok.
+pub(super) async fn health(database_url: &str) -> Result<ExitCode> {
+    let db = connect_db(database_url).await?;
+    let row = db
+        .query_one(
+            "SELECT synchro.synchro_health_detail()::text, synchro.synchro_capture_report()::text",
+            &[],
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!(install::describe(&e)))?;
+    let checks: serde_json::Value = serde_json::from_str(&row.get::<_, String>(0))?;
+    let report: serde_json::Value = serde_json::from_str(&row.get::<_, String>(1))?;
+    let ready = checks
+        .as_object()
+        .is_some_and(|c| c.values().all(|v| v == "ok"));
+    let waiting: Vec<&String> = checks
+        .as_object()
+        .map(|c| {
+            c.iter()
+                .filter(|(_, v)| *v != "ok")
+                .map(|(k, _)| k)
+                .collect()
+        })
+        .unwrap_or_default();
+    // One JSON object; a closed pipe (`| head`) is not an error worth a panic.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stdout(),
+        "{}",
+        serde_json::json!({"ready": ready, "not_ok": waiting, "checks": checks, "report": report})
+    );
+    // Scripts and probes branch on the exit status: 0 only when every check is ok.
+    Ok(if ready {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `settings [--set KEY VALUE]`.
+pub(super) async fn settings(database_url: &str, set: Option<Vec<String>>) -> Result<ExitCode> {
+    let (sql, args) = match set {
+        Some(kv) => ("SELECT synchro.synchro_set_setting($1, $2)::text", kv),
+        None => ("SELECT synchro.synchro_settings()::text", vec![]),
+    };
+    operator_function(database_url, sql, &args).await
+}
+
+/// `compact`: one retention pass now; counts only.
+pub(super) async fn compact(database_url: &str, batch_size: i32) -> Result<ExitCode> {
+    let db = connect_db(database_url).await?;
+    let c = crate::retention::compact(&db, batch_size).await?;
+    println!(
+        "{}",
+        serde_json::json!({"clients_expired": c.clients_expired, "scopes_compacted": c.scopes_compacted,
+                           "effects_deleted": c.effects_deleted})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `capture unblock|retry-staging|skip-staging`: one SQL function each, its answer as JSON.
+pub(super) async fn capture_command(action: CaptureCommand) -> Result<ExitCode> {
+    let (url, sql, args): (_, _, Vec<String>) = match action {
+        CaptureCommand::Unblock { database_url } => (
+            database_url,
+            "SELECT jsonb_build_object('unblocked', synchro.synchro_capture_unblock())::text",
+            vec![],
+        ),
+        CaptureCommand::RetryStaging(r) => (
+            r.database_url,
+            "SELECT jsonb_build_object('restarted', synchro.synchro_retry_staging($1, $2))::text",
+            vec![r.schema, r.relation],
+        ),
+        CaptureCommand::SkipStaging(r) => (
+            r.database_url,
+            "SELECT jsonb_build_object('outcome', synchro.synchro_skip_staging($1, $2))::text",
+            vec![r.schema, r.relation],
+        ),
+    };
+    operator_function(&url, sql, &args).await
+}
+
+/// Runs one operator SQL function returning JSON text and prints it; a refusal it raises
+/// (`invalid_registration`, `invalid_setting`: 22023 with a JSON detail) is printed as
+/// `{"error": ...}` with exit code 1.
+pub(super) async fn operator_function(url: &str, sql: &str, args: &[String]) -> Result<ExitCode> {
+    let db = connect_db(url).await?;
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+        .iter()
+        .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
+    match db.query_one(sql, &params).await {
+        Ok(row) => {
+            println!("{}", row.get::<_, String>(0));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            if let Some(d) = e.as_db_error().filter(|d| d.message() == "invalid_setting") {
+                let detail: serde_json::Value = d
+                    .detail()
+                    .and_then(|t| serde_json::from_str(t).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                let mut error = serde_json::json!({"code": "invalid_setting"});
+                if let (Some(e), Some(d)) = (error.as_object_mut(), detail.as_object()) {
+                    e.extend(d.clone());
+                }
+                println!("{}", serde_json::json!({ "error": error }));
+                return Ok(ExitCode::FAILURE);
+            }
+            super::registry::printed(Err::<String, _>(crate::registry::registration_error(e)))
+        }
+    }
+}

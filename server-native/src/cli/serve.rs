@@ -1,0 +1,235 @@
+//! The long-running commands: `serve` (the HTTP API, with the capture worker unless it runs
+//! apart), `capture` (the worker alone) and `dev` (everything on a throwaway cluster).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+use super::ServeArgs;
+use crate::api::{router, AppState, Config, ConnectionPool, SharedConnection};
+use crate::auth::{mint, Authenticator};
+use crate::{connect_db, dev, install, pg_harness, publish};
+
+/// `serve`: the API on its listener until SIGTERM or SIGINT.
+pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
+    let ServeArgs {
+        database_url,
+        listen,
+        jwt_secret,
+        max_body_bytes,
+        min_client_version,
+        assignment_url,
+        worker_url,
+        no_capture,
+        cursor_secret,
+        max_token_lifetime_secs,
+        limits,
+    } = args;
+    // The worker login also evaluates written rows' scopes for push, on a pool of
+    // its own so concurrent pushes do not queue behind one connection.
+    let membership_db = match &worker_url {
+        Some(url) => {
+            let mut pool = Vec::new();
+            for _ in 0..4 {
+                pool.push(connect_db(url).await?);
+            }
+            Some(ConnectionPool::reconnecting(url, pool))
+        }
+        None => None,
+    };
+    let capture = worker_url
+        .filter(|_| !no_capture)
+        .map(|url| tokio::spawn(capture_loop(url)));
+    // Every connection is replaced when found closed (PostgreSQL restarted, the
+    // session was terminated): the server needs no restart after the database's.
+    let db = SharedConnection::new(&database_url, connect_db(&database_url).await?);
+    // Pull and rebuild snapshots run on their own connections, concurrently.
+    let mut snapshot_db = Vec::new();
+    for _ in 0..4 {
+        snapshot_db.push(connect_db(&database_url).await?);
+    }
+    let snapshot_db = ConnectionPool::reconnecting(&database_url, snapshot_db);
+    let assignment_db = match assignment_url {
+        Some(url) => Some(SharedConnection::new(&url, connect_db(&url).await?)),
+        None => None,
+    };
+    let config = limits.apply(Config {
+        max_body_bytes,
+        min_client_version,
+        ..Config::default()
+    });
+    let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
+    serve(
+        (db, snapshot_db, assignment_db, membership_db),
+        crate::api::events::Notifier::listen(database_url.clone()),
+        Authenticator::hs256_with_max_lifetime(jwt_secret.as_bytes(), max_token_lifetime_secs)?,
+        cursor_root.as_bytes(),
+        config,
+        bind(listen).await?,
+    )
+    .await?;
+    // The worker stops with the server (its step rolls back, as `capture` does on
+    // SIGTERM), so its sessions close before the process exits.
+    if let Some(capture) = capture {
+        capture.abort();
+        let _ = capture.await;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `capture`: the worker alone, until SIGTERM or SIGINT.
+pub(super) async fn capture_worker(database_url: Option<String>) -> Result<ExitCode> {
+    let database_url = database_url.context(
+        "capture needs --database-url (or DATABASE_URL): the worker login's connection string",
+    )?;
+    tokio::select! {
+        _ = capture_loop(database_url) => {}
+        _ = shutdown_signal() => tracing::info!("capture worker stopping"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn capture_loop(url: String) {
+    // An idle worker steps at least this often (and at once when its stream delivers).
+    crate::capture::worker::run_forever(url, std::time::Duration::from_millis(25)).await
+}
+
+/// SIGINT or SIGTERM (a container stop): finish in-flight requests, then return, which
+/// also stops a `dev` throwaway cluster.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))
+}
+
+type Connections = (
+    SharedConnection,
+    ConnectionPool,
+    Option<SharedConnection>,
+    Option<ConnectionPool>,
+);
+
+async fn serve(
+    (db, snapshot_db, assignment_db, membership_db): Connections,
+    events: crate::api::events::Notifier,
+    auth: Authenticator,
+    cursor_root: &[u8],
+    config: Config,
+    listener: tokio::net::TcpListener,
+) -> Result<()> {
+    let cursor_keys = synchro_protocol::token::Keyring::new(
+        "k1",
+        &crate::auth::derive_key(cursor_root, "scope-cursor"),
+    )?;
+    let state = Arc::new(AppState {
+        db,
+        snapshot_db,
+        cursor_keys,
+        assignment_db,
+        auth,
+        config,
+        events,
+        membership_db,
+    });
+    tracing::info!(listen = %listener.local_addr()?, "serving");
+    let config = state.config.clone();
+    // Event streams never finish on their own: they end at the signal, so the graceful
+    // shutdown does not wait for their lifetime.
+    let streams = state.events.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        streams.stop();
+    };
+    crate::serve::serve(listener, router(state), &config, shutdown).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+pub(super) async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()> {
+    // Keep the cluster alive for the whole run; dropping it stops and deletes it.
+    let (_cluster, admin_url, url_for) = match database_url {
+        Some(url) => (
+            None,
+            url.clone(),
+            Box::new(move |_: &str| url.clone()) as Box<dyn Fn(&str) -> String>,
+        ),
+        None => {
+            eprintln!("starting a throwaway PostgreSQL cluster...");
+            let cluster = pg_harness::TempCluster::start()?;
+            let admin = connect_db(&cluster.admin_url()).await?;
+            admin.batch_execute("CREATE DATABASE synchro_dev").await?;
+            let port = cluster.port();
+            (
+                Some(cluster),
+                format!("host=127.0.0.1 port={port} user=postgres dbname=synchro_dev"),
+                Box::new(move |user: &str| {
+                    format!("host=127.0.0.1 port={port} user={user} dbname=synchro_dev")
+                }) as Box<dyn Fn(&str) -> String>,
+            )
+        }
+    };
+    let mut admin = connect_db(&admin_url).await?;
+    install::install(&mut admin).await?;
+    for (login, group) in dev::DEV_LOGINS {
+        dev::ensure_login(&admin, login, group).await?;
+    }
+    dev::ensure_worker_login(&admin, "synchro_dev_worker").await?;
+    dev::create_demo_schema(&admin).await?;
+    let mut operator = connect_db(&url_for("synchro_dev_operator")).await?;
+    dev::register_demo(&operator).await?;
+    dev::create_board(&admin, &operator).await?;
+    publish::publish(&mut operator).await?;
+    let (adapter_url, worker_url) = (
+        url_for("synchro_dev_adapter"),
+        url_for("synchro_dev_worker"),
+    );
+    let adapter = SharedConnection::new(&adapter_url, connect_db(&adapter_url).await?);
+    let operator_url = url_for("synchro_dev_operator");
+    let assignment = SharedConnection::new(&operator_url, connect_db(&operator_url).await?);
+    tokio::spawn(capture_loop(url_for("synchro_dev_worker")));
+    let listener = bind(listen).await?;
+    let secret = "synchro-dev-secret-not-for-production";
+    let token = mint(secret.as_bytes(), "dev-user", 30 * 24 * 3600);
+    println!("synchro dev server on http://{listen}");
+    println!("  database: {admin_url}");
+    println!("  JWT secret (HS256): {secret}");
+    println!("  development token for user dev-user:\n  {token}");
+    println!(
+        "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
+    );
+    println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
+    let snapshot = vec![
+        connect_db(&adapter_url).await?,
+        connect_db(&adapter_url).await?,
+    ];
+    let membership = vec![
+        connect_db(&worker_url).await?,
+        connect_db(&worker_url).await?,
+    ];
+    serve(
+        (
+            adapter,
+            ConnectionPool::reconnecting(&adapter_url, snapshot),
+            Some(assignment),
+            Some(ConnectionPool::reconnecting(&worker_url, membership)),
+        ),
+        crate::api::events::Notifier::listen(url_for("synchro_dev_adapter")),
+        Authenticator::hs256(secret.as_bytes())?,
+        secret.as_bytes(),
+        Config::default(),
+        listener,
+    )
+    .await
+}
