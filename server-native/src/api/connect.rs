@@ -180,7 +180,7 @@ pub(crate) async fn connect(
                         client_id: req.client_id.clone(),
                         client_generation: generation,
                     },
-                    issued_at: super::pull::now_datetime(),
+                    issued_at: super::rows::now_datetime(),
                 };
                 Some(cursor.sign(&state.cursor_keys))
             }

@@ -16,6 +16,7 @@
 //! | `preamble.rs` | the shared request preamble |
 //! | `gates.rs` | schema and generation gates, the assigned scope set |
 //! | `metrics.rs` | request counts per endpoint (`GET /metrics`), the correlation ID's log span |
+//! | `rows.rs` | what endpoints share about served rows: key identities, cursor issue times |
 //! | `connect.rs` `pull.rs` `rebuild.rs` `push.rs` `events.rs` `ready.rs` | one endpoint each |
 
 mod connect;
@@ -28,6 +29,7 @@ pub mod pull;
 pub mod push;
 mod ready;
 pub mod rebuild;
+mod rows;
 mod state;
 
 use std::sync::Arc;

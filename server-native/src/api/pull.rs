@@ -12,37 +12,11 @@ use synchro_protocol::checksum::Checksum;
 use synchro_protocol::digest::{row_digest, RowIdentity};
 use synchro_protocol::json::Json;
 use synchro_protocol::token::{CursorStatus, Principal, ScopeCursor, ScopeStreamState};
-use synchro_protocol::value::TypedValue;
 
 use synchro_protocol::wire::{Change, ChangeOp, PullRequest, PullResponse, ScopeUpdates};
 
+use super::rows::{key_identity, now_datetime};
 use super::{gates, still_current, ApiError, AppState, Gates, Integrity};
-
-pub(crate) fn now_datetime() -> String {
-    // Issue time for cursors, UTC with microseconds.
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_micros()
-    )
-}
 
 /// Runs a pull for an authenticated user. Returns the 200 body or the wire error.
 pub(crate) async fn pull(
@@ -502,20 +476,4 @@ fn row_entry(
     let d = row_digest(manifest, table_id, &pk.to_wire(), &row, version)
         .map_err(|_| ApiError::integrity(Integrity::Digest))?;
     Ok((identity, d.digest))
-}
-
-/// A key (canonical wire text) of a table of `manifest` as its typed value and row identity.
-pub(super) fn key_identity(
-    manifest: &synchro_protocol::manifest::Manifest,
-    table_id: &str,
-    pk: &str,
-) -> Result<(TypedValue, RowIdentity), ApiError> {
-    let table = manifest
-        .table(table_id)
-        .ok_or_else(|| ApiError::integrity(Integrity::StoredRow))?;
-    let key = TypedValue::from_wire_text(&table.primary_key().spec, pk)
-        .map_err(|_| ApiError::integrity(Integrity::StoredRow))?;
-    let identity =
-        RowIdentity::new(table, &key).map_err(|_| ApiError::integrity(Integrity::StoredRow))?;
-    Ok((key, identity))
 }

@@ -204,7 +204,7 @@ pub(crate) async fn rebuild(
             position: watermark,
             schema_hash: current.schema_hash(),
             principal: who,
-            issued_at: super::pull::now_datetime(),
+            issued_at: super::rows::now_datetime(),
         };
         RebuildEnd::Final {
             final_scope_cursor: cursor.sign(&state.cursor_keys),
@@ -426,7 +426,7 @@ fn render_rows(
     for r in rows {
         let (table_id, pk, row_json, version): (&str, &str, &str, &str) =
             (r.get(0), r.get(1), r.get(2), r.get(3));
-        let (key, identity) = super::pull::key_identity(manifest, table_id, pk)?;
+        let (key, identity) = super::rows::key_identity(manifest, table_id, pk)?;
         let pk = key.to_wire();
         let row = Json::parse(row_json).map_err(stored)?;
         let d = row_digest(manifest, table_id, &pk, &row, version).map_err(integrity)?;

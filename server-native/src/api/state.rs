@@ -16,7 +16,7 @@ pub struct Config {
     /// Minimum client runtime (SemVer); clients below it get 426.
     pub min_client_version: Option<String>,
     /// Push bounds (each violation is 400 before any work).
-    pub push_limits: super::push::PushLimits,
+    pub push_limits: synchro_protocol::wire::gate::PushLimits,
     /// Connection caps and the header and idle timeouts (see [`crate::serve`]).
     pub connections: crate::serve::ConnectionLimits,
     /// The whole request body must arrive within this once the head is in; otherwise 503
@@ -42,7 +42,7 @@ impl Default for Config {
         Config {
             max_body_bytes: 1_048_576,
             min_client_version: None,
-            push_limits: super::push::PushLimits::default(),
+            push_limits: synchro_protocol::wire::gate::PushLimits::default(),
             connections: crate::serve::ConnectionLimits::default(),
             body_timeout: std::time::Duration::from_secs(30),
             max_event_streams: 2048,
