@@ -121,6 +121,8 @@ pub struct Worker {
     heartbeat: heartbeat::Heartbeat,
     /// Statistics to refresh: the last ANALYZE was put off by another session's lock.
     analyze_due: std::sync::atomic::AtomicBool,
+    /// When [`Worker::analyze_if_due`] last tried.
+    analyze_tried: std::sync::Mutex<Instant>,
     /// How long one step stages batch after batch ([`Worker::set_staging_budget`]).
     staging_budget: Duration,
 }
@@ -169,6 +171,7 @@ impl Worker {
             last_coverage: None,
             heartbeat,
             analyze_due: Default::default(),
+            analyze_tried: std::sync::Mutex::new(Instant::now()),
             staging_budget: step::STAGING_BUDGET,
         })
     }
@@ -216,11 +219,21 @@ impl Worker {
         }
     }
 
-    /// [`Worker::analyze_materialized`] again when the last one was put off by a lock.
+    /// [`Worker::analyze_materialized`] again when the last one was put off by a lock, at
+    /// most once a second (an autovacuum can hold the lock for minutes; an idle worker steps
+    /// every 25 ms).
     async fn analyze_if_due(&self) {
-        if self.analyze_due.load(std::sync::atomic::Ordering::Relaxed) {
-            self.analyze_materialized().await;
+        if !self.analyze_due.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
         }
+        {
+            let mut last = self.analyze_tried.lock().expect("analyze attempt");
+            if last.elapsed() < Duration::from_secs(1) {
+                return;
+            }
+            *last = Instant::now();
+        }
+        self.analyze_materialized().await;
     }
 
     /// Compacts retention when [`COMPACTION_INTERVAL`] has passed since the last time.
