@@ -139,7 +139,6 @@ async fn main() -> Result<()> {
     let monitor = connect_db(&url("postgres")).await?;
 
     // Bootstrap: copy, and the customer and order rules staged over their rows.
-    let started = Instant::now();
     op.batch_execute(
         "CREATE FUNCTION rules.customer_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
          BEGIN ATOMIC SELECT 'customer:' || id FROM synchro_projection.\"shop.customers\" WHERE id = p_id; END;
@@ -202,17 +201,14 @@ async fn main() -> Result<()> {
              'rules.items_of_order(jsonb,jsonb)', 100);"
     ))
     .await?;
-    let started_staging = Instant::now();
     op.batch_execute(
         "SELECT synchro.synchro_register_membership_function('shop', 'order_items', 'rules.item_scopes(bigint)')",
     )
     .await?;
     let (staging_secs, staging_gap) =
         until(&monitor, RULES_READY, Duration::from_secs(3600)).await?;
-    debug_assert!(started_staging.elapsed().as_secs_f64() >= staging_secs);
     publish::publish(&mut op).await?;
     until(&monitor, RULES_READY, Duration::from_secs(600)).await?;
-    let _ = started;
 
     // A Class 3 change of every order: a column with a populated default.
     admin
@@ -279,7 +275,8 @@ async fn main() -> Result<()> {
         1000,
     )
     .await?;
-    let (unindexed_call, unindexed_rule) = if index {
+    // Without the index, for comparison (a few calls: each scans every item).
+    let unindexed_call = if index {
         let name: String = op
             .query_one(
                 "SELECT synchro.synchro_index_projection('shop', 'order_items', ARRAY['order_id'])->>'index'",
@@ -295,9 +292,9 @@ async fn main() -> Result<()> {
             5,
         )
         .await?;
-        (Some(call), None::<f64>)
+        Some(call)
     } else {
-        (None, None)
+        None
     };
     worker.abort();
 
@@ -317,8 +314,9 @@ async fn main() -> Result<()> {
         "Class 3 change of {orders} orders ({class}; reconfigure {reconfigure_secs:.1} s), 1:N impact function, until active: {class3_secs:.1} s (goal < 30 s); longest heartbeat gap {class3_gap:.1} s"
     );
     println!(
-        "one impact call (items of one order): {:.3} ms indexed{}",
+        "one impact call (items of one order): {:.3} ms {}{}",
         impact_call * 1e3,
+        if index { "indexed" } else { "without an index" },
         unindexed_call.map_or(String::new(), |c| format!(
             ", {:.1} ms without the index ({:.0}x)",
             c * 1e3,
@@ -326,10 +324,9 @@ async fn main() -> Result<()> {
         ))
     );
     println!(
-        "1,000 item evaluations: {:.1} ms with a scalar subquery, {:.1} ms with a join{}",
+        "1,000 item evaluations: {:.1} ms with a scalar subquery, {:.1} ms with a join",
         good_rule * 1e6,
         join_rule * 1e6,
-        unindexed_rule.map_or(String::new(), |r| format!(", {:.1} ms unindexed", r * 1e6))
     );
     Ok(())
 }

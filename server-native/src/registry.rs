@@ -100,20 +100,26 @@ fn from_anyhow(e: anyhow::Error) -> RegistrationError {
 /// Attempts of a registry transaction that conflicted (see [`conflicted`]).
 const ATTEMPTS: u64 = 5;
 
-/// Before attempt `n + 1` of a conflicted transaction.
-async fn back_off(attempt: u64) {
-    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+/// Awaits `$attempt` (an expression evaluated afresh each time) again while it fails with
+/// a conflict, backing off 50 ms more each time, at most [`ATTEMPTS`] times.
+macro_rules! retrying {
+    ($attempt:expr) => {{
+        let mut attempt = 1;
+        loop {
+            match $attempt.await {
+                Err(e) if attempt < ATTEMPTS && conflicted(&e) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                    attempt += 1;
+                }
+                outcome => break outcome,
+            }
+        }
+    }};
 }
 
 /// Registers one relation; returns `{"relation_id","table_id"?,"fields":[...]}`.
 pub async fn register(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
-    for attempt in 1.. {
-        match register_once(db, r).await {
-            Err(e) if attempt < ATTEMPTS && conflicted(&e) => back_off(attempt).await,
-            outcome => return outcome,
-        }
-    }
-    unreachable!("the last attempt returns")
+    retrying!(register_once(db, r))
 }
 
 async fn register_once(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
@@ -220,13 +226,7 @@ pub async fn reconfigure(
     r: &ReconfigureRequest,
     apply: bool,
 ) -> Result<ReconfigurePlan, RegistrationError> {
-    for attempt in 1.. {
-        match reconfigure_once(db, r, apply).await {
-            Err(e) if attempt < ATTEMPTS && conflicted(&e) => back_off(attempt).await,
-            outcome => return outcome,
-        }
-    }
-    unreachable!("the last attempt returns")
+    retrying!(reconfigure_once(db, r, apply))
 }
 
 async fn reconfigure_once(
@@ -423,13 +423,7 @@ async fn change_and_publish(
     schema: &str,
     relation: &str,
 ) -> Result<(Value, crate::publish::PublishOutcome), RegistrationError> {
-    for attempt in 1.. {
-        match change_and_publish_once(db, function, schema, relation).await {
-            Err(e) if attempt < ATTEMPTS && conflicted(&e) => back_off(attempt).await,
-            outcome => return outcome,
-        }
-    }
-    unreachable!("the last attempt returns")
+    retrying!(change_and_publish_once(db, function, schema, relation))
 }
 
 async fn change_and_publish_once(

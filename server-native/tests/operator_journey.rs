@@ -140,6 +140,18 @@ impl Shop {
     }
 }
 
+/// The projection index the item rule and the impact function read through.
+const INDEX_ITEMS_BY_ORDER: &[&str] = &[
+    "registry",
+    "projection-index",
+    "--schema",
+    "shop",
+    "--relation",
+    "order_items",
+    "--column",
+    "order_id",
+];
+
 /// The operator's rule functions (in their `rules` schema, executable by the worker only).
 fn rule(name: &str, args: &str, returns: &str, body: &str) -> String {
     format!(
@@ -302,19 +314,7 @@ async fn an_operator_deploys_evolves_and_recovers_from_every_mistake_without_a_s
         ))
         .await
         .unwrap();
-    let index = shop.ok(
-        "app_operator",
-        &[
-            "registry",
-            "projection-index",
-            "--schema",
-            "shop",
-            "--relation",
-            "order_items",
-            "--column",
-            "order_id",
-        ],
-    );
+    let index = shop.ok("app_operator", INDEX_ITEMS_BY_ORDER);
     assert_eq!(index["created"], true);
     assert_eq!(shop.ok("app_operator", &["publish"])["published"], true);
 
@@ -576,19 +576,7 @@ async fn an_operator_deploys_evolves_and_recovers_from_every_mistake_without_a_s
         .batch_execute(&item_rules(reg["table_id"].as_str().unwrap()))
         .await
         .unwrap();
-    shop.ok(
-        "app_operator",
-        &[
-            "registry",
-            "projection-index",
-            "--schema",
-            "shop",
-            "--relation",
-            "order_items",
-            "--column",
-            "order_id",
-        ],
-    );
+    shop.ok("app_operator", INDEX_ITEMS_BY_ORDER);
     shop.ok("app_operator", &["publish"]);
     let h = shop.ready().await;
     assert_eq!(h["checks"]["registry_drift"], "ok", "{h}");

@@ -119,10 +119,8 @@ pub struct Worker {
     last_coverage: Option<Instant>,
     /// Its heartbeat session: progress and liveness while a step runs long.
     heartbeat: heartbeat::Heartbeat,
-    /// Statistics to refresh: the last ANALYZE was put off by another session's lock.
-    analyze_due: std::sync::atomic::AtomicBool,
-    /// When [`Worker::analyze_if_due`] last tried.
-    analyze_tried: std::sync::Mutex<Instant>,
+    /// When the last ANALYZE was put off by another session's lock (statistics to refresh).
+    analyze_put_off: std::sync::Mutex<Option<Instant>>,
     /// How long one step stages batch after batch ([`Worker::set_staging_budget`]).
     staging_budget: Duration,
 }
@@ -170,8 +168,7 @@ impl Worker {
                 .unwrap_or_else(Instant::now),
             last_coverage: None,
             heartbeat,
-            analyze_due: Default::default(),
-            analyze_tried: std::sync::Mutex::new(Instant::now()),
+            analyze_put_off: Default::default(),
             staging_budget: step::STAGING_BUDGET,
         })
     }
@@ -205,16 +202,16 @@ impl Worker {
     /// bootstrap copy, an activation, a re-evaluated rule: `synchro_analyze_materialized`);
     /// a failure only leaves them to autovacuum.
     async fn analyze_materialized(&self) {
-        use std::sync::atomic::Ordering;
         match self
             .materialize
             .query_one("SELECT synchro.synchro_analyze_materialized()", &[])
             .await
         {
-            // Done, or another session holds a lock it needs: tried again at the next step.
-            Ok(row) => self
-                .analyze_due
-                .store(!row.get::<_, bool>(0), Ordering::Relaxed),
+            // Done, or another session holds a lock it needs: tried again later.
+            Ok(row) => {
+                *self.analyze_put_off.lock().expect("analyze state") =
+                    (!row.get::<_, bool>(0)).then(Instant::now)
+            }
             Err(_) => tracing::warn!("refreshing the projection statistics failed"),
         }
     }
@@ -223,17 +220,14 @@ impl Worker {
     /// most once a second (an autovacuum can hold the lock for minutes; an idle worker steps
     /// every 25 ms).
     async fn analyze_if_due(&self) {
-        if !self.analyze_due.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
+        let due = self
+            .analyze_put_off
+            .lock()
+            .expect("analyze state")
+            .is_some_and(|at| at.elapsed() >= Duration::from_secs(1));
+        if due {
+            self.analyze_materialized().await;
         }
-        {
-            let mut last = self.analyze_tried.lock().expect("analyze attempt");
-            if last.elapsed() < Duration::from_secs(1) {
-                return;
-            }
-            *last = Instant::now();
-        }
-        self.analyze_materialized().await;
     }
 
     /// Compacts retention when [`COMPACTION_INTERVAL`] has passed since the last time.
