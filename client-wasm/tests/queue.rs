@@ -524,7 +524,16 @@ async fn clearing_resolved_intent_keeps_what_is_pending_and_never_reuses_a_count
     assert_eq!(title(&c, 2), Some(Some("c".into())));
 
     // Counters go on from where they were, also across a restart.
-    let mut c = Client::open(c.into_storage(), server, || [7; 16]).unwrap();
+    // (Randomness that differs per draw: two writes in one millisecond of the real clock
+    // with constant randomness got the same UUIDv7, and the test failed now and then.)
+    let mut draws = 0u64;
+    let mut c = Client::open(c.into_storage(), server, move || {
+        draws += 1;
+        let mut r = [7; 16];
+        r[8..].copy_from_slice(&draws.to_be_bytes());
+        r
+    })
+    .unwrap();
     update(&mut c, 1, "e");
     update(&mut c, 2, "f");
     assert_eq!(counters(&c), [(4, 3), (5, 4), (6, 2)]);
