@@ -180,6 +180,7 @@ async fn main() -> Result<()> {
         config: Config::default(),
         events: Default::default(),
         membership_db: None,
+        caches: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

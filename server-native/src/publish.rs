@@ -48,16 +48,46 @@ impl PublishOutcome {
     }
 }
 
-/// The stored (body, recorded hash) rows of the manifest history last read, and the
-/// lineage they validated into. Manifest records are immutable (11_manifests), but the
-/// cache is keyed by the rows' whole text, so it can only answer for the very same rows.
-type LineageCache = std::sync::Mutex<Option<std::sync::Arc<(Vec<(String, String)>, Lineage)>>>;
-static LINEAGE_CACHE: LineageCache = std::sync::Mutex::new(None);
+/// The manifest history last read and the lineage it validated into, kept by a server (in
+/// its state) so that parsing, hashing and validating the history is done once per distinct
+/// history read, not at every request (every request reads it). Manifest records are
+/// immutable (11_manifests), but the cache is keyed by the rows' whole text, so it can only
+/// answer for the very same rows.
+#[derive(Default)]
+pub struct LineageCache {
+    last: std::sync::Mutex<Option<std::sync::Arc<LineageRead>>>,
+}
 
-/// Reads the whole manifest history. Parsing, hashing and validating it is done once per
-/// distinct history read (every request reads it): the rows equal to the last ones read
-/// give that lineage again.
-pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
+/// Stored (body, recorded hash) rows of a manifest history, and the lineage they validated
+/// into.
+type LineageRead = (Vec<(String, String)>, Lineage);
+
+impl LineageCache {
+    /// Reads the whole manifest history; the rows equal to the last ones read give that
+    /// lineage again.
+    pub async fn lineage(&self, db: &impl GenericClient) -> Result<Lineage> {
+        let rows = history_rows(db).await?;
+        let cached = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(c) = cached {
+            if c.0 == rows {
+                return Ok(c.1.clone());
+            }
+        }
+        let lineage = validate_lineage(&rows)?;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(std::sync::Arc::new((rows, lineage.clone())));
+        Ok(lineage)
+    }
+
+    /// The history clients are served (see [`load_serving_lineage`]), its manifests read
+    /// through this cache.
+    pub async fn serving_lineage(&self, db: &impl GenericClient) -> Result<Lineage> {
+        serving(db, self.lineage(db)).await
+    }
+}
+
+/// The stored (body, recorded hash) rows of the whole manifest history.
+async fn history_rows(db: &impl GenericClient) -> Result<Vec<(String, String)>> {
     let rows = db
         .query(
             "SELECT body, schema_hash FROM synchro.synchro_manifest_history()",
@@ -65,20 +95,13 @@ pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
         )
         .await
         .context("reading manifest history")?;
-    let rows: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let cached = LINEAGE_CACHE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    if let Some(c) = cached {
-        if c.0 == rows {
-            return Ok(c.1.clone());
-        }
-    }
-    let lineage = validate_lineage(&rows)?;
-    *LINEAGE_CACHE.lock().unwrap_or_else(|e| e.into_inner()) =
-        Some(std::sync::Arc::new((rows, lineage.clone())));
-    Ok(lineage)
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Reads and validates the whole manifest history (each body parsed, its hash checked).
+/// A server's requests read it through their [`LineageCache`].
+pub async fn load_lineage(db: &impl GenericClient) -> Result<Lineage> {
+    validate_lineage(&history_rows(db).await?)
 }
 
 /// The lineage of stored (body, recorded hash) rows, each body validated and its hash
@@ -103,9 +126,17 @@ fn validate_lineage(rows: &[(String, String)]) -> Result<Lineage> {
 /// connect never asks a client to rebuild from projections that lack that table's rows. The
 /// manifest becomes current with the worker commit that completes it.
 pub async fn load_serving_lineage(db: &impl GenericClient) -> Result<Lineage> {
+    serving(db, load_lineage(db)).await
+}
+
+/// The served prefix of the history `lineage` reads (see [`load_serving_lineage`]).
+async fn serving(
+    db: &impl GenericClient,
+    lineage: impl std::future::Future<Output = Result<Lineage>>,
+) -> Result<Lineage> {
     // The three reads go out together (one round trip).
     let (lineage, unactivated, unready) = futures_util::join!(
-        load_lineage(db),
+        lineage,
         db.query("SELECT * FROM synchro.synchro_unactivated_manifests()", &[]),
         db.query("SELECT * FROM synchro.synchro_unready_tables()", &[]),
     );

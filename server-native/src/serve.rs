@@ -38,30 +38,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-/// Connection-level limits of `serve`.
-#[derive(Clone, Debug)]
-pub struct ConnectionLimits {
-    /// Open connections at most (lowered at start when the open-file limit is smaller).
-    pub max_connections: usize,
-    /// Open connections per peer address (IPv6: per /64) at most; 0 turns the cap off
-    /// (behind a reverse proxy every connection comes from the proxy).
-    pub max_connections_per_peer: usize,
-    /// The request head must arrive within this, from the accept or its first byte.
-    pub header_timeout: Duration,
-    /// After a response, the next request must begin within this.
-    pub idle_timeout: Duration,
-}
-
-impl Default for ConnectionLimits {
-    fn default() -> Self {
-        ConnectionLimits {
-            max_connections: 4096,
-            max_connections_per_peer: 256,
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-        }
-    }
-}
+use crate::api::ConnectionLimits;
 
 /// File descriptors kept free for everything but client connections (database sessions,
 /// the listener, logs).

@@ -70,6 +70,7 @@ async fn start(config: Config) -> Server {
         config,
         events: Default::default(),
         membership_db: None,
+        caches: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -543,6 +544,7 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
         config: Config::default(),
         events: Default::default(),
         membership_db: None,
+        caches: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -66,10 +66,11 @@ async fn stack() -> Stack {
         auth: Authenticator::hs256(SECRET).unwrap(),
         cursor_keys: Keyring::new("k1", &[3; 32]).unwrap(),
         config: Config::default(),
-        events: synchro_server::api::events::Notifier::listen(
+        events: synchro_server::api::Notifier::listen(
             env.cluster.url("synchro_dev_adapter", "app"),
         ),
         membership_db: None,
+        caches: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -536,7 +537,6 @@ async fn follow(
 /// leaving the scope and deleted — and always equals the digest of the source's rows.
 #[tokio::test]
 async fn terminal_digests_follow_changes_through_the_scope_index() {
-    use std::sync::atomic::Ordering::Relaxed;
     let mut s = stack().await;
     let token = mint(SECRET, "alice", 3600);
     let generation = s.connect(&token, "c1").await;
@@ -551,7 +551,7 @@ async fn terminal_digests_follow_changes_through_the_scope_index() {
     let (mut cursor, rebuild, digest) = follow(&s, &token, "c1", generation, Value::Null).await;
     assert!(!rebuild);
     assert_eq!(digest, digest_from_source(&s, "alice").await);
-    let advances = synchro_server::digest_cache::INDEX_ADVANCES.load(Relaxed);
+    let advances = s.state.caches.digests.index_counts().1;
     for (i, sql) in [
         "UPDATE app.docs SET title = 'changed' WHERE id = 7",
         "INSERT INTO app.docs VALUES (1000, 'alice', 'new'), (1001, 'bob', 'not hers')",
@@ -572,7 +572,7 @@ async fn terminal_digests_follow_changes_through_the_scope_index() {
         cursor = next;
     }
     assert!(
-        synchro_server::digest_cache::INDEX_ADVANCES.load(Relaxed) >= advances + 7,
+        s.state.caches.digests.index_counts().1 >= advances + 7,
         "the later digests came from the index"
     );
 }
@@ -582,7 +582,6 @@ async fn terminal_digests_follow_changes_through_the_scope_index() {
 /// of reading each changed row by key; it still equals the digest of the source's rows.
 #[tokio::test]
 async fn a_scope_mostly_changed_is_digested_again_in_full() {
-    use std::sync::atomic::Ordering::Relaxed;
     let mut s = stack().await;
     let token = mint(SECRET, "alice", 3600);
     let generation = s.connect(&token, "c1").await;
@@ -606,12 +605,12 @@ async fn a_scope_mostly_changed_is_digested_again_in_full() {
         .await
         .unwrap();
     s.capture().await;
-    let builds = synchro_server::digest_cache::INDEX_BUILDS.load(Relaxed);
+    let builds = s.state.caches.digests.index_counts().0;
     let (_, rebuild, digest) = follow(&s, &token, "c1", generation, cursor).await;
     assert!(!rebuild);
     assert_eq!(digest, digest_from_source(&s, "alice").await);
     assert!(
-        synchro_server::digest_cache::INDEX_BUILDS.load(Relaxed) > builds,
+        s.state.caches.digests.index_counts().0 > builds,
         "the index was built again"
     );
 }

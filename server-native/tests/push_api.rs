@@ -1091,6 +1091,7 @@ async fn an_exhausted_pool_is_a_typed_503_never_a_hang() {
         membership_db: Some(ConnectionPool::new(vec![
             env.login("synchro_dev_worker").await,
         ])),
+        caches: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

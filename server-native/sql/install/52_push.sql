@@ -65,92 +65,14 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) TO synchro_adapter;
 
--- A batch's compare-and-swap writes of registered relations against source_versions
--- (31_fences), in order, as synchro_owner (which may act for the table owner). For mutation
--- i: p_keys[i] is the key's text form, p_key_wires[i] its wire JSON text (the projection's
--- key), and its written fields' IDs and text input forms (NULL for null) are the next
--- p_counts[i] entries of p_columns and p_values. One row per mutation, in order: status
--- 'applied', 'conflict', 'not_writable', 'invalid_value' or 'constraint_violation', the
--- row's version after (or the current one on conflict), and the text images of the synced
--- fields (in attnum order) before and after, under the capture session's output settings, so
--- the server builds the same canonical row capture will. A write refused as unrepresentable
--- (12_values), or failing with another data exception caused by a pushed value (jsonb's
--- \u0000, a float4 overflow, a too long varchar), is invalid_value; integrity violations are
--- constraint_violation; an error before the write (reading the row) is raised. A mutation
--- not applied, or applied with p_discard[i] true, is rolled back with its row lock, as a
--- savepoint would be; its result row is still returned. The caller decides afterwards (push
--- authorization) which applied writes it keeps, and calls again with its decision when that
--- differs (src/api/push/apply.rs).
---
--- Each mutation runs in a subtransaction of its own, except a run: two or more consecutive
--- mutations of one relation with the same operation and written fields, distinct keys and
--- none to discard, which is executed set-based in one subtransaction (one locking read, one
--- version read, one INSERT, UPDATE or DELETE of the rows that pass the compare, one version
--- read after). Its outcomes are those of its mutations one at a time: the keys are
--- distinct, so no mutation of the run reads another's row. If any statement of the run
--- fails (a pushed value refused, a constraint), the run is undone and executed one mutation
--- at a time, which gives each its own outcome. The one difference: a conflicting
--- mutation's row lock taken by the run's read is kept until the batch ends. set_based
--- says which way a mutation went (for tests and diagnosis).
-CREATE FUNCTION synchro.synchro_push_write_batch(p_relation_ids text[], p_ops text[], p_keys text[],
-    p_key_wires text[], p_base_versions text[], p_counts integer[], p_columns text[], p_values text[],
-    p_discard boolean[])
-RETURNS TABLE (status text, version text, pre_image text[], post_image text[], set_based boolean)
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, synchro, pg_temp
-SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
-SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
-DECLARE
-    v_n integer := coalesce(array_length(p_ops, 1), 0);
-    -- The fields of the mutations before each one, and the last mutation of the run each
-    -- first mutation of a run starts (0 for every other mutation).
-    v_before integer[];
-    v_run_end integer[];
-    v_relation text;
-    v_rel synchro.relations%ROWTYPE;
-    v_found boolean;
-    v_table text;
-    v_where text;
-    v_key_col text;
-    v_key_type text;
-    v_image text;
-    v_lock text;
-    v_read text;
-    v_ids text[];
-    v_names text[];
-    v_types text[];
-    v_i integer := 1;
-    v_e integer;
-    v_from integer;
-    v_to integer;
-    v_j integer;
-    v_key text;
-    v_op text;
-    v_current text;
-    v_pre text[];
-    v_post text[];
-    v_status text;
-    v_sets text;
-    v_cols text;
-    v_vals text;
-    v_writing boolean;
-    -- A run's results by position in the run (images as array text).
-    v_done boolean;
-    v_len integer;
-    v_statuses text[];
-    v_versions text[];
-    v_pres text[];
-    v_posts text[];
-    v_ok_keys text[];
-    v_ok_offsets integer[];
-    v_ok_ords integer[];
-    v_count integer;
-    v_query text;
-    v_r record;
-BEGIN
-    IF v_n = 0 THEN
-        RETURN;
-    END IF;
+-- The batch's plan: for each mutation, how many written fields the mutations before it
+-- have (its offset into p_columns and p_values), and for the first mutation of a run the
+-- last mutation of that run (0 for every other mutation).
+CREATE FUNCTION synchro.synchro_push_runs(p_relation_ids text[], p_ops text[], p_keys text[],
+    p_counts integer[], p_columns text[], p_discard boolean[])
+RETURNS TABLE (before integer[], run_end integer[])
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, synchro, pg_temp AS $$
     WITH m AS (
         SELECT u.i::integer AS i, u.rel, u.op, u.key, coalesce(u.d, false) AS d, u.cnt,
                (sum(u.cnt) OVER (ORDER BY u.i) - u.cnt)::integer AS before
@@ -172,145 +94,268 @@ BEGIN
     )
     SELECT array_agg(b.before ORDER BY b.i),
            array_agg(CASE WHEN r.bulk AND b.i = r.first THEN r.last ELSE 0 END ORDER BY b.i)
-      INTO v_before, v_run_end
       FROM b JOIN r USING (run);
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_runs(text[], text[], text[], integer[], text[], boolean[]) FROM PUBLIC;
+
+-- What a batch's writes of one registered relation need, built once per relation: its
+-- table, key column and type, the key predicate, the synced fields' text image (attnum
+-- order), the statements reading it (and locking the row), and the writable fields' IDs,
+-- quoted column names and types. NULL for a relation not synced or not open to push.
+CREATE TYPE synchro.push_target AS (
+    table_name text, key_col text, key_type text, where_clause text, image text,
+    read_sql text, lock_sql text, ids text[], names text[], types text[]);
+
+CREATE FUNCTION synchro.synchro_push_target(p_relation_id text) RETURNS synchro.push_target
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    t synchro.push_target;
+BEGIN
+    SELECT * INTO v_rel FROM synchro.relations r WHERE r.relation_id = p_relation_id AND r.kind = 'synced';
+    IF NOT FOUND OR NOT v_rel.push_enabled THEN
+        RETURN NULL;
+    END IF;
+    t.table_name := format('%I.%I', v_rel.physical_schema, v_rel.physical_relation);
+    SELECT quote_ident(f.column_name), format_type(a.atttypid, a.atttypmod)
+      INTO t.key_col, t.key_type
+      FROM synchro.fields f JOIN pg_catalog.pg_attribute a
+        ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
+     WHERE f.relation_id = p_relation_id AND f.is_key;
+    t.where_clause := format('%s = $1::%s', t.key_col, t.key_type);
+    SELECT 'ARRAY[' || string_agg(format('t.%I::text', f.column_name), ', ' ORDER BY f.attnum) || ']::text[]'
+      INTO t.image FROM synchro.fields f WHERE f.relation_id = p_relation_id;
+    t.read_sql := 'SELECT ' || t.image || ' FROM ' || t.table_name || ' t WHERE t.' || t.where_clause;
+    t.lock_sql := t.read_sql || ' FOR UPDATE';
+    SELECT array_agg(f.field_id), array_agg(quote_ident(f.column_name)),
+           array_agg(format_type(a.atttypid, a.atttypmod))
+      INTO t.ids, t.names, t.types
+      FROM synchro.fields f JOIN pg_catalog.pg_attribute a
+        ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
+     WHERE f.relation_id = p_relation_id AND f.writable;
+    RETURN t;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_target(text) FROM PUBLIC;
+
+-- One run of a batch executed set-based (see synchro_push_write_batch) in a subtransaction:
+-- the run's keys, key wires, base versions and value offsets, its shared operation and
+-- written fields (p_columns, p_count of them) and the batch's values. One row per mutation
+-- of the run, in order; no row when a statement of the run failed (the run is undone, and
+-- the caller executes it one mutation at a time).
+CREATE FUNCTION synchro.synchro_push_write_run(t synchro.push_target, p_relation_id text,
+    p_op text, p_keys text[], p_key_wires text[], p_base_versions text[], p_offsets integer[],
+    p_count integer, p_columns text[], p_values text[])
+RETURNS TABLE (status text, version text, pre_image text[], post_image text[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_len integer := cardinality(p_keys);
+    v_j integer;
+    v_sets text := '';
+    v_cols text := '';
+    v_vals text := '';
+    -- The run's results by position in the run (images as array text).
+    v_statuses text[];
+    v_versions text[];
+    v_pres text[];
+    v_posts text[];
+    v_ok_keys text[] := '{}';
+    v_ok_offsets integer[] := '{}';
+    v_ok_ords integer[] := '{}';
+    v_count integer := 0;
+    v_query text;
+    v_r record;
+BEGIN
+    BEGIN
+        FOR v_k IN 1 .. p_count LOOP
+            v_j := array_position(t.ids, p_columns[v_k]);
+            IF v_j IS NULL THEN
+                -- A field not writable: each mutation gets its own outcome.
+                RAISE SQLSTATE 'SYRB2';
+            END IF;
+            v_sets := v_sets || CASE WHEN v_k > 1 THEN ', ' ELSE '' END
+                      || format('%s = ($3[u.o + %s])::%s', t.names[v_j], v_k, t.types[v_j]);
+            v_cols := v_cols || ', ' || t.names[v_j];
+            v_vals := v_vals || format(', ($3[u.o + %s])::%s', v_k, t.types[v_j]);
+        END LOOP;
+        v_statuses := array_fill(NULL::text, ARRAY[v_len]);
+        v_pres := v_statuses;
+        v_posts := v_statuses;
+        -- Lock the rows that exist and read their images.
+        FOR v_r IN EXECUTE format(
+            'SELECT u.i::integer AS i, x.img
+               FROM (SELECT t.%s AS k, %s::text AS img FROM %s t
+                      WHERE t.%s = ANY ($1::%s[]) FOR UPDATE) AS x
+               JOIN unnest($1::text[]) WITH ORDINALITY AS u(k, i) ON x.k = u.k::%s',
+            t.key_col, t.image, t.table_name, t.key_col, t.key_type, t.key_type)
+          USING p_keys LOOP
+            v_pres[v_r.i] := v_r.img;
+        END LOOP;
+        -- Key lookups (a join could hash every version of the relation).
+        SELECT array_agg(coalesce(
+                   (SELECT s.version::text FROM synchro.source_versions s
+                     WHERE s.relation_id = p_relation_id AND s.pk = u.k),
+                   (SELECT p.server_version FROM synchro.projection_rows p
+                     WHERE p.relation_id = p_relation_id AND p.pk = u.kw)) ORDER BY u.i)
+          INTO v_versions
+          FROM unnest(p_keys, p_key_wires) WITH ORDINALITY AS u(k, kw, i);
+        FOR v_k IN 1 .. v_len LOOP
+            -- The compare of the one-at-a-time path, word for word.
+            IF (p_op = 'insert' AND v_pres[v_k] IS NOT NULL)
+               OR (p_op <> 'insert' AND (v_pres[v_k] IS NULL OR v_versions[v_k] IS NULL
+                   OR v_versions[v_k] <> p_base_versions[v_k])) THEN
+                v_statuses[v_k] := 'conflict';
+                IF v_pres[v_k] IS NULL THEN v_versions[v_k] := NULL; END IF;
+                v_posts[v_k] := v_pres[v_k];
+            ELSE
+                v_statuses[v_k] := 'applied';
+                v_ok_keys := v_ok_keys || p_keys[v_k];
+                v_ok_offsets := v_ok_offsets || p_offsets[v_k];
+                v_ok_ords := v_ok_ords || v_k;
+            END IF;
+        END LOOP;
+        IF cardinality(v_ok_keys) > 0 THEN
+            v_query := CASE p_op
+                WHEN 'update' THEN format(
+                    'UPDATE %s t SET %s FROM unnest($1::text[], $2::integer[], $4::integer[]) AS u(k, o, i)
+                      WHERE t.%s = u.k::%s RETURNING u.i, %s::text AS img',
+                    t.table_name, v_sets, t.key_col, t.key_type, t.image)
+                WHEN 'insert' THEN format(
+                    'WITH w AS (INSERT INTO %s AS t (%s%s)
+                                SELECT u.k::%s%s FROM unnest($1::text[], $2::integer[]) AS u(k, o)
+                                RETURNING t.%s AS k, %s::text AS img)
+                     SELECT u.i, w.img FROM w JOIN unnest($1::text[], $4::integer[]) AS u(k, i)
+                         ON w.k = u.k::%s',
+                    t.table_name, t.key_col, v_cols, t.key_type, v_vals, t.key_col, t.image, t.key_type)
+                ELSE format(
+                    'DELETE FROM %s t USING unnest($1::text[], $4::integer[]) AS u(k, i)
+                      WHERE t.%s = u.k::%s RETURNING u.i, NULL::text AS img',
+                    t.table_name, t.key_col, t.key_type)
+                END;
+            FOR v_r IN EXECUTE v_query USING v_ok_keys, v_ok_offsets, p_values, v_ok_ords LOOP
+                v_posts[v_r.i] := v_r.img;
+                v_count := v_count + 1;
+            END LOOP;
+            IF v_count <> cardinality(v_ok_keys) THEN
+                RAISE SQLSTATE 'SYRB2';
+            END IF;
+            FOR v_r IN SELECT u.i, (SELECT s.version::text FROM synchro.source_versions s
+                                     WHERE s.relation_id = p_relation_id AND s.pk = u.k) AS v
+                         FROM unnest(v_ok_keys, v_ok_ords) AS u(k, i) LOOP
+                v_versions[v_r.i] := v_r.v;
+            END LOOP;
+        END IF;
+    EXCEPTION
+        WHEN SQLSTATE 'SYRB2' OR SQLSTATE '22SY1' OR data_exception OR integrity_constraint_violation THEN
+            RETURN;
+    END;
+    -- (Rows are returned only once the run's subtransaction succeeded.)
+    FOR v_k IN 1 .. v_len LOOP
+        status := v_statuses[v_k];
+        version := v_versions[v_k];
+        pre_image := v_pres[v_k]::text[];
+        post_image := v_posts[v_k]::text[];
+        RETURN NEXT;
+    END LOOP;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_write_run(synchro.push_target, text, text, text[], text[], text[], integer[], integer, text[], text[]) FROM PUBLIC;
+
+-- A batch's compare-and-swap writes of registered relations against source_versions
+-- (31_fences), in order, as synchro_owner (which may act for the table owner). For mutation
+-- i: p_keys[i] is the key's text form, p_key_wires[i] its wire JSON text (the projection's
+-- key), and its written fields' IDs and text input forms (NULL for null) are the next
+-- p_counts[i] entries of p_columns and p_values. One row per mutation, in order: status
+-- 'applied', 'conflict', 'not_writable', 'invalid_value' or 'constraint_violation', the
+-- row's version after (or the current one on conflict), and the text images of the synced
+-- fields (in attnum order) before and after, under the capture session's output settings, so
+-- the server builds the same canonical row capture will. A write refused as unrepresentable
+-- (12_values), or failing with another data exception caused by a pushed value (jsonb's
+-- \u0000, a float4 overflow, a too long varchar), is invalid_value; integrity violations are
+-- constraint_violation; an error before the write (reading the row) is raised. A mutation
+-- not applied, or applied with p_discard[i] true, is rolled back with its row lock, as a
+-- savepoint would be; its result row is still returned. The caller decides afterwards (push
+-- authorization) which applied writes it keeps, and calls again with its decision when that
+-- differs (src/api/push/apply.rs).
+--
+-- Each mutation runs in a subtransaction of its own, except a run: two or more consecutive
+-- mutations of one relation with the same operation and written fields, distinct keys and
+-- none to discard, which is executed set-based in one subtransaction (synchro_push_write_run:
+-- one locking read, one version read, one INSERT, UPDATE or DELETE of the rows that pass the
+-- compare, one version read after). Its outcomes are those of its mutations one at a time: the keys are
+-- distinct, so no mutation of the run reads another's row. If any statement of the run
+-- fails (a pushed value refused, a constraint), the run is undone and executed one mutation
+-- at a time, which gives each its own outcome. The one difference: a conflicting
+-- mutation's row lock taken by the run's read is kept until the batch ends. set_based
+-- says which way a mutation went (for tests and diagnosis).
+CREATE FUNCTION synchro.synchro_push_write_batch(p_relation_ids text[], p_ops text[], p_keys text[],
+    p_key_wires text[], p_base_versions text[], p_counts integer[], p_columns text[], p_values text[],
+    p_discard boolean[])
+RETURNS TABLE (status text, version text, pre_image text[], post_image text[], set_based boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, synchro, pg_temp
+SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
+SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
+DECLARE
+    v_n integer := coalesce(array_length(p_ops, 1), 0);
+    -- The fields of the mutations before each one, and the last mutation of the run each
+    -- first mutation of a run starts (0 for every other mutation).
+    v_before integer[];
+    v_run_end integer[];
+    v_relation text;
+    v_t synchro.push_target;
+    v_found boolean;
+    v_i integer := 1;
+    v_e integer;
+    v_from integer;
+    v_to integer;
+    v_j integer;
+    v_key text;
+    v_op text;
+    v_current text;
+    v_pre text[];
+    v_post text[];
+    v_status text;
+    v_sets text;
+    v_cols text;
+    v_vals text;
+    v_writing boolean;
+    v_done boolean;
+    v_r record;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    SELECT r.before, r.run_end INTO v_before, v_run_end
+      FROM synchro.synchro_push_runs(p_relation_ids, p_ops, p_keys, p_counts, p_columns, p_discard) r;
 
     WHILE v_i <= v_n LOOP
         IF v_i = 1 OR p_relation_ids[v_i] IS DISTINCT FROM v_relation THEN
             -- The relation's statements, once per run of its mutations.
             v_relation := p_relation_ids[v_i];
-            SELECT * INTO v_rel FROM synchro.relations r WHERE r.relation_id = v_relation AND r.kind = 'synced';
-            v_found := FOUND AND v_rel.push_enabled;
-            IF v_found THEN
-                v_table := format('%I.%I', v_rel.physical_schema, v_rel.physical_relation);
-                SELECT quote_ident(f.column_name), format_type(a.atttypid, a.atttypmod)
-                  INTO v_key_col, v_key_type
-                  FROM synchro.fields f JOIN pg_catalog.pg_attribute a
-                    ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-                 WHERE f.relation_id = v_relation AND f.is_key;
-                v_where := format('%s = $1::%s', v_key_col, v_key_type);
-                SELECT 'ARRAY[' || string_agg(format('t.%I::text', f.column_name), ', ' ORDER BY f.attnum) || ']::text[]'
-                  INTO v_image FROM synchro.fields f WHERE f.relation_id = v_relation;
-                v_read := 'SELECT ' || v_image || ' FROM ' || v_table || ' t WHERE t.' || v_where;
-                v_lock := v_read || ' FOR UPDATE';
-                SELECT array_agg(f.field_id), array_agg(quote_ident(f.column_name)),
-                       array_agg(format_type(a.atttypid, a.atttypmod))
-                  INTO v_ids, v_names, v_types
-                  FROM synchro.fields f JOIN pg_catalog.pg_attribute a
-                    ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-                 WHERE f.relation_id = v_relation AND f.writable;
-            END IF;
+            v_t := synchro.synchro_push_target(v_relation);
+            v_found := v_t.table_name IS NOT NULL;
         END IF;
         v_e := v_run_end[v_i];
         v_done := false;
         IF v_found AND v_e > v_i THEN
-            BEGIN
-                v_op := p_ops[v_i];
-                v_len := v_e - v_i + 1;
-                v_sets := '';
-                v_cols := '';
-                v_vals := '';
-                FOR v_k IN 1 .. p_counts[v_i] LOOP
-                    v_j := array_position(v_ids, p_columns[v_before[v_i] + v_k]);
-                    IF v_j IS NULL THEN
-                        -- A field not writable: each mutation gets its own outcome.
-                        RAISE SQLSTATE 'SYRB2';
-                    END IF;
-                    v_sets := v_sets || CASE WHEN v_k > 1 THEN ', ' ELSE '' END
-                              || format('%s = ($3[u.o + %s])::%s', v_names[v_j], v_k, v_types[v_j]);
-                    v_cols := v_cols || ', ' || v_names[v_j];
-                    v_vals := v_vals || format(', ($3[u.o + %s])::%s', v_k, v_types[v_j]);
-                END LOOP;
-                v_statuses := array_fill(NULL::text, ARRAY[v_len]);
-                v_pres := v_statuses;
-                v_posts := v_statuses;
-                -- Lock the rows that exist and read their images.
-                FOR v_r IN EXECUTE format(
-                    'SELECT u.i::integer AS i, x.img
-                       FROM (SELECT t.%s AS k, %s::text AS img FROM %s t
-                              WHERE t.%s = ANY ($1::%s[]) FOR UPDATE) AS x
-                       JOIN unnest($1::text[]) WITH ORDINALITY AS u(k, i) ON x.k = u.k::%s',
-                    v_key_col, v_image, v_table, v_key_col, v_key_type, v_key_type)
-                  USING p_keys[v_i:v_e] LOOP
-                    v_pres[v_r.i] := v_r.img;
-                END LOOP;
-                -- Key lookups (a join could hash every version of the relation).
-                SELECT array_agg(coalesce(
-                           (SELECT s.version::text FROM synchro.source_versions s
-                             WHERE s.relation_id = v_relation AND s.pk = u.k),
-                           (SELECT p.server_version FROM synchro.projection_rows p
-                             WHERE p.relation_id = v_relation AND p.pk = u.kw)) ORDER BY u.i)
-                  INTO v_versions
-                  FROM unnest(p_keys[v_i:v_e], p_key_wires[v_i:v_e]) WITH ORDINALITY AS u(k, kw, i);
-                v_ok_keys := '{}';
-                v_ok_offsets := '{}';
-                v_ok_ords := '{}';
-                FOR v_k IN 1 .. v_len LOOP
-                    -- The compare of the one-at-a-time path, word for word.
-                    IF (v_op = 'insert' AND v_pres[v_k] IS NOT NULL)
-                       OR (v_op <> 'insert' AND (v_pres[v_k] IS NULL OR v_versions[v_k] IS NULL
-                           OR v_versions[v_k] <> p_base_versions[v_i + v_k - 1])) THEN
-                        v_statuses[v_k] := 'conflict';
-                        IF v_pres[v_k] IS NULL THEN v_versions[v_k] := NULL; END IF;
-                        v_posts[v_k] := v_pres[v_k];
-                    ELSE
-                        v_statuses[v_k] := 'applied';
-                        v_ok_keys := v_ok_keys || p_keys[v_i + v_k - 1];
-                        v_ok_offsets := v_ok_offsets || v_before[v_i + v_k - 1];
-                        v_ok_ords := v_ok_ords || v_k;
-                    END IF;
-                END LOOP;
-                IF cardinality(v_ok_keys) > 0 THEN
-                    v_count := 0;
-                    v_query := CASE v_op
-                        WHEN 'update' THEN format(
-                            'UPDATE %s t SET %s FROM unnest($1::text[], $2::integer[], $4::integer[]) AS u(k, o, i)
-                              WHERE t.%s = u.k::%s RETURNING u.i, %s::text AS img',
-                            v_table, v_sets, v_key_col, v_key_type, v_image)
-                        WHEN 'insert' THEN format(
-                            'WITH w AS (INSERT INTO %s AS t (%s%s)
-                                        SELECT u.k::%s%s FROM unnest($1::text[], $2::integer[]) AS u(k, o)
-                                        RETURNING t.%s AS k, %s::text AS img)
-                             SELECT u.i, w.img FROM w JOIN unnest($1::text[], $4::integer[]) AS u(k, i)
-                                 ON w.k = u.k::%s',
-                            v_table, v_key_col, v_cols, v_key_type, v_vals, v_key_col, v_image, v_key_type)
-                        ELSE format(
-                            'DELETE FROM %s t USING unnest($1::text[], $4::integer[]) AS u(k, i)
-                              WHERE t.%s = u.k::%s RETURNING u.i, NULL::text AS img',
-                            v_table, v_key_col, v_key_type)
-                        END;
-                    FOR v_r IN EXECUTE v_query USING v_ok_keys, v_ok_offsets, p_values, v_ok_ords LOOP
-                        v_posts[v_r.i] := v_r.img;
-                        v_count := v_count + 1;
-                    END LOOP;
-                    IF v_count <> cardinality(v_ok_keys) THEN
-                        RAISE SQLSTATE 'SYRB2';
-                    END IF;
-                    FOR v_r IN SELECT u.i, (SELECT s.version::text FROM synchro.source_versions s
-                                             WHERE s.relation_id = v_relation AND s.pk = u.k) AS v
-                                 FROM unnest(v_ok_keys, v_ok_ords) AS u(k, i) LOOP
-                        v_versions[v_r.i] := v_r.v;
-                    END LOOP;
-                END IF;
-                v_done := true;
-            EXCEPTION
-                WHEN SQLSTATE 'SYRB2' OR SQLSTATE '22SY1' OR data_exception OR integrity_constraint_violation THEN
-                    v_done := false;
-            END;
-        END IF;
-        IF v_done THEN
-            FOR v_k IN 1 .. v_len LOOP
-                status := v_statuses[v_k];
-                version := v_versions[v_k];
-                pre_image := v_pres[v_k]::text[];
-                post_image := v_posts[v_k]::text[];
+            FOR v_r IN SELECT * FROM synchro.synchro_push_write_run(v_t, v_relation, p_ops[v_i],
+                           p_keys[v_i:v_e], p_key_wires[v_i:v_e], p_base_versions[v_i:v_e],
+                           v_before[v_i:v_e], p_counts[v_i],
+                           p_columns[v_before[v_i] + 1 : v_before[v_i] + p_counts[v_i]], p_values) LOOP
+                status := v_r.status;
+                version := v_r.version;
+                pre_image := v_r.pre_image;
+                post_image := v_r.post_image;
                 set_based := true;
                 RETURN NEXT;
+                v_done := true;
             END LOOP;
+        END IF;
+        IF v_done THEN
             v_i := v_e + 1;
             CONTINUE;
         END IF;
-
         -- One mutation in a subtransaction of its own.
         v_from := v_before[v_i] + 1;
         v_to := v_before[v_i] + p_counts[v_i];
@@ -326,7 +371,7 @@ BEGIN
         ELSE
             BEGIN
                 -- Lock the source row (if any) and read its current image and version.
-                EXECUTE v_lock INTO v_pre USING v_key;
+                EXECUTE v_t.lock_sql INTO v_pre USING v_key;
                 SELECT s.version::text INTO v_current FROM synchro.source_versions s
                  WHERE s.relation_id = v_relation AND s.pk = v_key;
                 IF v_current IS NULL THEN
@@ -343,7 +388,7 @@ BEGIN
                     v_cols := '';
                     v_vals := '';
                     FOR v_k IN v_from .. v_to LOOP
-                        v_j := array_position(v_ids, p_columns[v_k]);
+                        v_j := array_position(v_t.ids, p_columns[v_k]);
                         IF v_j IS NULL THEN
                             v_status := 'not_writable';
                             v_current := NULL;
@@ -351,29 +396,29 @@ BEGIN
                             EXIT;
                         END IF;
                         v_sets := v_sets || CASE WHEN v_k > v_from THEN ', ' ELSE '' END
-                                  || format('%s = ($2[%s])::%s', v_names[v_j], v_k - v_from + 1, v_types[v_j]);
-                        v_cols := v_cols || ', ' || v_names[v_j];
-                        v_vals := v_vals || format(', ($2[%s])::%s', v_k - v_from + 1, v_types[v_j]);
+                                  || format('%s = ($2[%s])::%s', v_t.names[v_j], v_k - v_from + 1, v_t.types[v_j]);
+                        v_cols := v_cols || ', ' || v_t.names[v_j];
+                        v_vals := v_vals || format(', ($2[%s])::%s', v_k - v_from + 1, v_t.types[v_j]);
                     END LOOP;
                     IF v_status IS NULL THEN
                         v_writing := true;
                         IF v_op = 'delete' THEN
-                            EXECUTE 'DELETE FROM ' || v_table || ' WHERE ' || v_where USING v_key;
+                            EXECUTE 'DELETE FROM ' || v_t.table_name || ' WHERE ' || v_t.where_clause USING v_key;
                         ELSE
                             IF v_op = 'insert' THEN
-                                EXECUTE format('INSERT INTO %s (%s%s) VALUES ($1::%s%s)', v_table,
-                                               v_key_col, v_cols, v_key_type, v_vals)
+                                EXECUTE format('INSERT INTO %s (%s%s) VALUES ($1::%s%s)', v_t.table_name,
+                                               v_t.key_col, v_cols, v_t.key_type, v_vals)
                                   USING v_key, p_values[v_from:v_to];
                             ELSIF v_sets <> '' THEN
-                                EXECUTE 'UPDATE ' || v_table || ' SET ' || v_sets || ' WHERE ' || v_where
+                                EXECUTE 'UPDATE ' || v_t.table_name || ' SET ' || v_sets || ' WHERE ' || v_t.where_clause
                                   USING v_key, p_values[v_from:v_to];
                             ELSE
                                 -- An update that changes nothing still takes a new version.
-                                EXECUTE format('UPDATE %s SET %s = %s WHERE %s', v_table, v_key_col,
-                                               v_key_col, v_where)
+                                EXECUTE format('UPDATE %s SET %s = %s WHERE %s', v_t.table_name, v_t.key_col,
+                                               v_t.key_col, v_t.where_clause)
                                   USING v_key;
                             END IF;
-                            EXECUTE v_read INTO v_post USING v_key;
+                            EXECUTE v_t.read_sql INTO v_post USING v_key;
                         END IF;
                         SELECT s.version::text INTO v_current FROM synchro.source_versions s
                          WHERE s.relation_id = v_relation AND s.pk = v_key;

@@ -9,6 +9,8 @@ use synchro_protocol::dispatch::{
     dispatch, ConnectOutcome, CursorUpdate, SchemaAction, ServerView,
 };
 use synchro_protocol::json::Json;
+use synchro_protocol::lineage::Lineage;
+use synchro_protocol::manifest::SchemaRef;
 use synchro_protocol::token::{Principal, ScopeCursor};
 use synchro_protocol::wire::{ConnectRequest, ConnectResponse, SchemaOutcome, ScopeUpdates};
 
@@ -16,22 +18,104 @@ use super::gates::{assigned_scopes, serving_lineage};
 use super::{ApiError, AppState};
 
 /// Handles one connect request for an authenticated user; returns the 200 body.
+///
+/// The phases: check the client's runtime and open its cursors (a bad one is 400 before
+/// anything is written), read the server's view, check the cursors' bindings, dispatch,
+/// record the client's generation and assignment, bridge the cursors it may keep.
 pub(crate) async fn connect(
     state: &AppState,
     user_id: &str,
     req: ConnectRequest,
 ) -> Result<ConnectResponse, ApiError> {
-    let runtime_ok = match (&state.config.min_client_version, &req.client_version) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(min), Some(v)) => synchro_protocol::semver::compare(v, min)
-            .map_err(|_| {
-                ApiError::invalid_request("client_version must be a SemVer 2.0.0 version")
-            })?
-            .is_ge(),
-    };
-    // Presented cursors: a malformed or forged one is 400 before anything is written.
-    let mut opened: BTreeMap<String, ScopeCursor> = BTreeMap::new();
+    let runtime_ok = runtime_supported(state, &req)?;
+    let opened = open_cursors(state, &req)?;
+    let db = state.db.get().await?;
+    let db = &*db;
+    let known = read_view(state, db, user_id, &req.client_id).await?;
+    // A cursor can be bridged only when every binding but the schema is current: same user,
+    // client and (kept) generation, current stream, membership and retention generations,
+    // at or above the floor, issued under the schema the client presents.
+    let keeps_generation = known.previous_generation.is_some()
+        && !known.expired
+        && req.client_generation == known.previous_generation;
+    let (stale, positions) = cursor_bindings(
+        state,
+        user_id,
+        &req.client_id,
+        req.client_generation.unwrap_or(0),
+        &opened,
+        &req.schema,
+        keeps_generation,
+    )
+    .await?;
+    let presented: BTreeSet<String> = opened.keys().cloned().collect();
+    let (action, cursor_updates) =
+        decide(state, user_id, &req, &known, runtime_ok, &presented, &stale).await?;
+    let kind = matches!(action, SchemaAction::Unsupported { .. }).then_some("unsupported");
+    hold(state, user_id, &req.client_id, kind, &req.schema).await?;
+    let recorded = record(db, user_id, &req, &known, &action).await?;
+    let scope_cursor_updates = bridge_cursors(
+        state,
+        user_id,
+        &req.client_id,
+        recorded.generation,
+        &known.lineage,
+        cursor_updates,
+        &opened,
+        &positions,
+    );
+    tracing::info!(
+        status = 200,
+        action = action.name(),
+        new_generation = recorded.new_generation,
+        "connect"
+    );
+    let (schema, schema_definition, affected_scopes) = schema_outcome(&action);
+    Ok(ConnectResponse {
+        client_generation: recorded.generation,
+        scope_set_version: recorded.scope_set_version,
+        scope_updates: ScopeUpdates {
+            added: known
+                .assigned
+                .difference(&known.previous)
+                .cloned()
+                .collect(),
+            removed: known
+                .previous
+                .difference(&known.assigned)
+                .cloned()
+                .collect(),
+        },
+        schema,
+        schema_definition,
+        affected_scopes,
+        scope_cursor_updates,
+    })
+}
+
+/// Whether the client's runtime is at least the configured minimum (a `client_version`
+/// that is not SemVer is 400).
+fn runtime_supported(state: &AppState, req: &ConnectRequest) -> Result<bool, ApiError> {
+    Ok(
+        match (&state.config.min_client_version, &req.client_version) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(min), Some(v)) => synchro_protocol::semver::compare(v, min)
+                .map_err(|_| {
+                    ApiError::invalid_request("client_version must be a SemVer 2.0.0 version")
+                })?
+                .is_ge(),
+        },
+    )
+}
+
+/// The presented cursors, opened: a malformed or forged one is 400 before anything is
+/// written.
+fn open_cursors(
+    state: &AppState,
+    req: &ConnectRequest,
+) -> Result<BTreeMap<String, ScopeCursor>, ApiError> {
+    let mut opened = BTreeMap::new();
     for (scope, token) in &req.scope_cursors {
         if let Some(t) = token {
             let c = ScopeCursor::open(&state.cursor_keys, t)
@@ -39,56 +123,87 @@ pub(crate) async fn connect(
             opened.insert(scope.clone(), c);
         }
     }
-    let presented: BTreeSet<String> = opened.keys().cloned().collect();
-    let schema = &req.schema;
+    Ok(opened)
+}
 
-    let db = state.db.get().await?;
-    let db = &*db;
+/// What the server knows of the client and serves, read before the decision.
+struct Known {
+    /// The client's identity is stored.
+    identity_known: bool,
+    /// Its stored generation.
+    previous_generation: Option<u64>,
+    /// Its stored generation expired.
+    expired: bool,
+    /// The scopes it was last assigned.
+    previous: BTreeSet<String>,
+    /// The scopes it is assigned now.
+    assigned: BTreeSet<String>,
+    /// The served manifest history.
+    lineage: Lineage,
+    /// The scopes each transition of the history affects.
+    transition_scopes: BTreeMap<SchemaRef, BTreeSet<String>>,
+}
+
+/// Reads the client's stored state, its assignment and the served history.
+async fn read_view(
+    state: &AppState,
+    db: &tokio_postgres::Client,
+    user_id: &str,
+    client_id: &str,
+) -> Result<Known, ApiError> {
     let stored = db
         .query_opt(
             "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
-            &[&user_id, &req.client_id],
+            &[&user_id, &client_id],
         )
         .await?;
     let assigned = assigned_scopes(state, user_id).await?;
-    let lineage = serving_lineage(db).await?;
+    let lineage = serving_lineage(state, db).await?;
     let transition_scopes = crate::publish::transition_scopes(db, &lineage)
         .await
         .map_err(|_| {
             tracing::warn!("the affected scopes of the manifest history could not be read");
             ApiError::unavailable()
         })?;
-    let (previous_generation, expired) = match &stored {
-        Some(row) => (Some(row.get::<_, i64>(0) as u64), row.get::<_, bool>(2)),
-        None => (None, false),
-    };
-    // A cursor can be bridged only when every binding but the schema is current: same user,
-    // client and (kept) generation, current stream, membership and retention generations,
-    // at or above the floor, issued under the schema the client presents.
-    let keeps_generation =
-        previous_generation.is_some() && !expired && req.client_generation == previous_generation;
-    let (stale, positions) = cursor_bindings(
-        state,
-        user_id,
-        &req.client_id,
-        req.client_generation.unwrap_or(0),
-        &opened,
-        schema,
-        keeps_generation,
-    )
-    .await?;
-    let view = ServerView {
+    Ok(Known {
         identity_known: stored.is_some(),
+        previous_generation: stored.as_ref().map(|row| row.get::<_, i64>(0) as u64),
+        expired: stored.as_ref().is_some_and(|row| row.get::<_, bool>(2)),
+        previous: stored
+            .as_ref()
+            .map(|row| row.get::<_, Vec<String>>(1))
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        assigned,
+        lineage,
+        transition_scopes,
+    })
+}
+
+/// The protocol core's schema decision; a refusal (426, 400) is answered here (a runtime
+/// below the minimum is held for the rollout advisor first).
+async fn decide<'a>(
+    state: &AppState,
+    user_id: &str,
+    req: &ConnectRequest,
+    known: &'a Known,
+    runtime_ok: bool,
+    presented: &'a BTreeSet<String>,
+    stale: &'a BTreeSet<String>,
+) -> Result<(SchemaAction<'a>, BTreeMap<String, CursorUpdate>), ApiError> {
+    let view = ServerView {
+        identity_known: known.identity_known,
         client_runtime_supported: runtime_ok,
-        lineage: &lineage,
-        transition_scopes: &transition_scopes,
-        assigned_scopes: &assigned,
-        presented_cursor_scopes: &presented,
-        stale_cursor_scopes: &stale,
+        lineage: &known.lineage,
+        transition_scopes: &known.transition_scopes,
+        assigned_scopes: &known.assigned,
+        presented_cursor_scopes: presented,
+        stale_cursor_scopes: stale,
     };
     let request = synchro_protocol::dispatch::ConnectRequest {
         protocol_version: Some(u64::from(synchro_protocol::PROTOCOL_VERSION)),
-        schema: schema.clone(),
+        schema: req.schema.clone(),
         client_generation: req.client_generation,
         schema_reset: req.schema_reset,
     };
@@ -100,51 +215,55 @@ pub(crate) async fn connect(
         );
         ApiError::unavailable()
     })?;
-    let (action, cursor_updates) = match outcome {
+    match outcome {
         ConnectOutcome::Schema {
             action,
             cursor_updates,
-        } => (action, cursor_updates),
+        } => Ok((action, cursor_updates)),
         ConnectOutcome::UpgradeRequired {
             received_protocol_version,
             client_runtime,
         } => {
             if client_runtime {
-                hold(
-                    state,
-                    user_id,
-                    &req.client_id,
-                    Some("client_runtime"),
-                    schema,
-                )
-                .await?;
+                let kind = Some("client_runtime");
+                hold(state, user_id, &req.client_id, kind, &req.schema).await?;
             }
             tracing::info!(status = 426, "connect: refused by schema dispatch");
-            return Err(ApiError::upgrade_required(
+            Err(ApiError::upgrade_required(
                 received_protocol_version,
                 client_runtime,
-            ));
+            ))
         }
         ConnectOutcome::InvalidSchemaReference { reason } => {
             tracing::info!(status = 400, "connect: refused by schema dispatch");
-            return Err(ApiError::invalid_schema_reference(reason, schema));
+            Err(ApiError::invalid_schema_reference(reason, &req.schema))
         }
-    };
+    }
+}
 
-    let kind = matches!(action, SchemaAction::Unsupported { .. }).then_some("unsupported");
-    hold(state, user_id, &req.client_id, kind, schema).await?;
+/// What [`record`] stored.
+struct Recorded {
+    generation: u64,
+    scope_set_version: u64,
+    /// A new generation was issued.
+    new_generation: bool,
+}
 
-    let previous: BTreeSet<String> = stored
-        .as_ref()
-        .map(|row| row.get::<_, Vec<String>>(1))
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
-    let new_generation =
-        previous_generation.is_none() || expired || req.client_generation != previous_generation;
+/// Records the client's generation (a new one unless it presented its current one), its
+/// assignment and the schema it installs (none for `unsupported`).
+async fn record(
+    db: &tokio_postgres::Client,
+    user_id: &str,
+    req: &ConnectRequest,
+    known: &Known,
+    action: &SchemaAction<'_>,
+) -> Result<Recorded, ApiError> {
+    let new_generation = known.previous_generation.is_none()
+        || known.expired
+        || req.client_generation != known.previous_generation;
     let installed = match action {
         SchemaAction::Unsupported { .. } => None,
-        _ => lineage.current().map(|m| m.schema_ref()),
+        _ => known.lineage.current().map(|m| m.schema_ref()),
     };
     let row = db
         .query_one(
@@ -153,16 +272,32 @@ pub(crate) async fn connect(
                 &user_id,
                 &req.client_id,
                 &new_generation,
-                &assigned.iter().cloned().collect::<Vec<_>>(),
+                &known.assigned.iter().cloned().collect::<Vec<_>>(),
                 &installed.map(|r| r.version as i64),
                 &installed.map(|r| hex::encode(r.hash)),
             ],
         )
         .await?;
-    let generation = row.get::<_, i64>(0) as u64;
-    let scope_set_version = row.get::<_, i64>(1) as u64;
+    Ok(Recorded {
+        generation: row.get::<_, i64>(0) as u64,
+        scope_set_version: row.get::<_, i64>(1) as u64,
+        new_generation,
+    })
+}
 
-    // Bridged cursors: the same position re-signed under the current schema hash.
+/// Bridged cursors: the same position re-signed under the current schema hash (null for a
+/// cursor that cannot be bridged: its scope rebuilds).
+#[allow(clippy::too_many_arguments)]
+fn bridge_cursors(
+    state: &AppState,
+    user_id: &str,
+    client_id: &str,
+    generation: u64,
+    lineage: &Lineage,
+    cursor_updates: BTreeMap<String, CursorUpdate>,
+    opened: &BTreeMap<String, ScopeCursor>,
+    positions: &BTreeMap<String, Bound>,
+) -> BTreeMap<String, Option<String>> {
     let mut scope_cursor_updates = BTreeMap::new();
     for (scope, update) in cursor_updates {
         let value = match (update, lineage.current()) {
@@ -177,7 +312,7 @@ pub(crate) async fn connect(
                     schema_hash: current.schema_hash(),
                     principal: Principal {
                         user_id: user_id.to_owned(),
-                        client_id: req.client_id.clone(),
+                        client_id: client_id.to_owned(),
                         client_generation: generation,
                     },
                     issued_at: super::rows::now_datetime(),
@@ -188,13 +323,18 @@ pub(crate) async fn connect(
         };
         scope_cursor_updates.insert(scope, value);
     }
-    let current = match &action {
+    scope_cursor_updates
+}
+
+/// The response's `schema` member, `schema_definition` and `affected_scopes` for `action`.
+fn schema_outcome(action: &SchemaAction<'_>) -> (SchemaOutcome, Option<Json>, Option<Vec<String>>) {
+    let current = match action {
         SchemaAction::None { current } | SchemaAction::Unsupported { current, .. } => *current,
         SchemaAction::Replace { manifest } | SchemaAction::RebuildLocal { manifest, .. } => {
             manifest.schema_ref()
         }
     };
-    let (schema_definition, affected_scopes, reason) = match &action {
+    let (schema_definition, affected_scopes, reason) = match action {
         SchemaAction::None { .. } => (None, None, None),
         SchemaAction::Unsupported { reason, .. } => (None, None, Some(reason.as_str().to_owned())),
         SchemaAction::Replace { manifest } => (Some(manifest.definition_json()), None, None),
@@ -207,29 +347,13 @@ pub(crate) async fn connect(
             None,
         ),
     };
-    tracing::info!(
-        status = 200,
-        action = action.name(),
-        new_generation,
-        "connect"
-    );
-    Ok(ConnectResponse {
-        client_generation: generation,
-        scope_set_version,
-        scope_updates: ScopeUpdates {
-            added: assigned.difference(&previous).cloned().collect(),
-            removed: previous.difference(&assigned).cloned().collect(),
-        },
-        schema: SchemaOutcome {
-            action: action.name().to_owned(),
-            version: current.version,
-            hash: hex::encode(current.hash),
-            reason,
-        },
-        schema_definition,
-        affected_scopes,
-        scope_cursor_updates,
-    })
+    let schema = SchemaOutcome {
+        action: action.name().to_owned(),
+        version: current.version,
+        hash: hex::encode(current.hash),
+        reason,
+    };
+    (schema, schema_definition, affected_scopes)
 }
 
 /// Per-scope bindings a resumable position: (position, membership generation, retention

@@ -33,7 +33,7 @@ pub(crate) async fn gates(
     // Every read of the gates goes out at once (one round trip); they are checked in order.
     let who: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user_id, &client_id];
     let (lineage, stored, blocked, stream) = futures_util::join!(
-        serving_lineage(db),
+        serving_lineage(state, db),
         db.query_opt(
             "SELECT client_generation, assigned_scopes, expired FROM synchro.synchro_client_state($1, $2)",
             &who,
@@ -154,11 +154,15 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
 /// action), never a row digest failure (a 500 `sync_integrity_failure` that blocks the
 /// client).
 pub(crate) async fn still_current(
+    state: &AppState,
     snap: &impl tokio_postgres::GenericClient,
     gated: &synchro_protocol::manifest::Manifest,
     presented: &Json,
 ) -> Result<(), ApiError> {
-    let served = crate::publish::load_serving_lineage(snap)
+    let served = state
+        .caches
+        .lineage
+        .serving_lineage(snap)
         .await
         .map_err(|_| {
             tracing::warn!("the manifest history could not be read");
@@ -174,9 +178,10 @@ pub(crate) async fn still_current(
 /// The served manifest history (what connect dispatches against and the gates compare
 /// with). A failure to read or verify it is 503: the error names no row or manifest.
 pub(crate) async fn serving_lineage(
+    state: &AppState,
     db: &tokio_postgres::Client,
 ) -> Result<synchro_protocol::lineage::Lineage, ApiError> {
-    crate::publish::load_serving_lineage(db).await.map_err(|_| {
+    state.caches.lineage.serving_lineage(db).await.map_err(|_| {
         tracing::warn!("the manifest history could not be read");
         ApiError::unavailable()
     })

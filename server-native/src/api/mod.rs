@@ -19,11 +19,13 @@
 //! | `rows.rs` | what endpoints share about served rows: key identities, cursor issue times |
 //! | `connect.rs` `pull.rs` `rebuild.rs` `push.rs` `events.rs` `ready.rs` | one endpoint each |
 
+mod checksums;
 mod connect;
 mod error;
-pub mod events;
+mod events;
 mod gates;
 mod metrics;
+mod notifier;
 mod preamble;
 pub mod pull;
 pub mod push;
@@ -45,7 +47,11 @@ use synchro_protocol::wire::Message;
 
 pub use error::ApiError;
 pub(crate) use error::Integrity;
-pub use state::{AppState, Config, ConnectionPool, Pooled, SharedConnection, SnapshotPool};
+pub use notifier::Notifier;
+pub use state::{
+    AppState, Caches, Config, ConnectionLimits, ConnectionPool, Pooled, SharedConnection,
+    SnapshotPool,
+};
 
 pub(crate) use gates::{assigned_scopes, gates, still_current, Gates};
 pub(crate) use preamble::has_nul;

@@ -91,11 +91,7 @@ pub(crate) async fn push(
         return Err(ApiError::unavailable_because("push_unavailable"));
     };
     let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
-    let authored: Vec<i64> = r
-        .mutations
-        .iter()
-        .map(|m| m.authored_schema.version as i64)
-        .collect();
+    let authored = authored_versions(&r);
     // Every read before the writes goes out at once (one round trip on the shared
     // connection); the answers are taken in the order above. Mutation IDs executed in an
     // earlier batch get their stored outcomes again: read here, outside the batch's
@@ -160,6 +156,45 @@ pub(crate) async fn push(
         .ok_or_else(busy)?;
     let mut membership = membership.lock_within(wait).await?.ok_or_else(busy)?;
     let tx = conn.transaction().await?;
+    let (mut outcomes, writes) = sort(&r, &stored, &gates.lineage, &current)?;
+    let cx = apply::Context {
+        current: &current,
+        assigned: &assigned,
+    };
+    let written = apply::apply(&tx, &mut membership, &cx, &writes).await?;
+    drop(membership);
+    // Each mutation's outcome in request order: the ones decided before the writes, and the
+    // writes' in their order.
+    let mut written = written.into_iter();
+    for o in &mut outcomes {
+        if o.is_none() {
+            *o = written.next();
+        }
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .collect::<Option<Vec<Outcome>>>()
+        .ok_or_else(|| ApiError::integrity(Integrity::Answer))?;
+    let body = PushResponse {
+        batch_id: r.batch_id.clone(),
+        outcomes,
+    };
+    let text = body.to_json_string();
+    record(&tx, user_id, &r, &fingerprint, &body, &text).await?;
+    tx.commit().await?;
+    tracing::info!(status = 200, mutations = ids.len(), "push");
+    Ok(json_text_response(text))
+}
+
+/// Each mutation's outcome when it is decided before any write (`None` for the others, in
+/// the writes returned): a mutation ID executed in an earlier batch gets its stored outcome
+/// again; one the authored-schema, writability or value checks refuse gets its rejection.
+fn sort<'a>(
+    r: &'a PushRequest,
+    stored: &HashMap<String, String>,
+    lineage: &synchro_protocol::lineage::Lineage,
+    current: &'a synchro_protocol::manifest::Manifest,
+) -> Result<(Vec<Option<Outcome>>, Vec<checks::Prepared<'a>>), ApiError> {
     let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(r.mutations.len());
     let mut writes = Vec::new();
     for m in &r.mutations {
@@ -171,7 +206,7 @@ pub(crate) async fn push(
             outcomes.push(Some(o));
             continue;
         }
-        match checks::prepare(&gates.lineage, &current, m)? {
+        match checks::prepare(lineage, current, m)? {
             Ok(p) => {
                 outcomes.push(None);
                 writes.push(p);
@@ -179,32 +214,27 @@ pub(crate) async fn push(
             Err(o) => outcomes.push(Some(o)),
         }
     }
-    let cx = apply::Context {
-        current: &current,
-        assigned: &assigned,
-    };
-    let mut written = apply::apply(&tx, &mut membership, &cx, &writes)
-        .await?
-        .into_iter();
-    drop(membership);
-    let outcomes = outcomes
-        .into_iter()
-        .map(|o| {
-            o.or_else(|| written.next())
-                .ok_or_else(|| ApiError::integrity(Integrity::Answer))
-        })
-        .collect::<Result<Vec<Outcome>, ApiError>>()?;
-    let body = PushResponse {
-        batch_id: r.batch_id.clone(),
-        outcomes,
-    };
+    Ok((outcomes, writes))
+}
+
+/// Records the batch in its transaction: the ledger (fingerprint, response, each
+/// mutation's outcome) and the rollout advisor's record of the authored schemas, in one
+/// round trip.
+async fn record(
+    tx: &tokio_postgres::Transaction<'_>,
+    user_id: &str,
+    r: &PushRequest,
+    fingerprint: &str,
+    body: &PushResponse,
+    text: &str,
+) -> Result<(), ApiError> {
+    let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
+    let authored = authored_versions(r);
     let texts: Vec<String> = body
         .outcomes
         .iter()
         .map(|o| to_output_string(&o.to_json()))
         .collect();
-    let text = body.to_json_string();
-    // The ledger and the advisor's record in one round trip, then the commit.
     let record: [(&(dyn ToSql + Sync), Type); 7] = [
         (&user_id, Type::TEXT),
         (&r.client_id, Type::TEXT),
@@ -232,7 +262,13 @@ pub(crate) async fn push(
     );
     record?;
     seen?;
-    tx.commit().await?;
-    tracing::info!(status = 200, mutations = ids.len(), "push");
-    Ok(json_text_response(text))
+    Ok(())
+}
+
+/// Each mutation's authored schema version, in request order.
+fn authored_versions(r: &PushRequest) -> Vec<i64> {
+    r.mutations
+        .iter()
+        .map(|m| m.authored_schema.version as i64)
+        .collect()
 }

@@ -20,7 +20,8 @@
 use synchro_protocol::checksum::Checksum;
 use synchro_protocol::digest::{row_digest, sort_by_identity, RowIdentity, ScopeDigester};
 use synchro_protocol::json::Json;
-use synchro_protocol::token::{self, Principal, Purpose, ScopeCursor};
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::token::{self, Principal, Purpose, ScopeCursor, ScopeStreamState};
 use synchro_protocol::wire::{RebuildEnd, RebuildRecord, RebuildRequest, RenderedRebuildPage};
 
 use tokio_postgres::types::ToSql;
@@ -32,6 +33,10 @@ fn restart(scope: &str) -> ApiError {
 }
 
 /// Handles one rebuild request for an authenticated user; returns the 200 body's text.
+///
+/// The phases: the gates, the scope's stream bindings, the session (a new one, or the one a
+/// continuation names), its page checked against the session's bindings, then the page's
+/// end (a continuation token, or the final cursor and checksum, completing the session).
 pub(crate) async fn rebuild(
     state: &AppState,
     user_id: &str,
@@ -52,22 +57,9 @@ pub(crate) async fn rebuild(
     let current = lineage
         .current()
         .expect("gates checked the current manifest");
-    let schema_hash = current.schema_hash_hex();
     let db = state.db.get().await?;
     let db = &*db;
-    // The scope's own membership and retention generations bind the session and its cursor.
-    let scope_generations = db
-        .query_one(
-            "SELECT membership_generation, retention_generation FROM synchro.synchro_scope_retention(ARRAY[$1])",
-            &[&req.scope_id],
-        )
-        .await
-        ?;
-    let stream = synchro_protocol::token::ScopeStreamState {
-        membership_generation: scope_generations.get::<_, i64>(0) as u64,
-        retention_generation: scope_generations.get::<_, i64>(1) as u64,
-        ..stream
-    };
+    let stream = scope_stream(db, &req.scope_id, stream).await?;
     let (session_id, from) = match &req.continuation {
         None => {
             if !stored_assigned.contains(&req.scope_id) {
@@ -75,53 +67,148 @@ pub(crate) async fn rebuild(
                     "the scope is not assigned to this client",
                 ));
             }
-            // Refused before the snapshot is read; start_session checks again atomically.
-            let in_progress: i64 = db
-                .query_one(
-                    "SELECT synchro.synchro_rebuild_sessions_in_progress($1, $2, $3, $4)",
-                    &[
-                        &user_id,
-                        &req.client_id,
-                        &(req.client_generation as i64),
-                        &req.scope_id,
-                    ],
-                )
-                .await?
-                .get(0);
-            if in_progress >= i64::from(state.config.max_rebuild_sessions_per_client) {
-                return Err(too_many_sessions(state));
-            }
-            (
-                start_session(state, user_id, &req, &stream, current).await?,
-                0,
-            )
+            let session = new_session(state, db, user_id, &req, &stream, current).await?;
+            (session, 0)
         }
         Some(t) => {
-            let payload = token::open(Purpose::RebuildContinuation, &state.cursor_keys, t)
-                .map_err(|_| ApiError::invalid_request("the continuation token is invalid"))?;
-            let field = |n: &str| payload.get(n).and_then(Json::as_str).map(str::to_owned);
-            let (Some(session), Some(scope), Some(user), Some(client), Some(next)) = (
-                field("session_id"),
-                field("scope_id"),
-                field("user_id"),
-                field("client_id"),
-                field("next_ordinal").and_then(|n| n.parse::<i32>().ok()),
-            ) else {
-                return Err(ApiError::invalid_request(
-                    "the continuation token is invalid",
-                ));
-            };
-            if scope != req.scope_id || user != user_id || client != req.client_id {
-                return Err(ApiError::invalid_request(
-                    "the continuation token is invalid",
-                ));
-            }
+            let resumed = resume(state, user_id, &req, t)?;
             if !stored_assigned.contains(&req.scope_id) {
                 return Err(restart(&req.scope_id));
             }
-            (session, next)
+            resumed
         }
     };
+    let page = session_page(db, user_id, &req, &session_id, from, &stream, current).await?;
+    // None: a concurrent request completed the session (its records are gone) after its
+    // header was read.
+    let records = page.records().ok_or_else(|| restart(&req.scope_id))?;
+    let end = if page.has_more {
+        continuation(state, user_id, &req, session_id, from)
+    } else {
+        finish(
+            state,
+            db,
+            user_id,
+            &req,
+            &session_id,
+            &page,
+            &stream,
+            current,
+        )
+        .await?
+    };
+    tracing::info!(status = 200, has_more = page.has_more, "rebuild");
+    Ok(RenderedRebuildPage {
+        scope_id: &req.scope_id,
+        records: &records,
+        end: &end,
+    }
+    .to_output_string())
+}
+
+/// The stream state bound to this scope: its own membership and retention generations bind
+/// the session and its cursor.
+async fn scope_stream(
+    db: &tokio_postgres::Client,
+    scope_id: &str,
+    stream: ScopeStreamState,
+) -> Result<ScopeStreamState, ApiError> {
+    let scope_generations = db
+        .query_one(
+            "SELECT membership_generation, retention_generation FROM synchro.synchro_scope_retention(ARRAY[$1])",
+            &[&scope_id],
+        )
+        .await?;
+    Ok(ScopeStreamState {
+        membership_generation: scope_generations.get::<_, i64>(0) as u64,
+        retention_generation: scope_generations.get::<_, i64>(1) as u64,
+        ..stream
+    })
+}
+
+/// Starts a session for a new rebuild, within the client's cap of sessions in progress.
+async fn new_session(
+    state: &AppState,
+    db: &tokio_postgres::Client,
+    user_id: &str,
+    req: &RebuildRequest,
+    stream: &ScopeStreamState,
+    current: &Manifest,
+) -> Result<String, ApiError> {
+    // Refused before the snapshot is read; start_session checks again atomically.
+    let in_progress: i64 = db
+        .query_one(
+            "SELECT synchro.synchro_rebuild_sessions_in_progress($1, $2, $3, $4)",
+            &[
+                &user_id,
+                &req.client_id,
+                &(req.client_generation as i64),
+                &req.scope_id,
+            ],
+        )
+        .await?
+        .get(0);
+    if in_progress >= i64::from(state.config.max_rebuild_sessions_per_client) {
+        return Err(too_many_sessions(state));
+    }
+    start_session(state, user_id, req, stream, current).await
+}
+
+/// The session and next ordinal a continuation token names (400 for a token that does not
+/// open, or was issued for another scope, user or client).
+fn resume(
+    state: &AppState,
+    user_id: &str,
+    req: &RebuildRequest,
+    token: &str,
+) -> Result<(String, i32), ApiError> {
+    let invalid = || ApiError::invalid_request("the continuation token is invalid");
+    let payload = token::open(Purpose::RebuildContinuation, &state.cursor_keys, token)
+        .map_err(|_| invalid())?;
+    let field = |n: &str| payload.get(n).and_then(Json::as_str).map(str::to_owned);
+    let (Some(session), Some(scope), Some(user), Some(client), Some(next)) = (
+        field("session_id"),
+        field("scope_id"),
+        field("user_id"),
+        field("client_id"),
+        field("next_ordinal").and_then(|n| n.parse::<i32>().ok()),
+    ) else {
+        return Err(invalid());
+    };
+    if scope != req.scope_id || user != user_id || client != req.client_id {
+        return Err(invalid());
+    }
+    Ok((session, next))
+}
+
+/// One page of a session, with what its end needs.
+struct SessionPage {
+    /// The chunks holding the page's records.
+    chunks: Vec<tokio_postgres::Row>,
+    /// The page's ordinals `first..last`.
+    first: i64,
+    last: i64,
+    /// Records per chunk, and in the whole session.
+    chunk_rows: i64,
+    row_count: i64,
+    has_more: bool,
+    /// The stream watermark of the session's snapshot.
+    watermark: u64,
+    /// The scope checksum of the session's snapshot (hex), computed when it started.
+    checksum: String,
+}
+
+/// Reads the session and its page from `from`; a session bound to another principal is 400,
+/// one bound to another generation, schema, stream or membership (or gone) restarts.
+async fn session_page(
+    db: &tokio_postgres::Client,
+    user_id: &str,
+    req: &RebuildRequest,
+    session_id: &str,
+    from: i32,
+    stream: &ScopeStreamState,
+    current: &Manifest,
+) -> Result<SessionPage, ApiError> {
     // The session and its page in one round trip (a page of a session that does not match
     // is read for nothing and dropped).
     let limit = req.limit as i32;
@@ -138,7 +225,7 @@ pub(crate) async fn rebuild(
         )
     );
     let s = s?.ok_or_else(|| restart(&req.scope_id))?;
-    let rows = rows?;
+    let chunks = rows?;
     let bound_generation = s.get::<_, i64>(2) as u64;
     if s.get::<_, String>(0) != user_id
         || s.get::<_, String>(1) != req.client_id
@@ -149,75 +236,92 @@ pub(crate) async fn rebuild(
         ));
     }
     if bound_generation != req.client_generation
-        || s.get::<_, String>(4) != schema_hash
+        || s.get::<_, String>(4) != current.schema_hash_hex()
         || s.get::<_, i64>(5) as u64 != stream.stream_generation
         || s.get::<_, i64>(6) as u64 != stream.membership_generation
     {
         return Err(restart(&req.scope_id));
     }
-    let watermark = s.get::<_, i64>(7) as u64;
     let (row_count, chunk_rows) = (i64::from(s.get::<_, i32>(8)), i64::from(s.get::<_, i32>(9)));
     let first = i64::from(from);
     let last = (first + req.limit as i64).min(row_count);
-    let has_more = last < row_count;
-    // None: a concurrent request completed the session (its records are gone) after its
-    // header was read.
-    let records = page_records(&rows, first, last, chunk_rows, row_count)
-        .ok_or_else(|| restart(&req.scope_id))?;
-    let who = Principal {
-        user_id: user_id.to_owned(),
-        client_id: req.client_id.clone(),
-        client_generation: req.client_generation,
+    Ok(SessionPage {
+        chunks,
+        first,
+        last,
+        chunk_rows,
+        row_count,
+        has_more: last < row_count,
+        watermark: s.get::<_, i64>(7) as u64,
+        checksum: s.get::<_, String>(10),
+    })
+}
+
+/// The end of a page with more after it: the token for the next page.
+fn continuation(
+    state: &AppState,
+    user_id: &str,
+    req: &RebuildRequest,
+    session_id: String,
+    from: i32,
+) -> RebuildEnd {
+    let next = from + req.limit as i32;
+    let t = token::sign(
+        Purpose::RebuildContinuation,
+        &state.cursor_keys,
+        vec![
+            ("kind".into(), Json::String("rebuild_continuation".into())),
+            ("session_id".into(), Json::String(session_id)),
+            ("scope_id".into(), Json::String(req.scope_id.clone())),
+            ("user_id".into(), Json::String(user_id.to_owned())),
+            ("client_id".into(), Json::String(req.client_id.clone())),
+            ("next_ordinal".into(), Json::String(next.to_string())),
+        ],
+    );
+    RebuildEnd::More { continuation: t }
+}
+
+/// The end of the final page: the scope cursor at the session's watermark and the
+/// checksum of exactly its snapshot. Completes the session.
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    state: &AppState,
+    db: &tokio_postgres::Client,
+    user_id: &str,
+    req: &RebuildRequest,
+    session_id: &str,
+    page: &SessionPage,
+    stream: &ScopeStreamState,
+    current: &Manifest,
+) -> Result<RebuildEnd, ApiError> {
+    let checksum = hex::decode(&page.checksum)
+        .ok()
+        .and_then(|d| <[u8; 32]>::try_from(d).ok())
+        .ok_or_else(|| ApiError::integrity(Integrity::StoredRow))?;
+    // Complete: the records go; the header keeps pinning retention at the watermark.
+    db.execute(
+        "SELECT synchro.synchro_rebuild_complete($1)",
+        &[&session_id],
+    )
+    .await?;
+    let cursor = ScopeCursor {
+        scope_id: req.scope_id.clone(),
+        stream_generation: stream.stream_generation,
+        membership_generation: stream.membership_generation,
+        retention_generation: stream.retention_generation,
+        position: page.watermark,
+        schema_hash: current.schema_hash(),
+        principal: Principal {
+            user_id: user_id.to_owned(),
+            client_id: req.client_id.clone(),
+            client_generation: req.client_generation,
+        },
+        issued_at: super::rows::now_datetime(),
     };
-    let end = if has_more {
-        let next = from + req.limit as i32;
-        let t = token::sign(
-            Purpose::RebuildContinuation,
-            &state.cursor_keys,
-            vec![
-                ("kind".into(), Json::String("rebuild_continuation".into())),
-                ("session_id".into(), Json::String(session_id)),
-                ("scope_id".into(), Json::String(req.scope_id.clone())),
-                ("user_id".into(), Json::String(user_id.to_owned())),
-                ("client_id".into(), Json::String(req.client_id.clone())),
-                ("next_ordinal".into(), Json::String(next.to_string())),
-            ],
-        );
-        RebuildEnd::More { continuation: t }
-    } else {
-        // The checksum of exactly this snapshot, computed when the session started.
-        let checksum = hex::decode(s.get::<_, &str>(10))
-            .ok()
-            .and_then(|d| <[u8; 32]>::try_from(d).ok())
-            .ok_or_else(|| ApiError::integrity(Integrity::StoredRow))?;
-        // Complete: the records go; the header keeps pinning retention at the watermark.
-        db.execute(
-            "SELECT synchro.synchro_rebuild_complete($1)",
-            &[&session_id],
-        )
-        .await?;
-        let cursor = ScopeCursor {
-            scope_id: req.scope_id.clone(),
-            stream_generation: stream.stream_generation,
-            membership_generation: stream.membership_generation,
-            retention_generation: stream.retention_generation,
-            position: watermark,
-            schema_hash: current.schema_hash(),
-            principal: who,
-            issued_at: super::rows::now_datetime(),
-        };
-        RebuildEnd::Final {
-            final_scope_cursor: cursor.sign(&state.cursor_keys),
-            checksum: Checksum(checksum),
-        }
-    };
-    tracing::info!(status = 200, has_more, "rebuild");
-    Ok(RenderedRebuildPage {
-        scope_id: &req.scope_id,
-        records: &records,
-        end: &end,
-    }
-    .to_output_string())
+    Ok(RebuildEnd::Final {
+        final_scope_cursor: cursor.sign(&state.cursor_keys),
+        checksum: Checksum(checksum),
+    })
 }
 
 /// Stores the scope's rows as of one snapshot, in row-identity order, as a new session.
@@ -225,8 +329,8 @@ async fn start_session(
     state: &AppState,
     user_id: &str,
     req: &RebuildRequest,
-    stream: &synchro_protocol::token::ScopeStreamState,
-    manifest: &synchro_protocol::manifest::Manifest,
+    stream: &ScopeStreamState,
+    manifest: &Manifest,
 ) -> Result<String, ApiError> {
     let mut snapshot_db = state.snapshot_db.lock().await?;
     let snap = snapshot_db
@@ -241,7 +345,7 @@ async fn start_session(
             "SELECT effect_position FROM synchro.synchro_pull_watermark()",
             &[],
         ),
-        still_current(&snap, manifest, &req.schema),
+        still_current(state, &snap, manifest, &req.schema),
     );
     current_still?;
     let watermark: i64 = watermark?.get(0);
@@ -297,6 +401,20 @@ struct Rendered {
     checksum: Checksum,
 }
 
+impl SessionPage {
+    /// The page's records from the chunks that hold them; `None` when a chunk is missing or
+    /// does not hold the records its number says.
+    fn records(&self) -> Option<Vec<&str>> {
+        page_records(
+            &self.chunks,
+            self.first,
+            self.last,
+            self.chunk_rows,
+            self.row_count,
+        )
+    }
+}
+
 /// The records of ordinals `first..last` from the chunks that hold them (`chunk, records`
 /// rows, in order); `None` when a chunk is missing or does not hold the records its number
 /// says.
@@ -341,7 +459,7 @@ type RenderedRow = (RowIdentity, [u8; 32], String);
 /// scope digest of the whole snapshot for the final page. Runs off the async workers, on up
 /// to one thread per core (100,000 rows take ~0.5 s of CPU).
 async fn render(
-    manifest: &synchro_protocol::manifest::Manifest,
+    manifest: &Manifest,
     scope: &str,
     rows: Vec<tokio_postgres::Row>,
 ) -> Result<Rendered, ApiError> {
@@ -352,7 +470,7 @@ async fn render(
 }
 
 fn render_all(
-    manifest: &synchro_protocol::manifest::Manifest,
+    manifest: &Manifest,
     scope: &str,
     rows: &[tokio_postgres::Row],
 ) -> Result<Rendered, ApiError> {
@@ -417,7 +535,7 @@ fn render_all(
 
 /// Each row's identity, digest and record text, in the rows' order.
 fn render_rows(
-    manifest: &synchro_protocol::manifest::Manifest,
+    manifest: &Manifest,
     rows: &[tokio_postgres::Row],
 ) -> Result<Vec<RenderedRow>, ApiError> {
     let stored = |_| ApiError::integrity(Integrity::StoredRow);

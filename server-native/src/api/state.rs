@@ -18,7 +18,7 @@ pub struct Config {
     /// Push bounds (each violation is 400 before any work).
     pub push_limits: synchro_protocol::wire::gate::PushLimits,
     /// Connection caps and the header and idle timeouts (see [`crate::serve`]).
-    pub connections: crate::serve::ConnectionLimits,
+    pub connections: ConnectionLimits,
     /// The whole request body must arrive within this once the head is in; otherwise 503
     /// `temporary_unavailable`, reason `request_body_timeout`, and the connection closes.
     pub body_timeout: std::time::Duration,
@@ -43,13 +43,38 @@ impl Default for Config {
             max_body_bytes: 1_048_576,
             min_client_version: None,
             push_limits: synchro_protocol::wire::gate::PushLimits::default(),
-            connections: crate::serve::ConnectionLimits::default(),
+            connections: ConnectionLimits::default(),
             body_timeout: std::time::Duration::from_secs(30),
             max_event_streams: 2048,
             max_event_streams_per_client: 4,
             max_rebuild_sessions_per_client: 8,
             retry_after_seconds: 2,
             push_pool_wait: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
+/// Connection-level limits of `serve` (enforced by [`crate::serve`]).
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    /// Open connections at most (lowered at start when the open-file limit is smaller).
+    pub max_connections: usize,
+    /// Open connections per peer address (IPv6: per /64) at most; 0 turns the cap off
+    /// (behind a reverse proxy every connection comes from the proxy).
+    pub max_connections_per_peer: usize,
+    /// The request head must arrive within this, from the accept or its first byte.
+    pub header_timeout: std::time::Duration,
+    /// After a response, the next request must begin within this.
+    pub idle_timeout: std::time::Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 4096,
+            max_connections_per_peer: 256,
+            header_timeout: std::time::Duration::from_secs(10),
+            idle_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -72,11 +97,23 @@ pub struct AppState {
     /// Settings.
     pub config: Config,
     /// Wakes change-notification streams (`POST /sync/events`).
-    pub events: super::events::Notifier,
+    pub events: super::Notifier,
     /// Connections as the capture worker's login, which push uses to evaluate written
     /// rows' scopes with the membership function as its owner (in transactions that are
     /// always rolled back). Without them, push answers 503 `push_unavailable`.
     pub membership_db: Option<ConnectionPool>,
+    /// What this server keeps in memory between requests.
+    pub caches: Caches,
+}
+
+/// A server's in-memory caches: each answers only for the very inputs it was filled from, so
+/// a wrong or stale entry cannot be served (see each one's docs).
+#[derive(Default)]
+pub struct Caches {
+    /// Row digests, scope digests and scope indexes for terminal checksums.
+    pub digests: crate::digest_cache::DigestCache,
+    /// The validated manifest history.
+    pub lineage: crate::publish::LineageCache,
 }
 
 /// How long a broken connection's replacement may take to connect before the request is

@@ -278,8 +278,8 @@ struct LimitArgs {
     retry_after_seconds: u64,
 }
 
-fn limits_default() -> crate::serve::ConnectionLimits {
-    crate::serve::ConnectionLimits::default()
+fn limits_default() -> crate::api::ConnectionLimits {
+    crate::api::ConnectionLimits::default()
 }
 
 fn millis(d: std::time::Duration) -> u64 {
@@ -306,7 +306,7 @@ impl LimitArgs {
     fn apply(self, config: Config) -> Config {
         use std::time::Duration;
         Config {
-            connections: crate::serve::ConnectionLimits {
+            connections: crate::api::ConnectionLimits {
                 max_connections: self.max_connections,
                 max_connections_per_peer: self.max_connections_per_peer,
                 header_timeout: Duration::from_millis(self.header_timeout_ms),

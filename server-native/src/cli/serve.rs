@@ -63,7 +63,7 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
     let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
     serve(
         (db, snapshot_db, assignment_db, membership_db),
-        crate::api::events::Notifier::listen(database_url.clone()),
+        crate::api::Notifier::listen(database_url.clone()),
         Authenticator::hs256_with_max_lifetime(jwt_secret.as_bytes(), max_token_lifetime_secs)?,
         cursor_root.as_bytes(),
         config,
@@ -122,7 +122,7 @@ type Connections = (
 
 async fn serve(
     (db, snapshot_db, assignment_db, membership_db): Connections,
-    events: crate::api::events::Notifier,
+    events: crate::api::Notifier,
     auth: Authenticator,
     cursor_root: &[u8],
     config: Config,
@@ -141,6 +141,7 @@ async fn serve(
         config,
         events,
         membership_db,
+        caches: Default::default(),
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
     let config = state.config.clone();
@@ -225,7 +226,7 @@ pub(super) async fn run_dev(database_url: Option<String>, listen: SocketAddr) ->
             Some(assignment),
             Some(ConnectionPool::reconnecting(&worker_url, membership)),
         ),
-        crate::api::events::Notifier::listen(url_for("synchro_dev_adapter")),
+        crate::api::Notifier::listen(url_for("synchro_dev_adapter")),
         Authenticator::hs256(secret.as_bytes())?,
         secret.as_bytes(),
         Config::default(),

@@ -654,11 +654,12 @@ async fn serve_in_process(url: &dyn Fn(&str) -> String) -> Result<String> {
         cursor_keys: Keyring::new("k1", &[7; 32])?,
         config: Config::default(),
         // As `serve` does: a LISTEN session wakes the events streams after each capture commit.
-        events: synchro_server::api::events::Notifier::listen(url("synchro_dev_adapter")),
+        events: synchro_server::api::Notifier::listen(url("synchro_dev_adapter")),
         membership_db: Some(synchro_server::api::ConnectionPool::new(vec![
             connect_db(&url("synchro_dev_worker")).await?,
             connect_db(&url("synchro_dev_worker")).await?,
         ])),
+        caches: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
