@@ -63,6 +63,9 @@ impl Http {
     }
 }
 
+/// One benchmark run, long on purpose: one stack is set up and each measured load runs on
+/// it in turn, printing its figure as it ends; the steps share the cluster, the worker and
+/// the counters of the one before.
 #[tokio::main]
 async fn main() -> Result<()> {
     let transactions = arg(1, 4000);

@@ -81,6 +81,9 @@ const RULES_READY: &str =
      AND NOT EXISTS (SELECT 1 FROM synchro.relation_capture WHERE status <> 'active')
      AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations WHERE state IN ('pending', 'staged'))";
 
+/// One benchmark run, long on purpose: one stack is set up and each measurement runs on it
+/// in turn, printing its figure as it ends; the steps share the cluster, the server and the
+/// rows the steps before wrote.
 #[tokio::main]
 async fn main() -> Result<()> {
     let customers = arg(0, 10_000);

@@ -76,6 +76,8 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
+/// One benchmark run, long on purpose: the server and the gateway start once, and each
+/// endpoint is timed in turn against both, side by side, on the same rows.
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let iterations: usize = std::env::args()

@@ -215,6 +215,8 @@ fn server_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// One benchmark run, long on purpose: the stack is set up once and each configuration runs
+/// on it in turn ([`run`]), printing its figures as it ends.
 #[tokio::main]
 async fn main() -> Result<()> {
     let number = |i: usize, default: usize| {

@@ -109,6 +109,10 @@ fn local_count(c: &Client<HttpTransport>) -> i64 {
         .unwrap_or(0)
 }
 
+/// One benchmark run, long on purpose: the stack (a throwaway cluster, the server, the
+/// registered table) is set up once and every measurement (a) to (e) below runs on it in
+/// order, each headed by its letter, and later ones use the clients earlier ones synced;
+/// split into functions they would pass a dozen handles each.
 #[tokio::main]
 async fn main() -> Result<()> {
     let rows = arg(1, 100_000);
