@@ -156,7 +156,7 @@ pub(crate) async fn push(
         .ok_or_else(busy)?;
     let mut membership = membership.lock_within(wait).await?.ok_or_else(busy)?;
     let tx = conn.transaction().await?;
-    let (mut outcomes, writes) = sort(&r, &stored, &gates.lineage, &current)?;
+    let (mut outcomes, writes) = decided_early(&r, &stored, &gates.lineage, &current)?;
     let cx = apply::Context {
         current: &current,
         assigned: &assigned,
@@ -189,7 +189,7 @@ pub(crate) async fn push(
 /// Each mutation's outcome when it is decided before any write (`None` for the others, in
 /// the writes returned): a mutation ID executed in an earlier batch gets its stored outcome
 /// again; one the authored-schema, writability or value checks refuse gets its rejection.
-fn sort<'a>(
+fn decided_early<'a>(
     r: &'a PushRequest,
     stored: &HashMap<String, String>,
     lineage: &synchro_protocol::lineage::Lineage,
