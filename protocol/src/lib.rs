@@ -62,6 +62,7 @@ pub mod lineage;
 pub mod manifest;
 pub mod migration;
 pub mod scope_entries;
+pub mod seed;
 pub mod semver;
 pub mod state;
 pub mod temporal;

@@ -1,4 +1,5 @@
-//! Authenticated opaque tokens: scope cursors and rebuild continuation tokens (spec 003
+//! Authenticated opaque tokens: scope cursors, rebuild continuation tokens and portable seed
+//! tokens ([`crate::seed`]) (spec 003
 //! "Per-Scope Retention and Client Generations", spec 001 token rules).
 //!
 //! Wire form: `<prefix>.<base64url(RFC 8785 payload)>.<base64url(mac)>`, unpadded, where
@@ -32,6 +33,10 @@ pub enum Purpose {
     ScopeCursor,
     /// A rebuild session continuation token.
     RebuildContinuation,
+    /// A portable seed page token ([`crate::seed::SeedPage`]).
+    SeedPage,
+    /// A portable seed continuation receipt ([`crate::seed::SeedReceipt`]).
+    SeedContinuation,
 }
 
 impl Purpose {
@@ -39,6 +44,8 @@ impl Purpose {
         match self {
             Purpose::ScopeCursor => "c1",
             Purpose::RebuildContinuation => "r1",
+            Purpose::SeedPage => "sp1",
+            Purpose::SeedContinuation => "sc1",
         }
     }
 
@@ -46,6 +53,8 @@ impl Purpose {
         match self {
             Purpose::ScopeCursor => b"synchro:v3:scope-cursor:v1\0",
             Purpose::RebuildContinuation => b"synchro:v3:rebuild-continuation:v1\0",
+            Purpose::SeedPage => b"synchro:v3:seed-page:v1\0",
+            Purpose::SeedContinuation => b"synchro:v3:seed-continuation:v1\0",
         }
     }
 }
