@@ -39,7 +39,9 @@ fn export_manifest_hashes_match_the_vectors() {
         let body = c.get("body").unwrap();
         let expect = text(&c, "expect");
         assert_eq!(hex::encode(export_manifest_hash(body)), expect, "{c:?}");
-        let m = ExportManifest::from_json(body).map_err(|e| format!("{e}")).unwrap();
+        let m = ExportManifest::from_json(body)
+            .map_err(|e| format!("{e}"))
+            .unwrap();
         assert_eq!(hex::encode(m.hash()), expect, "typed: {c:?}");
         assert_eq!(canonical(&m.to_json()), canonical(body), "round trip");
     }

@@ -142,8 +142,8 @@ pub async fn register_demo(operator: &Client) -> Result<()> {
 }
 
 /// The task board of the web demo (`web-demo/`): `app.tasks` beside `app.projects`, both
-/// single_scope with a membership rule putting every row in the shared scope `board:demo`,
-/// which the development users `dev-user`, `alice` and `bob` hold. A task's title is at
+/// single_scope with a membership rule putting every row in the scope `board:demo`, a shared
+/// scope (every user holds it) declared portable (a seed of it can be exported). A task's title is at
 /// most 200 characters (a CHECK constraint: a longer one pushed is refused for good,
 /// `rejected_terminal`, which the demo shows). `admin` creates the
 /// table and the `rules` schema; `operator` registers, writes the rules and grants. What
@@ -209,14 +209,12 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
             .await
             .with_context(|| format!("the membership rule of app.{relation}"))?;
     }
-    for user in ["dev-user", "alice", "bob"] {
-        operator
-            .execute(
-                "SELECT synchro.synchro_grant_user_scope($1, 'board:demo')",
-                &[&user],
-            )
-            .await
-            .context("granting board:demo")?;
-    }
+    operator
+        .batch_execute(
+            "SELECT synchro.synchro_add_shared_scope('board:demo');
+             SELECT synchro.synchro_declare_portable_scope('board:demo');",
+        )
+        .await
+        .context("sharing board:demo")?;
     Ok(())
 }

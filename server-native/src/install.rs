@@ -107,6 +107,10 @@ pub const INSTALL: &[SqlFile] = &[
         sql: include_str!("../sql/install/52_push.sql"),
     },
     SqlFile {
+        name: "55_seed.sql",
+        sql: include_str!("../sql/install/55_seed.sql"),
+    },
+    SqlFile {
         name: "60_retention.sql",
         sql: include_str!("../sql/install/60_retention.sql"),
     },

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | this file | the arguments (clap), `main`, and which command runs what |
 //! | `registry` | `registry ...`: registration, plans and reconfigurations, indexes, retirement |
-//! | `operator` | `install`, `publish`, `health`, `settings`, `compact`, `capture unblock|...` |
+//! | `operator` | `install`, `publish`, `health`, `settings`, `compact`, `capture unblock|...`, `seed ...` |
 //! | `serve` | `serve`, `capture` (the worker), `probe` and `dev` |
 
 mod operator;
@@ -100,6 +100,12 @@ enum Command {
         #[arg(long, default_value_t = crate::retention::DEFAULT_BATCH_SIZE)]
         batch_size: i32,
     },
+    /// Portable seeds: which shared scopes may be exported into a seed artifact
+    /// (synchro_operator login).
+    Seed {
+        #[command(subcommand)]
+        command: SeedCommand,
+    },
     /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
     /// with a demo schema registered, serving on 127.0.0.1:8787.
     Dev {
@@ -126,6 +132,7 @@ impl Command {
             Command::Settings { .. } => "synchro-server settings",
             Command::Probe { .. } => "synchro-server probe",
             Command::Compact { .. } => "synchro-server compact",
+            Command::Seed { .. } => "synchro-server seed",
             Command::Dev { .. } => "synchro-server dev",
         }
     }
@@ -198,6 +205,34 @@ enum CaptureCommand {
     /// one keeps serving; a first rule is removed (its rows are in no scope until a rule is
     /// registered).
     SkipStaging(StagedRelation),
+}
+
+/// `seed ...`: each prints one JSON object; a refusal prints `{"error": ...}` and exits 1.
+#[derive(Subcommand)]
+enum SeedCommand {
+    /// Declare a shared scope portable (a `user:` scope, or a scope that is not a shared
+    /// scope, is refused: `invalid_portable_scope` with its reason).
+    Declare(SeedScope),
+    /// Withdraw a declaration: no later export includes the scope, and connect no longer
+    /// accepts a seed's receipt for it.
+    Undeclare(SeedScope),
+    /// List the declared scopes and whether each is shared (only those are portable).
+    List {
+        /// PostgreSQL connection string (synchro_operator or seed login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+}
+
+/// The scope `seed declare|undeclare` acts on.
+#[derive(clap::Args)]
+struct SeedScope {
+    /// PostgreSQL connection string (synchro_operator login).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// The scope.
+    #[arg(long)]
+    scope: String,
 }
 
 /// The relation whose staging `capture retry-staging|skip-staging` acts on.
@@ -599,6 +634,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             database_url,
             batch_size,
         } => operator::compact(&database_url, batch_size).await,
+        Command::Seed { command } => operator::seed_command(command).await,
         Command::Dev {
             database_url,
             listen,

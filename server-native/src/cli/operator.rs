@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::CaptureCommand;
+use super::{CaptureCommand, SeedCommand};
 use crate::{connect_db, install};
 
 /// `install`: the schema, roles and grants (idempotent; a superuser connection).
@@ -110,9 +110,37 @@ pub(super) async fn capture_command(action: CaptureCommand) -> Result<ExitCode> 
     operator_function(&url, sql, &args).await
 }
 
+/// Runs one `seed` subcommand.
+pub(super) async fn seed_command(command: SeedCommand) -> Result<ExitCode> {
+    let (url, sql, args) = match command {
+        SeedCommand::Declare(s) => (
+            s.database_url,
+            "SELECT synchro.synchro_declare_portable_scope($1)::text",
+            vec![s.scope],
+        ),
+        SeedCommand::Undeclare(s) => (
+            s.database_url,
+            "SELECT synchro.synchro_undeclare_portable_scope($1)::text",
+            vec![s.scope],
+        ),
+        SeedCommand::List { database_url } => (
+            database_url,
+            "SELECT jsonb_build_object('scopes', coalesce(jsonb_agg(jsonb_build_object(
+                 'scope_id', scope_id, 'shared', shared, 'declared_at', declared_at)), '[]'))::text
+               FROM synchro.synchro_portable_scopes()",
+            vec![],
+        ),
+    };
+    operator_function(&url, sql, &args).await
+}
+
+/// The refusals operator functions raise as 22023 with their code as the message and a
+/// JSON detail.
+const TYPED_REFUSALS: [&str; 2] = ["invalid_setting", "invalid_portable_scope"];
+
 /// Runs one operator SQL function returning JSON text and prints it; a refusal it raises
-/// (`invalid_registration`, `invalid_setting`: 22023 with a JSON detail) is printed as
-/// `{"error": ...}` with exit code 1.
+/// (`invalid_registration`, or one of [`TYPED_REFUSALS`]) is printed as `{"error": ...}`
+/// with exit code 1.
 pub(super) async fn operator_function(url: &str, sql: &str, args: &[String]) -> Result<ExitCode> {
     let db = connect_db(url).await?;
     let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
@@ -125,12 +153,15 @@ pub(super) async fn operator_function(url: &str, sql: &str, args: &[String]) -> 
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            if let Some(d) = e.as_db_error().filter(|d| d.message() == "invalid_setting") {
+            let typed = e
+                .as_db_error()
+                .filter(|d| TYPED_REFUSALS.contains(&d.message()));
+            if let Some(d) = typed {
                 let detail: serde_json::Value = d
                     .detail()
                     .and_then(|t| serde_json::from_str(t).ok())
                     .unwrap_or(serde_json::Value::Null);
-                let mut error = serde_json::json!({"code": "invalid_setting"});
+                let mut error = serde_json::json!({"code": d.message()});
                 if let (Some(e), Some(d)) = (error.as_object_mut(), detail.as_object()) {
                     e.extend(d.clone());
                 }
