@@ -29,7 +29,9 @@
 use js_sys::{Array, Function, Object, Promise, Reflect, Uint8Array};
 use rusqlite::types::ValueRef;
 use sqlite_wasm_vfs::sahpool::{install, OpfsSAHPoolCfgBuilder, OpfsSAHPoolUtil};
+use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
+use synchro_protocol::wire::Column;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
@@ -39,7 +41,7 @@ pub use live::LiveSession;
 
 use crate::engine::{Client, ClientConfig};
 use crate::error::{ClientError, StorageError};
-use crate::store::{parse_operation, LocalWrite, Storage};
+use crate::store::{LocalWrite, Operation, Storage};
 use crate::transport::{EventStream, EventTransport, Opened, Response, Transport, TransportError};
 use synchro_protocol::value::TypedValue;
 
@@ -315,6 +317,11 @@ fn random16() -> [u8; 16] {
 
 fn set(o: &Object, k: &str, v: JsValue) {
     let _ = Reflect::set(o, &k.into(), &v);
+}
+
+/// A wire value as the JS value `JSON.parse` gives for its text.
+fn json_to_js(v: &Json) -> JsValue {
+    js_sys::JSON::parse(&to_output_string(v)).unwrap_or(JsValue::NULL)
 }
 
 fn strings(items: impl IntoIterator<Item = String>) -> Array {
@@ -670,7 +677,7 @@ fn write(
             values.push((f.field_id.clone(), v));
         }
     }
-    let operation = parse_operation(operation)
+    let operation = Operation::parse(operation)
         .ok_or_else(|| bad("operation must be insert, update or delete"))?;
     let table_id = t.table_id.clone();
     let w = LocalWrite {
@@ -707,33 +714,26 @@ fn clear_resolved(client: &mut Client<FetchTransport>) -> Result<Array, JsValue>
 /// `conflict`, `rejected_terminal`), for inspection.
 fn mutations(client: &Client<FetchTransport>) -> Result<Array, JsValue> {
     let out = Array::new();
-    for m in client.storage().mutations().map_err(storage_error)? {
+    for q in client.storage().mutations().map_err(storage_error)? {
+        let m = &q.mutation;
         let o = Object::new();
         set(&o, "mutationId", m.mutation_id.clone().into());
-        set(&o, "batchId", m.batch_id.into());
+        set(&o, "batchId", q.batch_id.clone().into());
         set(&o, "localOrder", (m.local_order as f64).into());
-        set(&o, "tableId", m.table_id.into());
-        set(
-            &o,
-            "pk",
-            js_sys::JSON::parse(&m.pk).unwrap_or(JsValue::NULL),
-        );
+        set(&o, "tableId", m.table_id.clone().into());
+        set(&o, "pk", json_to_js(&m.pk));
         set(&o, "operation", m.operation.as_str().into());
         set(
             &o,
             "baseVersion",
-            m.base_version.map_or(JsValue::NULL, JsValue::from),
+            m.base_version.clone().map_or(JsValue::NULL, JsValue::from),
         );
         set(&o, "clientVersion", (m.client_version as f64).into());
-        set(
-            &o,
-            "columns",
-            js_sys::JSON::parse(&m.columns).unwrap_or(JsValue::NULL),
-        );
+        set(&o, "columns", json_to_js(&Column::list_to_json(&m.columns)));
         set(&o, "authoredSchema", {
             let a = Object::new();
-            set(&a, "version", (m.authored.0 as f64).into());
-            set(&a, "hash", m.authored.1.into());
+            set(&a, "version", (m.authored_schema.version as f64).into());
+            set(&a, "hash", m.authored_schema.hash.clone().into());
             a.into()
         });
         let outcome = client
@@ -747,7 +747,7 @@ fn mutations(client: &Client<FetchTransport>) -> Result<Array, JsValue> {
                 .and_then(|t| js_sys::JSON::parse(&t).ok())
                 .unwrap_or(JsValue::NULL),
         );
-        set(&o, "state", m.state.as_str().into());
+        set(&o, "state", q.state.as_str().into());
         out.push(&o);
     }
     Ok(out)

@@ -311,9 +311,12 @@ fn mutation_state<T: Transport>(c: &Client<T>, id: &str) -> (String, u64) {
         .mutations()
         .unwrap()
         .into_iter()
-        .find(|m| m.mutation_id == id)
+        .find(|m| m.mutation.mutation_id == id)
         .unwrap();
-    (m.state.as_str().to_owned(), m.authored.0)
+    (
+        m.state.as_str().to_owned(),
+        m.mutation.authored_schema.version,
+    )
 }
 
 /// Syncs until the client holds alice's view of the source in `column`, every terminal

@@ -561,14 +561,21 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     // unchanged; nothing of it was written.
     let m = c.storage().mutations().unwrap();
     assert_eq!(
-        (m[0].mutation_id.as_str(), m[0].state.as_str()),
-        (queue[0].mutation_id.as_str(), "rejected_terminal")
+        (m[0].mutation.mutation_id.as_str(), m[0].state.as_str()),
+        (queue[0].mutation.mutation_id.as_str(), "rejected_terminal")
     );
     assert_eq!(
-        (&m[0].columns, &m[0].authored),
-        (&queue[0].columns, &queue[0].authored)
+        (&m[0].mutation.columns, &m[0].mutation.authored_schema),
+        (
+            &queue[0].mutation.columns,
+            &queue[0].mutation.authored_schema
+        )
     );
-    let outcome = c.storage().outcome(&m[0].mutation_id).unwrap().unwrap();
+    let outcome = c
+        .storage()
+        .outcome(&m[0].mutation.mutation_id)
+        .unwrap()
+        .unwrap();
     assert!(
         outcome.contains("schema_incompatible") && outcome.contains(&title_id),
         "{outcome}"
@@ -647,7 +654,7 @@ fn state_of<T: Transport>(c: &Client<T>, mutation_id: &str) -> String {
         .mutations()
         .unwrap()
         .into_iter()
-        .find(|m| m.mutation_id == mutation_id)
+        .find(|m| m.mutation.mutation_id == mutation_id)
         .unwrap()
         .state
         .as_str()
@@ -696,12 +703,16 @@ async fn offline_writes_conflicts_lost_responses_and_crashes() {
     assert_eq!(state_of(&phone, &second_edit), "applied");
     let m = phone.storage().mutations().unwrap();
     let (a, b) = (
-        m.iter().find(|x| x.mutation_id == first_edit).unwrap(),
-        m.iter().find(|x| x.mutation_id == second_edit).unwrap(),
+        m.iter()
+            .find(|x| x.mutation.mutation_id == first_edit)
+            .unwrap(),
+        m.iter()
+            .find(|x| x.mutation.mutation_id == second_edit)
+            .unwrap(),
     );
     assert_ne!(a.batch_id, b.batch_id, "one mutation per row and batch");
     assert_ne!(
-        a.base_version, b.base_version,
+        a.mutation.base_version, b.mutation.base_version,
         "the successor's base was refreshed"
     );
     assert_eq!(
@@ -788,10 +799,10 @@ async fn offline_intent_authored_before_a_class_2_change_is_applied() {
         .mutations()
         .unwrap()
         .into_iter()
-        .find(|m| m.mutation_id == authored_v1)
+        .find(|m| m.mutation.mutation_id == authored_v1)
         .unwrap();
     assert_eq!(
-        (m.authored.0, m.state.as_str()),
+        (m.mutation.authored_schema.version, m.state.as_str()),
         (1, "applied"),
         "authored schema kept"
     );
@@ -826,11 +837,14 @@ async fn a_batch_sealed_before_a_schema_change_moves_to_a_successor_with_the_sam
     let m = c.storage().mutations().unwrap();
     assert_eq!(m.len(), 1);
     assert_eq!(
-        (m[0].mutation_id.as_str(), m[0].state.as_str()),
+        (m[0].mutation.mutation_id.as_str(), m[0].state.as_str()),
         (id.as_str(), "applied")
     );
     assert_ne!(m[0].batch_id, sealed, "a successor batch");
-    assert_eq!(m[0].authored.0, 1, "the authored schema is kept");
+    assert_eq!(
+        m[0].mutation.authored_schema.version, 1,
+        "the authored schema is kept"
+    );
     let kept: String = c
         .storage()
         .connection()

@@ -42,11 +42,11 @@ use synchro_protocol::manifest::Manifest;
 use index::ScopeIndex;
 
 pub use crate::error::StorageError;
-pub use enums::{parse_operation, MigrationAction, MutationState, OutcomeStatus, Phase};
+pub use enums::{MigrationAction, MutationState, OutcomeStatus, Phase};
 pub use journal::JOURNAL_VERSION;
 pub(crate) use journal::{DdlPoint, JournalError, NewJournal};
 pub use pull::{Applied, Terminal};
-pub use queue::{LocalWrite, Mutation, Operation, MAX_BATCH};
+pub use queue::{LocalWrite, Operation, QueuedMutation, MAX_BATCH};
 pub use values::{from_sql, to_sql};
 
 /// A local database.
