@@ -384,7 +384,7 @@ impl SynchroClient {
     pub async fn sync(&mut self) -> Result<JsValue, JsValue> {
         let r = self.inner.sync_once().await.map_err(client_error)?;
         let o = Object::new();
-        set(&o, "action", r.action.into());
+        set(&o, "action", r.action.as_str().into());
         set(&o, "affected", strings(r.affected).into());
         set(&o, "rebuilt", strings(r.rebuilt).into());
         set(&o, "pullPages", (r.pull_pages as f64).into());
@@ -624,7 +624,9 @@ fn schema(client: &Client<FetchTransport>) -> JsValue {
     set(
         &o,
         "action",
-        client.last_action().map_or(JsValue::NULL, JsValue::from),
+        client
+            .last_action()
+            .map_or(JsValue::NULL, |a| JsValue::from(a.as_str())),
     );
     o.into()
 }

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use common::{field, manifest, table};
 use fake::{Fake, Row};
-use synchro_client::engine::{Client, Failpoint};
+use synchro_client::engine::{Client, Failpoint, SchemaActionKind};
 use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::state::ClientState;
@@ -114,7 +114,7 @@ async fn at_v1(path: &PathBuf) -> (Fake, Client<Fake>) {
             .unwrap();
     }
     let r = c.sync_once().await.unwrap();
-    assert_eq!(r.action, "replace");
+    assert_eq!(r.action, SchemaActionKind::Replace);
     // Offline intent that every step must keep: an update of a row of the affected scope
     // and an insert of a row the server has never seen.
     let one = TypedValue::from_scalar(Scalar::Int64(1)).unwrap();

@@ -221,7 +221,7 @@ pub(crate) async fn connect(
             removed: previous.difference(&assigned).cloned().collect(),
         },
         schema: SchemaOutcome {
-            action: action.name().to_owned(),
+            action: action.kind(),
             version: current.version,
             hash: hex::encode(current.hash),
             reason,
