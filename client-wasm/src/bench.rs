@@ -17,7 +17,7 @@ use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::value::{Scalar, TypedValue};
 
-use crate::engine::{Client, ClientError};
+use crate::engine::{Client, ClientError, SchemaActionKind};
 use crate::store::{Storage, StorageError};
 use crate::transport::{Response, Transport, TransportError};
 
@@ -262,7 +262,7 @@ pub async fn time_class2_replace(
     let start = now();
     let (action, _) = c.connect().await.map_err(e)?;
     let secs = now() - start;
-    if action != "replace" || c.manifest().map(|m| m.schema_version) != Some(2) {
+    if action != SchemaActionKind::Replace || c.manifest().map(|m| m.schema_version) != Some(2) {
         return Err("the replace did not install v2".into());
     }
     let kept = c.storage().digested_rows().map_err(|e| e.to_string())?;

@@ -41,7 +41,7 @@ pub mod storage {
 pub mod queue {
     pub use crate::engine::uuid_v7;
     pub use crate::store::{
-        LocalWrite, Mutation, MutationState, Operation, OutcomeStatus, MAX_BATCH,
+        LocalWrite, MutationState, Operation, OutcomeStatus, QueuedMutation, MAX_BATCH,
     };
 }
 

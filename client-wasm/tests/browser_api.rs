@@ -55,6 +55,13 @@ async fn open_query_and_typed_errors() {
     assert_eq!(member(&e, "code"), "network_error");
     assert_eq!(member(&e, "retryable"), true);
     assert_eq!(db.state(), "fresh", "nothing changed");
+    // Its message keeps why (a bounded reason), never the URL.
+    let message = member(&e, "message").as_string().unwrap();
+    assert!(
+        message.contains("network error or CORS refusal"),
+        "{message}"
+    );
+    assert!(!message.contains("127.0.0.1"), "{message}");
 
     // Writes need an installed schema; the queue is empty and inspectable.
     let e = db
@@ -125,5 +132,53 @@ async fn open_query_and_typed_errors() {
         assert!(e.is_instance_of::<js_sys::Error>());
         assert_eq!(member(&e, "code"), "invalid_client_version");
         assert_eq!(member(&e, "retryable"), false);
+    }
+}
+
+#[wasm_bindgen_test]
+async fn a_request_without_a_response_says_why_and_nothing_more() {
+    // (why the request failed, the message that must say it, what it must not say)
+    let cases = [
+        (
+            "http://127.0.0.1:9",
+            "throw new Error('token-secret-1')",
+            "the token provider failed",
+            "token-secret-1",
+        ),
+        (
+            "http://127.0.0.1:9",
+            "return 42",
+            "the token provider failed",
+            "42",
+        ),
+        (
+            "http://[not a host",
+            "return 'token-secret-2'",
+            "the request could not be built",
+            "not a host",
+        ),
+        (
+            "http://127.0.0.1:9",
+            "return 'token-secret-3'",
+            "fetch failed (network error or CORS refusal)",
+            "token-secret-3",
+        ),
+    ];
+    for (i, (url, provider, says, never)) in cases.into_iter().enumerate() {
+        let name = format!("/reason-{i}-{}.db", js_sys::Date::now() as u64);
+        let mut db = SynchroClient::open(
+            name,
+            url.into(),
+            Function::new_no_args(provider),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        let e = db.sync().await.unwrap_err();
+        assert_eq!(member(&e, "code"), "network_error", "{says}");
+        let message = member(&e, "message").as_string().unwrap();
+        assert!(message.contains(says), "{message}");
+        assert!(!message.contains(never), "{message}");
     }
 }

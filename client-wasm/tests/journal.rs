@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use common::{field, manifest, table};
 use fake::{Fake, Row};
-use synchro_client::engine::{Client, Failpoint};
+use synchro_client::engine::{Client, Failpoint, SchemaActionKind};
 use synchro_client::queue::{LocalWrite, MutationState, Operation};
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::state::ClientState;
@@ -114,7 +114,7 @@ async fn at_v1(path: &PathBuf) -> (Fake, Client<Fake>) {
             .unwrap();
     }
     let r = c.sync_once().await.unwrap();
-    assert_eq!(r.action, "replace");
+    assert_eq!(r.action, SchemaActionKind::Replace);
     // Offline intent that every step must keep: an update of a row of the affected scope
     // and an insert of a row the server has never seen.
     let one = TypedValue::from_scalar(Scalar::Int64(1)).unwrap();
@@ -253,7 +253,7 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
             .map(|m| {
                 let pushed = m.state == MutationState::Applied;
                 assert!(pushed || m.state == MutationState::Pending, "{failpoint:?}");
-                synchro_client::queue::Mutation {
+                synchro_client::queue::QueuedMutation {
                     state: MutationState::Pending,
                     ..m
                 }
@@ -286,8 +286,13 @@ async fn every_interruption_leaves_source_with_journal_or_target_with_markers() 
         assert_eq!((d.drafts, d.docs), (3, 5));
         // The same intent, now pushed (push first: before the rebuild).
         let after = c.storage().mutations().unwrap();
-        let same = |m: &synchro_client::queue::Mutation| {
-            (m.mutation_id.clone(), m.columns.clone(), m.authored.clone())
+        let same = |q: &synchro_client::queue::QueuedMutation| {
+            let m = &q.mutation;
+            (
+                m.mutation_id.clone(),
+                m.columns.clone(),
+                m.authored_schema.clone(),
+            )
         };
         assert_eq!(
             after.iter().map(same).collect::<Vec<_>>(),

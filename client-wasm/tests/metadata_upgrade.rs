@@ -183,9 +183,9 @@ fn a_synced_database_from_before_the_version_opens_with_its_data() {
     assert_eq!(queue.len(), 1);
     assert_eq!(
         (
-            queue[0].operation,
+            queue[0].mutation.operation,
             queue[0].state,
-            queue[0].base_version.as_deref()
+            queue[0].mutation.base_version.as_deref()
         ),
         (Operation::Update, MutationState::Pending, Some("10"))
     );
@@ -200,9 +200,15 @@ fn a_synced_database_from_before_the_version_opens_with_its_data() {
     .unwrap();
     let queue = c.storage().mutations().unwrap();
     assert_eq!(queue.len(), 2);
-    assert_eq!((queue[1].local_order, queue[1].client_version), (2, 2));
+    assert_eq!(
+        (
+            queue[1].mutation.local_order,
+            queue[1].mutation.client_version
+        ),
+        (2, 2)
+    );
     assert_eq!(queue[1].batch_id, "b1");
-    assert_eq!(queue[1].base_version.as_deref(), Some("10"));
+    assert_eq!(queue[1].mutation.base_version.as_deref(), Some("10"));
 
     // Opening again changes nothing.
     let storage = c.into_storage();

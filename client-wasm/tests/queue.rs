@@ -19,11 +19,13 @@ use std::rc::Rc;
 use common::{field, manifest, table};
 use fake::{Fake, Row};
 use synchro_client::engine::Client;
-use synchro_client::queue::{LocalWrite, MutationState, Operation};
+use synchro_client::queue::{LocalWrite, MutationState, Operation, QueuedMutation};
+use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::types::PortableType;
 use synchro_protocol::value::{Scalar, TypedValue};
+use synchro_protocol::wire::{AuthoredSchema, Column};
 
 fn v1() -> Manifest {
     manifest(
@@ -87,6 +89,11 @@ async fn synced() -> (Fake, Client<Fake>) {
     (server, c)
 }
 
+/// A queued mutation's columns as the queue stores and pushes them: canonical JSON text.
+fn columns(m: &QueuedMutation) -> String {
+    to_output_string(&Column::list_to_json(&m.mutation.columns))
+}
+
 fn title(c: &Client<Fake>, id: i64) -> Option<Option<String>> {
     c.storage()
         .connection()
@@ -140,21 +147,24 @@ async fn a_write_and_its_intent_commit_together() {
     // authored schema, one open batch, UUIDv7 IDs from the injected clock.
     let m = c.storage().mutations().unwrap();
     assert_eq!(m.len(), 4);
-    assert_eq!(m[0].mutation_id, id_insert);
-    let ops: Vec<&str> = m.iter().map(|m| m.operation.as_str()).collect();
+    assert_eq!(m[0].mutation.mutation_id, id_insert);
+    let ops: Vec<&str> = m.iter().map(|m| m.mutation.operation.as_str()).collect();
     assert_eq!(ops, ["insert", "update", "update", "delete"]);
     assert_eq!(
-        m.iter().map(|m| m.local_order).collect::<Vec<_>>(),
+        m.iter().map(|m| m.mutation.local_order).collect::<Vec<_>>(),
         [1, 2, 3, 4]
     );
     assert_eq!(
-        m[0].columns, r#"[{"field_id":"f3","value":"b"},{"field_id":"f2","value":null}]"#,
+        columns(&m[0]),
+        r#"[{"field_id":"f3","value":"b"},{"field_id":"f2","value":null}]"#,
         "the application's order, a null kept as present"
     );
-    assert_eq!(m[1].columns, r#"[{"field_id":"f2","value":"edited"}]"#);
-    assert_eq!(m[3].columns, "[]");
+    assert_eq!(columns(&m[1]), r#"[{"field_id":"f2","value":"edited"}]"#);
+    assert_eq!(columns(&m[3]), "[]");
     assert_eq!(
-        m.iter().map(|m| m.base_version.clone()).collect::<Vec<_>>(),
+        m.iter()
+            .map(|m| m.mutation.base_version.clone())
+            .collect::<Vec<_>>(),
         [
             None,
             Some("10".into()),
@@ -163,15 +173,20 @@ async fn a_write_and_its_intent_commit_together() {
         ]
     );
     assert_eq!(
-        m.iter().map(|m| m.client_version).collect::<Vec<_>>(),
+        m.iter()
+            .map(|m| m.mutation.client_version)
+            .collect::<Vec<_>>(),
         [1, 1, 2, 1]
     );
-    let v = v1();
+    let authored = AuthoredSchema {
+        version: 1,
+        hash: v1().schema_hash_hex(),
+    };
     assert!(m
         .iter()
-        .all(|m| m.authored == (1, v.schema_hash_hex()) && m.state == MutationState::Pending));
+        .all(|m| m.mutation.authored_schema == authored && m.state == MutationState::Pending));
     assert!(m.iter().all(|x| x.batch_id == m[0].batch_id));
-    let ids: BTreeSet<&str> = m.iter().map(|m| m.mutation_id.as_str()).collect();
+    let ids: BTreeSet<&str> = m.iter().map(|m| m.mutation.mutation_id.as_str()).collect();
     assert_eq!(ids.len(), 4);
     for id in ids {
         let hex: String = id.chars().filter(|c| *c != '-').collect();
@@ -412,7 +427,7 @@ async fn a_write_under_a_chosen_id_is_queued_at_most_once() {
     assert_eq!(c.write_once(&insert, id).unwrap(), id);
     let m = c.storage().mutations().unwrap();
     assert_eq!(m.len(), 1);
-    assert_eq!(m[0].mutation_id, id);
+    assert_eq!(m[0].mutation.mutation_id, id);
     assert_eq!(title(&c, 3), Some(Some("once".into())));
     // Still once after its outcome.
     c.sync_once().await.unwrap();
@@ -438,12 +453,12 @@ async fn a_write_under_a_chosen_id_is_queued_at_most_once() {
 }
 
 /// `(local_order, client_version)` of every queued mutation, in local order.
-fn counters(c: &Client<Fake>) -> Vec<(i64, i64)> {
+fn counters(c: &Client<Fake>) -> Vec<(u64, u64)> {
     c.storage()
         .mutations()
         .unwrap()
         .iter()
-        .map(|m| (m.local_order, m.client_version))
+        .map(|m| (m.mutation.local_order, m.mutation.client_version))
         .collect()
 }
 
@@ -491,7 +506,7 @@ async fn clearing_resolved_intent_keeps_what_is_pending_and_never_reuses_a_count
     let m = c.storage().mutations().unwrap();
     assert_eq!(m.len(), 1);
     assert_eq!(
-        (m[0].mutation_id.as_str(), m[0].state),
+        (m[0].mutation.mutation_id.as_str(), m[0].state),
         (pending.as_str(), MutationState::Pending)
     );
     for id in &resolved {

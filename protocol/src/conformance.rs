@@ -168,159 +168,201 @@ fn lower_hex(s: &str) -> Option<Vec<u8>> {
     hex::decode(s).ok()
 }
 
+/// Runs one command on its input: each command is a function of its own below.
 fn run(command: &str, input: &Json) -> Result<Members> {
-    match command {
-        "typed-value" => {
-            let spec = FieldSpec::from_json(
-                input
-                    .get("field_spec")
-                    .ok_or_else(|| Error::request("input.field_spec is required"))?,
-            )?;
-            let value = TypedValue::from_wire_text(&spec, input_str(input, "raw_json")?)?;
-            Ok(vec![(
-                "canonical_bytes_hex".into(),
-                s(hex::encode(value.to_bytes())),
-            )])
+    let command: fn(&Json) -> Result<Members> = match command {
+        "typed-value" => typed_value_command,
+        "manifest" => manifest_command,
+        "row-identity" => row_identity_command,
+        "row-digest" => row_digest_command,
+        "scope-digest" => scope_digest_command,
+        "canonical-json" => canonical_json_command,
+        "canonical-decimal" => canonical_decimal_command,
+        "canonical-float" => canonical_float_command,
+        "checksum" => checksum_command,
+        "semver-compare" => semver_compare_command,
+        "classify" => classify_command,
+        "connect-dispatch" => connect_dispatch,
+        "migration-plan" => migration_plan_command,
+        _ => return Err(Error::request("unknown command")),
+    };
+    command(input)
+}
+
+/// `typed-value`: a wire value's canonical typed bytes under its field specification.
+fn typed_value_command(input: &Json) -> Result<Members> {
+    let spec = FieldSpec::from_json(
+        input
+            .get("field_spec")
+            .ok_or_else(|| Error::request("input.field_spec is required"))?,
+    )?;
+    let value = TypedValue::from_wire_text(&spec, input_str(input, "raw_json")?)?;
+    Ok(vec![(
+        "canonical_bytes_hex".into(),
+        s(hex::encode(value.to_bytes())),
+    )])
+}
+
+/// `manifest`: a manifest's canonical bytes and schema hash.
+fn manifest_command(input: &Json) -> Result<Members> {
+    let m = Manifest::parse(input_str(input, "manifest_json")?)?;
+    Ok(vec![
+        ("canonical_bytes_hex".into(), s(hex::encode(m.hash_input()))),
+        ("schema_hash".into(), s(m.schema_hash_hex())),
+    ])
+}
+
+/// `row-identity`: the canonical identity of a row of a table.
+fn row_identity_command(input: &Json) -> Result<Members> {
+    let m = Manifest::parse(input_str(input, "manifest_json")?)?;
+    let table = m
+        .table(input_str(input, "table_id")?)
+        .ok_or(Error::UnknownTable)?;
+    let pk = Json::parse(input_str(input, "pk_json")?)?;
+    let pk = TypedValue::from_wire(&table.primary_key().spec, &pk)?;
+    let identity = RowIdentity::new(table, &pk)?;
+    Ok(vec![(
+        "row_identity_hex".into(),
+        s(hex::encode(identity.as_bytes())),
+    )])
+}
+
+/// `row-digest`: a row's identity, digest input and digest.
+fn row_digest_command(input: &Json) -> Result<Members> {
+    let m = Manifest::parse(input_str(input, "manifest_json")?)?;
+    let pk = Json::parse(input_str(input, "pk_json")?)?;
+    let row = Json::parse(input_str(input, "row_json")?)?;
+    let d = row_digest(
+        &m,
+        input_str(input, "table_id")?,
+        &pk,
+        &row,
+        input_str(input, "server_version")?,
+    )?;
+    Ok(vec![
+        (
+            "row_identity_hex".into(),
+            s(hex::encode(d.identity.as_bytes())),
+        ),
+        ("canonical_bytes_hex".into(), s(hex::encode(&d.input))),
+        ("sha256".into(), s(hex::encode(d.digest))),
+    ])
+}
+
+/// `scope-digest`: a scope's digest input, digest and cardinality from its entries.
+fn scope_digest_command(input: &Json) -> Result<Members> {
+    let schema_hash = parse_hex32(input_str(input, "schema_hash")?)?;
+    let scope_id = input_str(input, "scope_id")?;
+    let Some(Json::Array(entries)) = input.get("entries") else {
+        return Err(Error::request("input.entries must be an array"));
+    };
+    let mut pairs = entries
+        .iter()
+        .map(|e| {
+            let id_hex = input_str(e, "row_identity_hex")?;
+            let id = lower_hex(id_hex).ok_or(Error::InvalidRowIdentity {
+                reason: "not lowercase hexadecimal",
+            })?;
+            let digest = parse_hex32(input_str(e, "row_digest_hex")?)?;
+            Ok((RowIdentity::from_bytes(&id)?, digest))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let d = scope_digest(&schema_hash, scope_id, &mut pairs, true)?;
+    Ok(vec![
+        (
+            "canonical_bytes_hex".into(),
+            s(hex::encode(d.input.unwrap_or_default())),
+        ),
+        ("sha256".into(), s(hex::encode(d.digest))),
+        (
+            "cardinality".into(),
+            Json::Number(d.cardinality.to_string()),
+        ),
+    ])
+}
+
+/// `canonical-json`: RFC 8785 text of a JSON text.
+fn canonical_json_command(input: &Json) -> Result<Members> {
+    Ok(vec![(
+        "canonical".into(),
+        s(jcs::canonicalize(input_str(input, "text")?)?),
+    )])
+}
+
+/// `canonical-decimal`: a decimal's canonical text (under a precision and scale, when given).
+fn canonical_decimal_command(input: &Json) -> Result<Members> {
+    let spec = match (input_u32(input, "precision")?, input_u32(input, "scale")?) {
+        (Some(p), scale) => Some(DecimalSpec::new(p, scale.unwrap_or(0))?),
+        (None, None) => None,
+        (None, Some(_)) => return Err(Error::request("scale needs a precision")),
+    };
+    Ok(vec![(
+        "canonical".into(),
+        s(decimal::canonicalize_with(
+            input_str(input, "source")?,
+            spec,
+        )?),
+    )])
+}
+
+/// `canonical-float`: a float's canonical text.
+fn canonical_float_command(input: &Json) -> Result<Members> {
+    Ok(vec![(
+        "canonical".into(),
+        s(canonical_float(input_str(input, "source")?)?),
+    )])
+}
+
+/// `checksum`: the digest a wire checksum object carries.
+fn checksum_command(input: &Json) -> Result<Members> {
+    let c = Checksum::parse(input_str(input, "text")?)?;
+    Ok(vec![("digest".into(), s(hex::encode(c.0)))])
+}
+
+/// `semver-compare`: the SemVer order of two versions (-1, 0 or 1).
+fn semver_compare_command(input: &Json) -> Result<Members> {
+    let order = semver::compare(input_str(input, "a")?, input_str(input, "b")?)?;
+    Ok(vec![(
+        "order".into(),
+        Json::Number((order as i8).to_string()),
+    )])
+}
+
+/// `classify`: the class of a manifest transition and the tables it affects.
+fn classify_command(input: &Json) -> Result<Members> {
+    let parent = Manifest::parse(input_str(input, "parent_manifest_json")?)?;
+    let child = Manifest::parse(input_str(input, "child_manifest_json")?)?;
+    let facts = match input.get("facts") {
+        None | Some(Json::Null) => TransitionFacts::default(),
+        Some(f) => transition_facts(f)?,
+    };
+    let c = classify(&parent, &child, &facts)?;
+    Ok(vec![
+        ("class".into(), s(c.class.as_str())),
+        ("affected_tables".into(), strings(c.affected_tables.iter())),
+    ])
+}
+
+/// `migration-plan`: the local migration plan from a source manifest (or none) to a target.
+fn migration_plan_command(input: &Json) -> Result<Members> {
+    let source = match input.get("source_manifest_json") {
+        None | Some(Json::Null) => None,
+        Some(Json::String(text)) => Some(Manifest::parse(text)?),
+        Some(_) => {
+            return Err(Error::request(
+                "input.source_manifest_json must be a string or null",
+            ))
         }
-        "manifest" => {
-            let m = Manifest::parse(input_str(input, "manifest_json")?)?;
-            Ok(vec![
-                ("canonical_bytes_hex".into(), s(hex::encode(m.hash_input()))),
-                ("schema_hash".into(), s(m.schema_hash_hex())),
-            ])
-        }
-        "row-identity" => {
-            let m = Manifest::parse(input_str(input, "manifest_json")?)?;
-            let table = m
-                .table(input_str(input, "table_id")?)
-                .ok_or(Error::UnknownTable)?;
-            let pk = Json::parse(input_str(input, "pk_json")?)?;
-            let pk = TypedValue::from_wire(&table.primary_key().spec, &pk)?;
-            let identity = RowIdentity::new(table, &pk)?;
-            Ok(vec![(
-                "row_identity_hex".into(),
-                s(hex::encode(identity.as_bytes())),
-            )])
-        }
-        "row-digest" => {
-            let m = Manifest::parse(input_str(input, "manifest_json")?)?;
-            let pk = Json::parse(input_str(input, "pk_json")?)?;
-            let row = Json::parse(input_str(input, "row_json")?)?;
-            let d = row_digest(
-                &m,
-                input_str(input, "table_id")?,
-                &pk,
-                &row,
-                input_str(input, "server_version")?,
-            )?;
-            Ok(vec![
-                (
-                    "row_identity_hex".into(),
-                    s(hex::encode(d.identity.as_bytes())),
-                ),
-                ("canonical_bytes_hex".into(), s(hex::encode(&d.input))),
-                ("sha256".into(), s(hex::encode(d.digest))),
-            ])
-        }
-        "scope-digest" => {
-            let schema_hash = parse_hex32(input_str(input, "schema_hash")?)?;
-            let scope_id = input_str(input, "scope_id")?;
-            let Some(Json::Array(entries)) = input.get("entries") else {
-                return Err(Error::request("input.entries must be an array"));
-            };
-            let mut pairs = entries
-                .iter()
-                .map(|e| {
-                    let id_hex = input_str(e, "row_identity_hex")?;
-                    let id = lower_hex(id_hex).ok_or(Error::InvalidRowIdentity {
-                        reason: "not lowercase hexadecimal",
-                    })?;
-                    let digest = parse_hex32(input_str(e, "row_digest_hex")?)?;
-                    Ok((RowIdentity::from_bytes(&id)?, digest))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let d = scope_digest(&schema_hash, scope_id, &mut pairs, true)?;
-            Ok(vec![
-                (
-                    "canonical_bytes_hex".into(),
-                    s(hex::encode(d.input.unwrap_or_default())),
-                ),
-                ("sha256".into(), s(hex::encode(d.digest))),
-                (
-                    "cardinality".into(),
-                    Json::Number(d.cardinality.to_string()),
-                ),
-            ])
-        }
-        "canonical-json" => Ok(vec![(
-            "canonical".into(),
-            s(jcs::canonicalize(input_str(input, "text")?)?),
-        )]),
-        "canonical-decimal" => {
-            let spec = match (input_u32(input, "precision")?, input_u32(input, "scale")?) {
-                (Some(p), scale) => Some(DecimalSpec::new(p, scale.unwrap_or(0))?),
-                (None, None) => None,
-                (None, Some(_)) => return Err(Error::request("scale needs a precision")),
-            };
-            Ok(vec![(
-                "canonical".into(),
-                s(decimal::canonicalize_with(
-                    input_str(input, "source")?,
-                    spec,
-                )?),
-            )])
-        }
-        "canonical-float" => Ok(vec![(
-            "canonical".into(),
-            s(canonical_float(input_str(input, "source")?)?),
-        )]),
-        "checksum" => {
-            let c = Checksum::parse(input_str(input, "text")?)?;
-            Ok(vec![("digest".into(), s(hex::encode(c.0)))])
-        }
-        "semver-compare" => {
-            let order = semver::compare(input_str(input, "a")?, input_str(input, "b")?)?;
-            Ok(vec![(
-                "order".into(),
-                Json::Number((order as i8).to_string()),
-            )])
-        }
-        "classify" => {
-            let parent = Manifest::parse(input_str(input, "parent_manifest_json")?)?;
-            let child = Manifest::parse(input_str(input, "child_manifest_json")?)?;
-            let facts = match input.get("facts") {
-                None | Some(Json::Null) => TransitionFacts::default(),
-                Some(f) => transition_facts(f)?,
-            };
-            let c = classify(&parent, &child, &facts)?;
-            Ok(vec![
-                ("class".into(), s(c.class.as_str())),
-                ("affected_tables".into(), strings(c.affected_tables.iter())),
-            ])
-        }
-        "connect-dispatch" => connect_dispatch(input),
-        "migration-plan" => {
-            let source = match input.get("source_manifest_json") {
-                None | Some(Json::Null) => None,
-                Some(Json::String(text)) => Some(Manifest::parse(text)?),
-                Some(_) => {
-                    return Err(Error::request(
-                        "input.source_manifest_json must be a string or null",
-                    ))
-                }
-            };
-            let target = Manifest::parse(input_str(input, "target_manifest_json")?)?;
-            let reset = input_bool(input, "reset")?;
-            let plan = MigrationPlan::derive(source.as_ref(), &target, reset)?;
-            Ok(vec![
-                ("mode".into(), s(plan.mode.as_str())),
-                ("plan_hash".into(), s(hex::encode(plan.plan_hash()))),
-                ("statements".into(), strings(plan.render().iter())),
-                ("plan".into(), plan.to_json()),
-            ])
-        }
-        _ => Err(Error::request("unknown command")),
-    }
+    };
+    let target = Manifest::parse(input_str(input, "target_manifest_json")?)?;
+    let reset = input_bool(input, "reset")?;
+    let plan = MigrationPlan::derive(source.as_ref(), &target, reset)?;
+    Ok(vec![
+        ("mode".into(), s(plan.mode.as_str())),
+        ("plan_hash".into(), s(hex::encode(plan.plan_hash()))),
+        ("statements".into(), strings(plan.render().iter())),
+        ("plan".into(), plan.to_json()),
+    ])
 }
 
 fn strings<'a>(items: impl Iterator<Item = &'a String>) -> Json {

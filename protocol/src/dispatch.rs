@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::json::Json;
 use crate::lineage::{Lineage, PresentedSchema};
 use crate::manifest::{Manifest, SchemaRef, TransitionClass};
+use crate::wire::SchemaActionKind;
 
 /// A connect request's schema-relevant members.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,14 +120,19 @@ pub enum SchemaAction<'a> {
 }
 
 impl SchemaAction<'_> {
+    /// Which action this is, without its members.
+    pub fn kind(&self) -> SchemaActionKind {
+        match self {
+            SchemaAction::None { .. } => SchemaActionKind::None,
+            SchemaAction::Replace { .. } => SchemaActionKind::Replace,
+            SchemaAction::RebuildLocal { .. } => SchemaActionKind::RebuildLocal,
+            SchemaAction::Unsupported { .. } => SchemaActionKind::Unsupported,
+        }
+    }
+
     /// Wire spelling of the action.
     pub fn name(&self) -> &'static str {
-        match self {
-            SchemaAction::None { .. } => "none",
-            SchemaAction::Replace { .. } => "replace",
-            SchemaAction::RebuildLocal { .. } => "rebuild_local",
-            SchemaAction::Unsupported { .. } => "unsupported",
-        }
+        self.kind().as_str()
     }
 }
 

@@ -5,7 +5,7 @@
 //! identities or tokens (spec 001, log redaction). Messages may name schema metadata such as
 //! a field ID, because that is what a developer needs to fix a manifest.
 
-use crate::types::PortableType;
+use crate::portable_type::PortableType;
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = core::result::Result<T, E>;

@@ -61,6 +61,7 @@ pub mod jwt;
 pub mod lineage;
 pub mod manifest;
 pub mod migration;
+mod portable_type;
 pub mod scope_entries;
 pub mod seed;
 pub mod semver;

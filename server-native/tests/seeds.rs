@@ -83,12 +83,19 @@ async fn only_shared_scopes_are_declared_portable_and_only_by_the_operator() {
     // The seed login reads the declarations; only the operator changes them.
     let seed = env.login("synchro_dev_seed").await;
     let listed: i64 = seed
-        .query_one("SELECT count(*) FROM synchro.synchro_portable_scopes()", &[])
+        .query_one(
+            "SELECT count(*) FROM synchro.synchro_portable_scopes()",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     assert_eq!(listed, 1);
-    for login in ["synchro_dev_seed", "synchro_dev_adapter", "synchro_dev_monitor"] {
+    for login in [
+        "synchro_dev_seed",
+        "synchro_dev_adapter",
+        "synchro_dev_monitor",
+    ] {
         let db = env.login(login).await;
         for sql in [
             "SELECT synchro.synchro_declare_portable_scope('board:shared')",

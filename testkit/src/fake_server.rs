@@ -20,7 +20,7 @@ use synchro_protocol::value::TypedValue;
 use synchro_protocol::wire::{
     Change, ChangeOp, ConnectRequest, ConnectResponse, ErrorBody, ErrorCode, Message, Outcome,
     PullRequest, PullResponse, PushRequest, PushResponse, RebuildEnd, RebuildRecord,
-    RebuildRequest, RebuildResponse, SchemaOutcome, ScopeUpdates,
+    RebuildRequest, RebuildResponse, SchemaActionKind, SchemaOutcome, ScopeUpdates,
 };
 
 /// One server row: scope, table ID, key wire value, row object (by field ID), version.
@@ -132,23 +132,26 @@ impl State {
             .collect();
         affected.retain(|x| self.scopes.contains(x));
         let action = if presented == current.schema_version {
-            "none"
+            SchemaActionKind::None
         } else if presented != 0 && self.incompatible.iter().any(|v| later(*v)) {
-            "unsupported"
+            SchemaActionKind::Unsupported
         } else if presented != 0 && !affected.is_empty() {
-            "rebuild_local"
+            SchemaActionKind::RebuildLocal
         } else {
-            "replace"
+            SchemaActionKind::Replace
         };
         let previous: BTreeSet<String> = match req.client_generation {
             Some(_) => self.scopes.clone(),
             None => BTreeSet::new(),
         };
-        let migrates = action == "replace" || action == "rebuild_local";
+        let migrates = matches!(
+            action,
+            SchemaActionKind::Replace | SchemaActionKind::RebuildLocal
+        );
         let mut scope_cursor_updates = BTreeMap::new();
-        if action != "none" {
+        if action != SchemaActionKind::None {
             for scope in req.scope_cursors.keys() {
-                let u = if affected.contains(scope) || action == "unsupported" {
+                let u = if affected.contains(scope) || action == SchemaActionKind::Unsupported {
                     None
                 } else {
                     Some(self.cursor(scope))
@@ -164,14 +167,14 @@ impl State {
                 removed: Vec::new(),
             },
             schema: SchemaOutcome {
-                action: action.to_owned(),
+                action,
                 version: current.schema_version,
                 hash: current.schema_hash_hex(),
-                reason: (action == "unsupported")
+                reason: (action == SchemaActionKind::Unsupported)
                     .then(|| "incompatible_schema_transition".to_owned()),
             },
             schema_definition: migrates.then(|| current.definition_json()),
-            affected_scopes: (action == "rebuild_local")
+            affected_scopes: (action == SchemaActionKind::RebuildLocal)
                 .then(|| affected.iter().cloned().collect()),
             scope_cursor_updates,
         }

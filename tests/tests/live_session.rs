@@ -219,7 +219,7 @@ async fn until_applied<T: Transport + 'static>(live: &LiveHandle<T>, id: &str) {
                     .mutations()
                     .unwrap()
                     .iter()
-                    .any(|m| m.mutation_id == id && m.state == MutationState::Applied)
+                    .any(|m| m.mutation.mutation_id == id && m.state == MutationState::Applied)
             })
             .await
             .unwrap()

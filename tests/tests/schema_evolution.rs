@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use common::{free_port, start_server, wait_ready, Env, Server};
-use synchro_client::engine::{Client, Response, Transport, TransportError};
+use synchro_client::engine::{Client, Response, SchemaActionKind, Transport, TransportError};
 use synchro_client::http::HttpTransport;
 use synchro_client::queue::{LocalWrite, Operation};
 use synchro_client::storage::Storage;
@@ -311,9 +311,12 @@ fn mutation_state<T: Transport>(c: &Client<T>, id: &str) -> (String, u64) {
         .mutations()
         .unwrap()
         .into_iter()
-        .find(|m| m.mutation_id == id)
+        .find(|m| m.mutation.mutation_id == id)
         .unwrap();
-    (m.state.as_str().to_owned(), m.authored.0)
+    (
+        m.state.as_str().to_owned(),
+        m.mutation.authored_schema.version,
+    )
 }
 
 /// Syncs until the client holds alice's view of the source in `column`, every terminal
@@ -392,7 +395,7 @@ async fn an_added_all_null_column_is_class_2_replace_for_old_and_new_clients() {
 
     // The new app syncs first and writes under v2; the old one stays offline meanwhile.
     let report = new.sync_once().await.unwrap();
-    assert_eq!(report.action, "replace");
+    assert_eq!(report.action, SchemaActionKind::Replace);
     assert!(
         new_rebuilds.borrow().len() <= 2,
         "only the first sync rebuilt"
@@ -408,7 +411,7 @@ async fn an_added_all_null_column_is_class_2_replace_for_old_and_new_clients() {
 
     let old_rebuilds_before = old_rebuilds.borrow().len();
     let report = old.sync_once().await.unwrap();
-    assert_eq!(report.action, "replace");
+    assert_eq!(report.action, SchemaActionKind::Replace);
     converge(&s, &mut old, "note").await;
     converge(&s, &mut old, "title").await;
     assert_eq!(
@@ -464,8 +467,14 @@ async fn a_push_refused_under_the_clients_own_schema_ends_so_that_the_round_conn
     assert_eq!(mutation_state(&old, &old_write), ("pending".into(), 1));
     // The round that follows connects (replace) and the write is applied, as is the
     // other client's.
-    assert_eq!(old.sync_once().await.unwrap().action, "replace");
-    assert_eq!(new.sync_once().await.unwrap().action, "replace");
+    assert_eq!(
+        old.sync_once().await.unwrap().action,
+        SchemaActionKind::Replace
+    );
+    assert_eq!(
+        new.sync_once().await.unwrap().action,
+        SchemaActionKind::Replace
+    );
     assert_eq!(mutation_state(&old, &old_write), ("applied".into(), 1));
     assert_eq!(mutation_state(&new, &new_write), ("applied".into(), 1));
     converge(&s, &mut old, "title").await;
@@ -502,12 +511,12 @@ async fn an_added_column_with_values_is_class_3_and_rebuilds_only_the_affected_s
 
     new_rebuilds.borrow_mut().clear();
     let report = new.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     assert_eq!(report.affected, BTreeSet::from(["user:alice".to_owned()]));
     assert_eq!(*new_rebuilds.borrow(), vec!["user:alice".to_owned()]);
     converge(&s, &mut new, "priority").await;
     let report = old.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     assert_eq!(report.affected, BTreeSet::from(["user:alice".to_owned()]));
     converge(&s, &mut old, "priority").await;
     converge(&s, &mut old, "title").await;
@@ -626,7 +635,7 @@ async fn a_retired_field_is_class_4_old_intent_terminal_new_intent_applied() {
     assert_eq!((e.code(), e.retryable()), ("upgrade_required", false));
     new.request_schema_reset().unwrap();
     let report = new.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     assert_eq!(mutation_state(&new, &new_write), ("applied".into(), 2));
     converge(&s, &mut new, "summary").await;
 
@@ -639,7 +648,7 @@ async fn a_retired_field_is_class_4_old_intent_terminal_new_intent_applied() {
     assert_eq!(mutation_state(&old, &old_write).0, "pending");
     old.request_schema_reset().unwrap();
     let report = old.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     assert_eq!(mutation_state(&old, &old_write).0, "rejected_terminal");
     let outcome = old.storage().outcome(&old_write).unwrap().unwrap();
     assert!(outcome.contains("schema_incompatible"), "{outcome}");
@@ -748,7 +757,10 @@ async fn a_rename_by_expand_migrate_contract_with_the_advisor() {
         "{report}"
     );
     new.request_schema_reset().unwrap();
-    assert_eq!(new.sync_once().await.unwrap().action, "rebuild_local");
+    assert_eq!(
+        new.sync_once().await.unwrap().action,
+        SchemaActionKind::RebuildLocal
+    );
     converge(&s, &mut new, "headline").await;
     let report = rollout_only(&op).await;
     assert_eq!(
@@ -792,7 +804,7 @@ async fn a_required_column_a_widened_decimal_and_a_local_index() {
     s.served(2).await;
     new_rebuilds.borrow_mut().clear();
     let report = new.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     assert_eq!(
         report.affected,
         BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()])
@@ -819,7 +831,10 @@ async fn a_required_column_a_widened_decimal_and_a_local_index() {
         .await
         .unwrap();
     new_rebuilds.borrow_mut().clear();
-    assert_eq!(new.sync_once().await.unwrap().action, "replace");
+    assert_eq!(
+        new.sync_once().await.unwrap().action,
+        SchemaActionKind::Replace
+    );
     converge(&s, &mut new, "amount").await;
     assert!(
         new_rebuilds.borrow().is_empty(),
@@ -849,7 +864,10 @@ async fn a_required_column_a_widened_decimal_and_a_local_index() {
         "{outcome:?}"
     );
     new_rebuilds.borrow_mut().clear();
-    assert_eq!(new.sync_once().await.unwrap().action, "replace");
+    assert_eq!(
+        new.sync_once().await.unwrap().action,
+        SchemaActionKind::Replace
+    );
     let indexed: i64 = new
         .storage()
         .connection()
@@ -864,7 +882,7 @@ async fn a_required_column_a_widened_decimal_and_a_local_index() {
 
     // The old app, offline through all three changes, crosses them in one connect.
     let report = old.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     converge(&s, &mut old, "amount").await;
     converge(&s, &mut old, "title").await;
     assert_eq!(mutation_state(&old, &old_write), ("applied".into(), 1));

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, start_server_with, wait_ready, Env, Server};
 use synchro_client::engine::{
-    Client, ClientConfig, ClientError, Failpoint, Progress, Response, Transport, TransportError,
-    UpgradeReason, DEFAULT_CLIENT_VERSION,
+    Client, ClientConfig, ClientError, Failpoint, Progress, Response, SchemaActionKind, Transport,
+    TransportError, UpgradeReason, DEFAULT_CLIENT_VERSION,
 };
 use synchro_client::http::HttpTransport;
 use synchro_client::queue::{LocalWrite, Operation};
@@ -317,7 +317,7 @@ async fn two_scopes_restart_reopen_and_tampering() {
         "progress counts every rebuilt row (the 10 red docs of alice are in both scopes)"
     );
     assert!(progress.borrow().iter().any(|p| p.phase == "pull"));
-    assert_eq!(first.action, "replace");
+    assert_eq!(first.action, SchemaActionKind::Replace);
     assert_eq!(
         first.rebuilt,
         BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()])
@@ -471,7 +471,7 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     publish(&mut op).await.unwrap();
     s.tamper.borrow_mut().rebuilds.clear();
     let report = c.sync_once().await.unwrap();
-    assert_eq!(report.action, "replace");
+    assert_eq!(report.action, SchemaActionKind::Replace);
     assert_eq!(c.manifest().unwrap().schema_version, v1 + 1);
     assert!(
         s.tamper.borrow().rebuilds.is_empty(),
@@ -507,10 +507,14 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     let report = loop {
         s.tamper.borrow_mut().rebuilds.clear();
         let r = c.sync_once().await.unwrap();
-        if r.action == "rebuild_local" {
+        if r.action == SchemaActionKind::RebuildLocal {
             break r;
         }
-        assert_eq!(r.action, "none", "until the table is materialized");
+        assert_eq!(
+            r.action,
+            SchemaActionKind::None,
+            "until the table is materialized"
+        );
         assert!(
             Instant::now() < deadline,
             "the Class 3 manifest never arrived"
@@ -554,21 +558,28 @@ async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     let title_id = title_field(&c).1;
     c.request_schema_reset().unwrap();
     let report = c.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     assert_eq!(c.manifest().unwrap().schema_version, v1 + 3);
     assert_eq!(c.state(), ClientState::Idle);
     // The intent authored under the old schema was pushed and is terminal, inspectable and
     // unchanged; nothing of it was written.
     let m = c.storage().mutations().unwrap();
     assert_eq!(
-        (m[0].mutation_id.as_str(), m[0].state.as_str()),
-        (queue[0].mutation_id.as_str(), "rejected_terminal")
+        (m[0].mutation.mutation_id.as_str(), m[0].state.as_str()),
+        (queue[0].mutation.mutation_id.as_str(), "rejected_terminal")
     );
     assert_eq!(
-        (&m[0].columns, &m[0].authored),
-        (&queue[0].columns, &queue[0].authored)
+        (&m[0].mutation.columns, &m[0].mutation.authored_schema),
+        (
+            &queue[0].mutation.columns,
+            &queue[0].mutation.authored_schema
+        )
     );
-    let outcome = c.storage().outcome(&m[0].mutation_id).unwrap().unwrap();
+    let outcome = c
+        .storage()
+        .outcome(&m[0].mutation.mutation_id)
+        .unwrap()
+        .unwrap();
     assert!(
         outcome.contains("schema_incompatible") && outcome.contains(&title_id),
         "{outcome}"
@@ -647,7 +658,7 @@ fn state_of<T: Transport>(c: &Client<T>, mutation_id: &str) -> String {
         .mutations()
         .unwrap()
         .into_iter()
-        .find(|m| m.mutation_id == mutation_id)
+        .find(|m| m.mutation.mutation_id == mutation_id)
         .unwrap()
         .state
         .as_str()
@@ -696,12 +707,16 @@ async fn offline_writes_conflicts_lost_responses_and_crashes() {
     assert_eq!(state_of(&phone, &second_edit), "applied");
     let m = phone.storage().mutations().unwrap();
     let (a, b) = (
-        m.iter().find(|x| x.mutation_id == first_edit).unwrap(),
-        m.iter().find(|x| x.mutation_id == second_edit).unwrap(),
+        m.iter()
+            .find(|x| x.mutation.mutation_id == first_edit)
+            .unwrap(),
+        m.iter()
+            .find(|x| x.mutation.mutation_id == second_edit)
+            .unwrap(),
     );
     assert_ne!(a.batch_id, b.batch_id, "one mutation per row and batch");
     assert_ne!(
-        a.base_version, b.base_version,
+        a.mutation.base_version, b.mutation.base_version,
         "the successor's base was refreshed"
     );
     assert_eq!(
@@ -781,17 +796,17 @@ async fn offline_intent_authored_before_a_class_2_change_is_applied() {
         .unwrap();
     publish(&mut op).await.unwrap();
     let report = c.sync_once().await.unwrap();
-    assert_eq!(report.action, "replace");
+    assert_eq!(report.action, SchemaActionKind::Replace);
     assert_eq!(c.manifest().unwrap().schema_version, 2);
     let m = c
         .storage()
         .mutations()
         .unwrap()
         .into_iter()
-        .find(|m| m.mutation_id == authored_v1)
+        .find(|m| m.mutation.mutation_id == authored_v1)
         .unwrap();
     assert_eq!(
-        (m.authored.0, m.state.as_str()),
+        (m.mutation.authored_schema.version, m.state.as_str()),
         (1, "applied"),
         "authored schema kept"
     );
@@ -826,11 +841,14 @@ async fn a_batch_sealed_before_a_schema_change_moves_to_a_successor_with_the_sam
     let m = c.storage().mutations().unwrap();
     assert_eq!(m.len(), 1);
     assert_eq!(
-        (m[0].mutation_id.as_str(), m[0].state.as_str()),
+        (m[0].mutation.mutation_id.as_str(), m[0].state.as_str()),
         (id.as_str(), "applied")
     );
     assert_ne!(m[0].batch_id, sealed, "a successor batch");
-    assert_eq!(m[0].authored.0, 1, "the authored schema is kept");
+    assert_eq!(
+        m[0].mutation.authored_schema.version, 1,
+        "the authored schema is kept"
+    );
     let kept: String = c
         .storage()
         .connection()
@@ -944,7 +962,7 @@ async fn below_the_minimum_client_version_offline_writes_wait_for_the_upgraded_a
     assert_eq!(phone.state(), ClientState::Stopped);
     assert_eq!(state_of(&phone, &from_phone), "pending");
     let report = phone.sync_once().await.unwrap();
-    assert_eq!(report.action, "none");
+    assert_eq!(report.action, SchemaActionKind::None);
     assert_eq!(phone.state(), ClientState::Idle);
     assert_eq!(state_of(&phone, &from_phone), "applied");
     assert_eq!(
@@ -968,7 +986,7 @@ async fn below_the_minimum_client_version_offline_writes_wait_for_the_upgraded_a
     let mut laptop = s.client_at("laptop.db", &upgraded).unwrap();
     s.tamper.borrow_mut().rebuilds.clear();
     let report = laptop.sync_once().await.unwrap();
-    assert_eq!(report.action, "rebuild_local");
+    assert_eq!(report.action, SchemaActionKind::RebuildLocal);
     let all = BTreeSet::from(["team:red".to_owned(), "user:alice".to_owned()]);
     assert_eq!(report.rebuilt, all);
     let paths = s.tamper.borrow().paths.clone();

@@ -12,7 +12,9 @@ use std::collections::BTreeSet;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::wire::{ConnectRequest, ConnectResponse, Message};
 
-use super::{Client, ClientError, Connected, Migration, SchemaAction, Transport, UpgradeReason};
+use super::{
+    Client, ClientError, Connected, Migration, SchemaActionKind, Transport, UpgradeReason,
+};
 use crate::store::Phase;
 
 impl<T: Transport> Client<T> {
@@ -20,7 +22,7 @@ impl<T: Transport> Client<T> {
     /// what to do next.
     pub(super) async fn exchange(
         &mut self,
-    ) -> Result<(SchemaAction, BTreeSet<String>, Connected), ClientError> {
+    ) -> Result<(SchemaActionKind, BTreeSet<String>, Connected), ClientError> {
         if let Some(j) = self.storage.journal()? {
             if j.phase != Phase::Committed {
                 return Err(ClientError::Blocked(
@@ -61,10 +63,9 @@ impl<T: Transport> Client<T> {
         let removed: BTreeSet<String> = b.scope_updates.removed.iter().cloned().collect();
         let affected: BTreeSet<String> = b.affected_scopes.iter().flatten().cloned().collect();
         self.storage.record_connect(generation, scope_set_version)?;
-        let action = SchemaAction::parse(&b.schema.action)
-            .ok_or(ClientError::Malformed("an unknown schema action"))?;
+        let action = b.schema.action;
         let connected = match action {
-            SchemaAction::None => {
+            SchemaActionKind::None => {
                 let manifest = self
                     .manifest
                     .clone()
@@ -75,7 +76,7 @@ impl<T: Transport> Client<T> {
                 self.storage.add_scopes(&added)?;
                 Connected::Unchanged
             }
-            SchemaAction::Replace | SchemaAction::RebuildLocal => {
+            SchemaActionKind::Replace | SchemaActionKind::RebuildLocal => {
                 let definition = b.schema_definition.as_ref().ok_or(ClientError::Malformed(
                     "a migration without schema_definition",
                 ))?;
@@ -88,7 +89,7 @@ impl<T: Transport> Client<T> {
                         "schema_definition is not the announced schema",
                     ));
                 }
-                if action == SchemaAction::RebuildLocal && affected.is_empty() {
+                if action == SchemaActionKind::RebuildLocal && affected.is_empty() {
                     return Err(ClientError::Malformed(
                         "rebuild_local without affected_scopes",
                     ));
@@ -102,7 +103,7 @@ impl<T: Transport> Client<T> {
                     reset,
                 }))
             }
-            SchemaAction::Unsupported => {
+            SchemaActionKind::Unsupported => {
                 self.storage.set_upgrade_required()?;
                 return Err(ClientError::UpgradeRequired(UpgradeReason::SchemaHistory));
             }

@@ -38,6 +38,8 @@ use synchro_protocol::json::Json;
 use synchro_protocol::manifest::{Manifest, SchemaRef};
 use synchro_protocol::state::{ClientState, StateMachine};
 use synchro_protocol::wire::Message;
+/// The schema action a connect names (the wire's `schema.action`).
+pub use synchro_protocol::wire::SchemaActionKind;
 
 pub use crate::error::{ClientError, UpgradeReason};
 pub use crate::store::JOURNAL_VERSION;
@@ -87,7 +89,7 @@ pub struct Progress {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SyncReport {
     /// The connect action (`none`, `replace`, `rebuild_local`).
-    pub action: String,
+    pub action: SchemaActionKind,
     /// The scopes a `rebuild_local` action named.
     pub affected: BTreeSet<String>,
     /// Scopes rebuilt and verified.
@@ -98,40 +100,6 @@ pub struct SyncReport {
     pub pulled_changes: u64,
     /// Scopes whose terminal digest verified.
     pub verified: BTreeSet<String>,
-}
-
-/// The schema action of a connect answer (spec 003 `schema.action`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SchemaAction {
-    /// The schema is unchanged.
-    None,
-    /// Migrate; every scope keeps its rows.
-    Replace,
-    /// Migrate; the affected scopes rebuild.
-    RebuildLocal,
-    /// The history crossed an incompatible change.
-    Unsupported,
-}
-
-impl SchemaAction {
-    fn parse(text: &str) -> Option<SchemaAction> {
-        Some(match text {
-            "none" => SchemaAction::None,
-            "replace" => SchemaAction::Replace,
-            "rebuild_local" => SchemaAction::RebuildLocal,
-            "unsupported" => SchemaAction::Unsupported,
-            _ => return None,
-        })
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            SchemaAction::None => "none",
-            SchemaAction::Replace => "replace",
-            SchemaAction::RebuildLocal => "rebuild_local",
-            SchemaAction::Unsupported => "unsupported",
-        }
-    }
 }
 
 /// A migration a connect answer asks for (connect's result, the migrate step's input).
@@ -257,7 +225,7 @@ pub struct Client<T: Transport> {
     random: Random,
     clock: Clock,
     /// The schema action of the last successful connect.
-    last_action: Option<String>,
+    last_action: Option<SchemaActionKind>,
     /// The running live session's handle: its closures run while a request is awaited.
     /// The token lives as long as the session's future (a dropped session leaves none).
     live: Option<(LiveHandle<T>, std::rc::Weak<()>)>,
@@ -343,8 +311,8 @@ impl<T: Transport> Client<T> {
 
     /// The schema action (`none`, `replace`, `rebuild_local`, ...) of the last successful
     /// connect of this engine, if it connected.
-    pub fn last_action(&self) -> Option<&str> {
-        self.last_action.as_deref()
+    pub fn last_action(&self) -> Option<SchemaActionKind> {
+        self.last_action
     }
 
     /// The active manifest, if one is installed.
@@ -463,13 +431,13 @@ impl<T: Transport> Client<T> {
     }
 
     /// Connects and executes the schema action (steps 1-6 for replace and rebuild_local).
-    /// Returns the action's name and, for `rebuild_local`, the affected scopes.
-    pub async fn connect(&mut self) -> Result<(String, BTreeSet<String>), ClientError> {
+    /// Returns the action and, for `rebuild_local`, the affected scopes.
+    pub async fn connect(&mut self) -> Result<(SchemaActionKind, BTreeSet<String>), ClientError> {
         self.may_connect()?;
         self.go(ClientState::Connecting)?;
         match self.connect_and_migrate().await {
             Ok(action) => {
-                self.last_action = Some(action.0.clone());
+                self.last_action = Some(action.0);
                 Ok(action)
             }
             Err(e) => {
@@ -494,7 +462,9 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    async fn connect_and_migrate(&mut self) -> Result<(String, BTreeSet<String>), ClientError> {
+    async fn connect_and_migrate(
+        &mut self,
+    ) -> Result<(SchemaActionKind, BTreeSet<String>), ClientError> {
         let (action, affected, connected) = self.exchange().await?;
         match connected {
             Connected::Unchanged => self.go(ClientState::Idle)?,
@@ -504,7 +474,7 @@ impl<T: Transport> Client<T> {
                 self.migrate(*migration)?;
             }
         }
-        Ok((action.as_str().to_owned(), affected))
+        Ok((action, affected))
     }
 
     /// One full round: recover or connect, execute the schema action, push, rebuild every
@@ -548,7 +518,7 @@ impl<T: Transport> Client<T> {
             return Err(ClientError::Blocked("the engine is not connected"));
         }
         let mut report = SyncReport {
-            action: SchemaAction::None.as_str().to_owned(),
+            action: SchemaActionKind::None,
             ..SyncReport::default()
         };
         let result = self.after_connect(&mut report).await;

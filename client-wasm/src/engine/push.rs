@@ -33,8 +33,7 @@ impl<T: Transport> Client<T> {
             let mut batches = self.storage.sealed_batches()?;
             if batches.is_empty() {
                 let rest = self.new_id();
-                self.storage
-                    .seal((manifest.schema_version, manifest.schema_hash_hex()), &rest)?;
+                self.storage.seal(&manifest.schema_ref().into(), &rest)?;
                 batches = self.storage.sealed_batches()?;
             }
             if batches.is_empty() {

@@ -4,7 +4,7 @@
 //! the outcome status has no `CHECK` and is the wire's `status`.
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
-use synchro_protocol::wire::{Operation, Outcome};
+use synchro_protocol::wire::Outcome;
 
 macro_rules! text_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)+ }) => {
@@ -125,15 +125,6 @@ impl From<OutcomeStatus> for MutationState {
     }
 }
 
-/// Every [`Operation`], in the order of the column's `CHECK` list.
-pub const OPERATIONS: [Operation; 3] = [Operation::Insert, Operation::Update, Operation::Delete];
-
-/// The operation spelled `text` (the wire type has a spelling, [`Operation::as_str`], but
-/// no reader of its own outside a whole mutation).
-pub fn parse_operation(text: &str) -> Option<Operation> {
-    OPERATIONS.into_iter().find(|o| o.as_str() == text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,8 +144,11 @@ mod tests {
         for p in Phase::ALL {
             assert_eq!(Phase::parse(p.as_str()), Some(*p));
         }
-        for o in OPERATIONS {
-            assert_eq!(parse_operation(o.as_str()), Some(o));
+        for o in synchro_protocol::wire::Operation::ALL {
+            assert_eq!(
+                synchro_protocol::wire::Operation::parse(o.as_str()),
+                Some(o)
+            );
         }
         assert_eq!(MutationState::parse("Pending"), None);
     }

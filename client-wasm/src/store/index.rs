@@ -24,20 +24,20 @@
 //!   [`ScopeIndex::neutral`]; paths that rewrite digests wholesale (a migration's DDL
 //!   transaction, installing a manifest, local migrations) call
 //!   [`ScopeIndex::invalidate`].
+//!
+//! This file is the index alone, with no SQL: the connection's stamp, loading the index from
+//! the provenance tables and stored digests, and a digest from the tables alone are
+//! `index_load`'s.
 
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use rusqlite::Connection;
 use synchro_protocol::digest::{RowIdentity, ScopeDigester};
 use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::scope_entries::ScopeEntries;
 use synchro_protocol::value::TypedValue;
 
-use super::rows::stored_digests;
-use super::scopes::provenance;
-use super::values::from_sql;
 use crate::error::StorageError;
 
 /// A row's canonical identity octets, shared by the digest map and every scope holding it.
@@ -53,23 +53,18 @@ type Digests = HashMap<Key, [u8; 32], foldhash::fast::RandomState>;
 const MAX_LOG: usize = 1 << 20;
 
 /// What the connection has written and seen: when it moves without the store knowing, the
-/// index may be stale.
+/// index may be stale (read by `index_load::stamp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Stamp {
-    changes: u64,
-    data_version: i64,
-    schema_version: i64,
+    /// The connection's total row changes.
+    pub(super) changes: u64,
+    /// `PRAGMA data_version`: moves when another connection commits.
+    pub(super) data_version: i64,
+    /// `PRAGMA schema_version`: moves with any DDL.
+    pub(super) schema_version: i64,
 }
 
 impl Stamp {
-    fn read(conn: &Connection) -> rusqlite::Result<Stamp> {
-        Ok(Stamp {
-            changes: conn.total_changes(),
-            data_version: conn.query_row("PRAGMA data_version", [], |r| r.get(0))?,
-            schema_version: conn.query_row("PRAGMA schema_version", [], |r| r.get(0))?,
-        })
-    }
-
     /// Nothing but this connection's own row writes happened since `self`.
     fn same_outside(&self, later: &Stamp) -> bool {
         self.data_version == later.data_version && self.schema_version == later.schema_version
@@ -167,9 +162,9 @@ impl ScopeIndex {
         !self.open && self.built.is_some() && self.stamp.get() == Some(*now)
     }
 
-    /// Starts a transaction's tracking: a stale index is dropped first.
-    pub(super) fn begin(&mut self, conn: &Connection) -> rusqlite::Result<Begun> {
-        let now = Stamp::read(conn)?;
+    /// Starts a transaction's tracking at the connection's stamp `now`: a stale index is
+    /// dropped first.
+    pub(super) fn begin(&mut self, now: Stamp) -> Begun {
         if !self.current(&now) {
             self.invalidate();
         }
@@ -177,15 +172,16 @@ impl ScopeIndex {
             b.undo.clear();
         }
         self.open = true;
-        Ok(Begun(now))
+        Begun(now)
     }
 
-    /// The transaction committed: the index is current at the connection's new stamp, unless
-    /// something outside this connection's rows changed meanwhile.
-    pub(super) fn commit(&mut self, conn: &Connection, begun: Begun) {
+    /// The transaction committed: the index is current at the connection's new stamp `now`
+    /// (none: it could not be read), unless something outside this connection's rows changed
+    /// meanwhile.
+    pub(super) fn commit(&mut self, begun: Begun, now: Option<Stamp>) {
         self.open = false;
-        match (&mut self.built, Stamp::read(conn)) {
-            (Some(b), Ok(now)) if begun.0.same_outside(&now) => {
+        match (&mut self.built, now) {
+            (Some(b), Some(now)) if begun.0.same_outside(&now) => {
                 b.undo.clear();
                 b.in_tx = false;
                 self.stamp.set(Some(now));
@@ -238,17 +234,18 @@ impl ScopeIndex {
     }
 
     /// Runs `f`, a write outside any transaction that touches no provenance edge and no
-    /// stored row digest: an index current before stays current after.
+    /// stored row digest: an index current before stays current after. `stamp` reads the
+    /// connection's stamp.
     pub(super) fn neutral<T>(
         &self,
-        conn: &Connection,
+        stamp: impl Fn() -> Result<Stamp, StorageError>,
         f: impl FnOnce() -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
-        let before = Stamp::read(conn)?;
+        let before = stamp()?;
         let current = self.current(&before);
         let out = f();
         if current {
-            match Stamp::read(conn) {
+            match stamp() {
                 Ok(now) if before.same_outside(&now) => self.stamp.set(Some(now)),
                 _ => self.stamp.set(None),
             }
@@ -268,18 +265,15 @@ impl ScopeIndex {
         }
     }
 
-    /// Builds the index from `conn` (inside the caller's transaction) unless it is there.
-    pub(super) fn ensure(
-        &mut self,
-        conn: &Connection,
-        manifest: &Manifest,
-    ) -> Result<(), StorageError> {
-        self.for_manifest(manifest);
-        if self.built.is_none() {
-            self.built = Some(build(conn, manifest)?);
-            self.builds += 1;
-        }
-        Ok(())
+    /// Whether the index is there (`index_load::ensure` loads it when it is not).
+    pub(super) fn is_built(&self) -> bool {
+        self.built.is_some()
+    }
+
+    /// Takes a loaded index as the index.
+    pub(super) fn install(&mut self, loaded: Loading) {
+        self.built = Some(loaded.built);
+        self.builds += 1;
     }
 
     fn key(table: &Table, pk: &TypedValue) -> Result<Key, StorageError> {
@@ -401,16 +395,14 @@ impl ScopeIndex {
         s.cached = None;
     }
 
-    /// The digest of `scope` from the index (built first if needed), by the formula of
-    /// spec 001: cardinality, then every row in identity order with its stored digest.
-    pub(super) fn scope_digest(
-        &mut self,
-        conn: &Connection,
-        manifest: &Manifest,
-        scope: &str,
-    ) -> Result<[u8; 32], StorageError> {
-        self.ensure(conn, manifest)?;
-        let b = self.built.as_mut().expect("ensured");
+    /// The digest of `scope` from the index, which is there (`index_load::scope_digest`
+    /// loads it first if needed), by the formula of spec 001: cardinality, then every row in
+    /// identity order with its stored digest.
+    pub(super) fn scope_digest(&mut self, scope: &str) -> Result<[u8; 32], StorageError> {
+        let b = self
+            .built
+            .as_mut()
+            .ok_or(StorageError::Verification("the scope index is not loaded"))?;
         let epoch = b.epoch;
         let empty = Scope::default();
         let s = b.scopes.get(scope).unwrap_or(&empty);
@@ -516,80 +508,60 @@ fn digest_rows(
     Ok(d.finish().map_err(fail)?.digest)
 }
 
-/// Reads every provenance edge and the stored digest of every row an edge names.
-fn build(conn: &Connection, manifest: &Manifest) -> Result<Built, StorageError> {
-    let mut b = Built {
-        schema_hash: manifest.schema_hash(),
-        digests: Digests::default(),
-        scopes: HashMap::new(),
-        epoch: 0,
-        undo: Vec::new(),
-        in_tx: !conn.is_autocommit(),
-        log: Vec::new(),
-        log_base: 0,
-    };
-    // Scope IDs, shared.
-    let mut names: HashMap<String, Arc<str>> = HashMap::new();
-    for table in &manifest.tables {
-        let stored = stored_digests(conn, table)?;
-        let mut q = conn.prepare(&format!(
-            "SELECT \"scope_id\", \"pk\" FROM {}",
-            provenance(table)
-        ))?;
-        let mut rows = q.query([])?;
-        while let Some(r) = rows.next()? {
-            let scope: String = r.get(0)?;
-            let pk = from_sql(&table.primary_key().spec, r.get_ref(1)?).ok_or(
-                StorageError::Verification("a stored key does not match its type"),
-            )?;
-            let key = ScopeIndex::key(table, &pk)?;
-            let key = match b.digests.get_key_value(&key) {
-                Some((k, _)) => k.clone(),
-                None => {
-                    // An edge whose row has no stored digest stays in its scope: computing
-                    // that scope's digest fails, as it does from the tables.
-                    if let Some(d) = stored.get(&pk.to_wire_text()) {
-                        b.digests.insert(key.clone(), *d);
-                    }
-                    key
-                }
-            };
-            let name = names
-                .entry(scope)
-                .or_insert_with_key(|s| Arc::from(s.as_str()))
-                .clone();
-            b.scopes.entry(name).or_default().rows.insert(key);
-        }
-    }
-    Ok(b)
+/// An index being loaded from the tables, one provenance edge at a time
+/// (`index_load::ensure` reads them), then [`ScopeIndex::install`]ed.
+pub(super) struct Loading {
+    built: Built,
+    /// Scope IDs, shared.
+    names: HashMap<String, Arc<str>>,
 }
 
-/// The digest of `scope` computed from the tables alone, without the index: every
-/// provenance edge of the scope with the digest stored for its row, sorted and streamed.
-pub(super) fn digest_from_tables(
-    conn: &Connection,
-    manifest: &Manifest,
-    scope: &str,
-) -> Result<[u8; 32], StorageError> {
-    let mut entries = Vec::new();
-    for table in &manifest.tables {
-        let digests = stored_digests(conn, table)?;
-        for pk in super::scopes::scope_keys(conn, table, scope)? {
-            let digest: [u8; 32] =
-                digests
-                    .get(&pk.to_wire_text())
-                    .copied()
-                    .ok_or(StorageError::Verification(
-                        "a provenance edge without its row",
-                    ))?;
-            entries.push((
-                RowIdentity::new(table, &pk)
-                    .map_err(|_| StorageError::Verification("a key cannot form a row identity"))?,
-                digest,
-            ));
+impl Loading {
+    /// An empty index under `manifest`; `in_tx`: loaded inside an open transaction (from its
+    /// uncommitted state, so a rollback drops it).
+    pub(super) fn new(manifest: &Manifest, in_tx: bool) -> Loading {
+        Loading {
+            built: Built {
+                schema_hash: manifest.schema_hash(),
+                digests: Digests::default(),
+                scopes: HashMap::new(),
+                epoch: 0,
+                undo: Vec::new(),
+                in_tx,
+                log: Vec::new(),
+                log_base: 0,
+            },
+            names: HashMap::new(),
         }
     }
-    synchro_protocol::digest::scope_digest(&manifest.schema_hash(), scope, &mut entries, false)
-        .map(|d| d.digest)
-        .map_err(|_| StorageError::Verification("the scope digest cannot be computed"))
+
+    /// `scope` justifies the row `pk` of `table`; `stored` gives the row's stored digest (asked
+    /// only for a row not seen before). An edge whose row has no stored digest stays in its
+    /// scope: computing that scope's digest fails, as it does from the tables.
+    pub(super) fn edge(
+        &mut self,
+        table: &Table,
+        pk: &TypedValue,
+        scope: String,
+        stored: impl FnOnce() -> Option<[u8; 32]>,
+    ) -> Result<(), StorageError> {
+        let b = &mut self.built;
+        let key = ScopeIndex::key(table, pk)?;
+        let key = match b.digests.get_key_value(&key) {
+            Some((k, _)) => k.clone(),
+            None => {
+                if let Some(d) = stored() {
+                    b.digests.insert(key.clone(), d);
+                }
+                key
+            }
+        };
+        let name = self
+            .names
+            .entry(scope)
+            .or_insert_with_key(|s| Arc::from(s.as_str()))
+            .clone();
+        b.scopes.entry(name).or_default().rows.insert(key);
+        Ok(())
+    }
 }

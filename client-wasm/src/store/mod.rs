@@ -9,7 +9,10 @@
 //! - `scopes`: cursors, rebuild markers, provenance edges, releasing a scope.
 //! - `index`: the in-memory ordered index of every scope's rows and row digests that
 //!   terminal scope digests are computed from, kept current by the functions of `rows` and
-//!   `scopes` that write edges and digests, and dropped whenever anything else may have.
+//!   `scopes` that write edges and digests, and dropped whenever anything else may have. It
+//!   holds no SQL.
+//! - `index_load`: the index's SQL: the connection's stamp, loading the index from the
+//!   provenance tables and stored digests, and a scope digest from the tables alone.
 //! - `pull`, `rebuild`: verified application of typed pull and rebuild pages.
 //! - `queue`: the durable mutation queue and its outcomes.
 //! - `enums`: the states, statuses and operations stored as text.
@@ -17,15 +20,19 @@
 //! - `client`: the client's identity and connect state.
 //! - `local`: the application's own local-only tables (`PRAGMA user_version` ladder).
 //!
-//! Dependencies run one way: `values` ← `rows` ← `scopes` ← `pull` / `rebuild` / `queue`
-//! ← `journal`; `schema` and `client` stand alone. Each file adds the [`Storage`] methods of
-//! its concept; what other files of the store need is `pub(super)`, never a public API.
+//! Dependencies run one way, with no cycle. `values`, `enums`, `index`, `schema` and `local`
+//! import no other file of the store; `rows` builds on `values`, `enums` and `index`;
+//! `scopes` on `rows`; `index_load` on `rows` and `scopes`; `pull` on `scopes` and
+//! `index_load`; `rebuild` and `bench` on `scopes`; `queue` on `rows`; `client` on `schema`;
+//! `journal` on `scopes` and `client`. Each file adds the [`Storage`] methods of its
+//! concept; what other files of the store need is `pub(super)`, never a public API.
 
 #[cfg(feature = "bench")]
 mod bench;
 mod client;
 mod enums;
 mod index;
+mod index_load;
 mod journal;
 mod local;
 mod pull;
@@ -42,11 +49,11 @@ use synchro_protocol::manifest::Manifest;
 use index::ScopeIndex;
 
 pub use crate::error::StorageError;
-pub use enums::{parse_operation, MigrationAction, MutationState, OutcomeStatus, Phase};
+pub use enums::{MigrationAction, MutationState, OutcomeStatus, Phase};
 pub use journal::JOURNAL_VERSION;
 pub(crate) use journal::{DdlPoint, JournalError, NewJournal};
 pub use pull::{Applied, Terminal};
-pub use queue::{LocalWrite, Mutation, Operation, MAX_BATCH};
+pub use queue::{LocalWrite, Operation, QueuedMutation, MAX_BATCH};
 pub use values::{from_sql, to_sql};
 
 /// A local database.
@@ -107,11 +114,11 @@ impl Storage {
         &mut self,
         f: impl FnOnce(&Transaction<'_>, &mut ScopeIndex) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
-        let begun = self.index.begin(&self.conn)?;
+        let begun = self.index.begin(index_load::stamp(&self.conn)?);
         let tx = self.conn.transaction()?;
         match f(&tx, &mut self.index).and_then(|v| Ok(tx.commit().map(|()| v)?)) {
             Ok(v) => {
-                self.index.commit(&self.conn, begun);
+                self.index.commit(begun, index_load::stamp(&self.conn).ok());
                 Ok(v)
             }
             Err(e) => {
@@ -127,7 +134,8 @@ impl Storage {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
-        self.index.neutral(&self.conn, || f(&self.conn))
+        self.index
+            .neutral(|| Ok(index_load::stamp(&self.conn)?), || f(&self.conn))
     }
 
     /// The digest of `scope`'s local rows under `manifest`, from the scope index (what a
@@ -137,7 +145,7 @@ impl Storage {
         manifest: &Manifest,
         scope: &str,
     ) -> Result<[u8; 32], StorageError> {
-        self.with_index_tx(|tx, ix| ix.scope_digest(tx, manifest, scope))
+        self.with_index_tx(|tx, ix| index_load::scope_digest(ix, tx, manifest, scope))
     }
 
     /// The digest of `scope`'s local rows computed from the tables alone, without the scope
@@ -147,7 +155,7 @@ impl Storage {
         manifest: &Manifest,
         scope: &str,
     ) -> Result<[u8; 32], StorageError> {
-        index::digest_from_tables(&self.conn, manifest, scope)
+        index_load::digest_from_tables(&self.conn, manifest, scope)
     }
 
     /// How many times the scope index was built from the tables since the database was

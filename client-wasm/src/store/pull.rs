@@ -19,7 +19,7 @@ use super::rows::{
 use super::scopes::{
     add_edge, drop_scope, install_verified, mark_rebuild, remove_edge, set_pending_cursor,
 };
-use super::Storage;
+use super::{index_load, Storage};
 use crate::error::StorageError;
 
 /// What applying one page did.
@@ -161,7 +161,7 @@ impl Storage {
         let applied = self.with_index_tx(|tx, ix| {
             // The index is kept through the page, so that the terminal digests need no
             // query (built from the tables on first need).
-            ix.ensure(tx, manifest)?;
+            index_load::ensure(ix, tx, manifest)?;
             let pending = pending_keys(tx)?;
             // Scopes no longer assigned: their provenance goes, and rows nothing else
             // justifies.
@@ -235,7 +235,7 @@ impl Storage {
             for (scope, expected) in checksums {
                 // The scope's local rows (every provenance edge of the scope, with the
                 // verified digest stored when its row was applied), from the index.
-                let local = ix.scope_digest(tx, manifest, &scope)?;
+                let local = index_load::scope_digest(ix, tx, manifest, &scope)?;
                 if local == expected {
                     install_verified(tx, &scope, cursors.get(&scope).map(String::as_str))?;
                     verified.insert(scope);

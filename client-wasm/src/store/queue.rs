@@ -22,11 +22,13 @@ use synchro_protocol::digest::row_digest;
 use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
+use synchro_protocol::manifest::Table;
 use synchro_protocol::migration::quote_ident;
 use synchro_protocol::value::TypedValue;
-use synchro_protocol::wire::{Message, Outcome, PushResponse};
+use synchro_protocol::wire::gate::PushLimits;
+use synchro_protocol::wire::{self, AuthoredSchema, Column, Message, Outcome, PushResponse};
 
-use super::enums::{parse_operation, MutationState, OutcomeStatus};
+use super::enums::{MutationState, OutcomeStatus};
 use super::rows::{
     delete_row, drop_shadow, has_shadow, pending_keys, restore_visible, row_exists, server_version,
     set_shadow, shadow, table_of, visible_row,
@@ -64,32 +66,27 @@ pub struct LocalWrite<'a> {
     pub columns: &'a [(String, TypedValue)],
 }
 
-/// One queued mutation as stored (for inspection).
+/// One queued mutation as stored (for inspection): the mutation as it is pushed, with what
+/// only the queue knows of it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Mutation {
-    /// UUIDv7.
-    pub mutation_id: String,
+pub struct QueuedMutation {
     /// The batch it is (or will be) sent in.
     pub batch_id: String,
-    /// Position in the local write order.
-    pub local_order: i64,
-    /// Logical table ID.
-    pub table_id: String,
-    /// The key's wire JSON text.
-    pub pk: String,
-    /// Insert, update or delete.
-    pub operation: Operation,
-    /// The server version the intent was made against (none for a row the server never
-    /// sent).
-    pub base_version: Option<String>,
-    /// Per-row local counter.
-    pub client_version: i64,
-    /// `[{"field_id","value"}]` in the order given, as JSON text.
-    pub columns: String,
-    /// The schema the intent was authored under.
-    pub authored: (u64, String),
     /// Pending until its outcome is stored, then the outcome's status.
     pub state: MutationState,
+    /// The mutation as pushed: its ID (UUIDv7), table, key, operation, the server version
+    /// the intent was made against (none for a row the server never sent), the per-row
+    /// client version, the position in the local write order, the columns in the order
+    /// given and the schema the intent was authored under. Only `base_version` may change,
+    /// and only until the batch is sealed.
+    pub mutation: wire::Mutation,
+}
+
+impl QueuedMutation {
+    /// The key's wire JSON text, as the queue, the shadow and the row tables key the row.
+    pub fn pk_text(&self) -> String {
+        to_output_string(&self.mutation.pk)
+    }
 }
 
 fn invalid(field_id: &str) -> StorageError {
@@ -131,6 +128,224 @@ fn complete_batch(conn: &Connection, batch_id: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// The write's first phase, before anything is written: the key and every value checked
+/// against their types, each field writable and given once, no columns for a delete, and the
+/// server's strict limits, which would refuse the whole batch carrying this intent every time
+/// it is sent (the write is refused now instead). Returns the intent's columns as queued.
+fn validate_write(
+    table: &Table,
+    write: &LocalWrite<'_>,
+    pk_text: &str,
+) -> Result<Vec<Column>, StorageError> {
+    let key_field = table.primary_key();
+    write
+        .pk
+        .check(&key_field.spec)
+        .map_err(|_| invalid(&key_field.field_id))?;
+    if write.operation == Operation::Delete && !write.columns.is_empty() {
+        return Err(invalid("(columns of a delete)"));
+    }
+    let mut seen = HashSet::new();
+    for (field_id, value) in write.columns {
+        let field = table
+            .field(field_id)
+            .filter(|f| f.field_id != table.primary_key_field_id)
+            .ok_or_else(|| invalid(field_id))?;
+        if !field.writable || !seen.insert(field_id.as_str()) {
+            return Err(invalid(field_id));
+        }
+        value.check(&field.spec).map_err(|_| invalid(field_id))?;
+    }
+    let limits = PushLimits::default();
+    if write.columns.len() > limits.columns {
+        return Err(StorageError::TooLarge(
+            "more columns than a mutation may carry",
+        ));
+    }
+    let columns: Vec<Column> = write
+        .columns
+        .iter()
+        .map(|(field_id, v)| Column {
+            field_id: field_id.clone(),
+            value: v.to_wire(),
+        })
+        .collect();
+    let columns_bytes = to_output_string(&Column::list_to_json(&columns)).len();
+    if columns_bytes + pk_text.len() + MUTATION_ENVELOPE_BYTES > limits.mutation_bytes {
+        return Err(StorageError::TooLarge(
+            "the mutation's values are larger than a push may carry",
+        ));
+    }
+    Ok(columns)
+}
+
+/// The write's second phase: the intent as it will be pushed, made against the server
+/// version of the row (none: the server never sent it), with the row's next client version
+/// and the client's next local order. The counters live apart from the queue, which may be
+/// cleared of resolved mutations: neither number is ever handed out twice.
+fn build_intent(
+    tx: &Connection,
+    manifest: &Manifest,
+    write: &LocalWrite<'_>,
+    pk_text: &str,
+    mutation_id: String,
+    columns: Vec<Column>,
+) -> Result<wire::Mutation, StorageError> {
+    let base_version = server_version(tx, write.table_id, pk_text)?;
+    let client_version: i64 = tx.query_row(
+        r#"INSERT INTO "_synchro_row_counters" VALUES (?, ?, 1)
+           ON CONFLICT ("table_id", "pk") DO UPDATE SET "client_version" = "client_version" + 1
+           RETURNING "client_version""#,
+        params![write.table_id, pk_text],
+        |r| r.get(0),
+    )?;
+    let local_order: i64 = tx.query_row(
+        r#"UPDATE "_synchro_client" SET "last_local_order" = "last_local_order" + 1 WHERE "id" = 1
+           RETURNING "last_local_order""#,
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(wire::Mutation {
+        mutation_id,
+        table_id: write.table_id.to_owned(),
+        pk: write.pk.to_wire(),
+        operation: write.operation,
+        base_version,
+        client_version: client_version as u64,
+        local_order: local_order as u64,
+        columns,
+        authored_schema: manifest.schema_ref().into(),
+    })
+}
+
+/// The write's third phase: the visible row changed as the write says, after the server
+/// state to return to if the intent fails is kept (from the first unresolved intent on the
+/// row; `server_sent` says whether the server ever sent the row, whose visible state is then
+/// that server state).
+fn apply_visible(
+    tx: &Connection,
+    table: &Table,
+    write: &LocalWrite<'_>,
+    pk_text: &str,
+    server_sent: bool,
+) -> Result<(), StorageError> {
+    let LocalWrite {
+        table_id,
+        operation,
+        pk,
+        columns,
+    } = *write;
+    let key_field = table.primary_key();
+    match (operation, row_exists(tx, table, pk)?) {
+        (Operation::Insert, true) => return Err(invalid(&key_field.field_id)),
+        (Operation::Update | Operation::Delete, false) => {
+            return Err(StorageError::Schema("no such row".into()))
+        }
+        _ => {}
+    }
+    if !has_shadow(tx, table_id, pk_text)? {
+        let row = if server_sent {
+            visible_row(tx, table, pk)?
+        } else {
+            None
+        };
+        set_shadow(tx, table_id, pk_text, row.as_deref())?;
+    }
+    match operation {
+        Operation::Insert => {
+            let mut names = vec![quote_ident(&key_field.name)];
+            let mut values = vec![to_sql(pk)];
+            for f in &table.fields {
+                if f.field_id == table.primary_key_field_id {
+                    continue;
+                }
+                match columns.iter().find(|(id, _)| *id == f.field_id) {
+                    Some((_, v)) => {
+                        names.push(quote_ident(&f.name));
+                        values.push(to_sql(v));
+                    }
+                    None if f.spec.nullable => {}
+                    None => return Err(invalid(&f.field_id)),
+                }
+            }
+            run(
+                tx,
+                &format!(
+                    "INSERT INTO {} ({}) VALUES ({})",
+                    quote_ident(&table.name),
+                    names.join(", "),
+                    vec!["?"; names.len()].join(", ")
+                ),
+                rusqlite::params_from_iter(values),
+            )?;
+        }
+        Operation::Update if !columns.is_empty() => {
+            let sets: Vec<String> = columns
+                .iter()
+                .map(|(id, _)| {
+                    format!(
+                        "{} = ?",
+                        quote_ident(&table.field(id).expect("checked").name)
+                    )
+                })
+                .collect();
+            let mut values: Vec<_> = columns.iter().map(|(_, v)| to_sql(v)).collect();
+            values.push(to_sql(pk));
+            run(
+                tx,
+                &format!(
+                    "UPDATE {} SET {} WHERE {} = ?",
+                    quote_ident(&table.name),
+                    sets.join(", "),
+                    quote_ident(&key_field.name)
+                ),
+                rusqlite::params_from_iter(values),
+            )?;
+        }
+        Operation::Update => {}
+        Operation::Delete => delete_row(tx, table, pk)?,
+    }
+    Ok(())
+}
+
+/// The write's last phase: the intent appended to the open batch (created as
+/// `new_batch_id` when there is none). The columns are stored as the canonical JSON text of
+/// the wire's `columns`, the key as its wire JSON text.
+fn append_intent(
+    tx: &Connection,
+    mutation: &wire::Mutation,
+    pk_text: &str,
+    new_batch_id: String,
+) -> Result<(), StorageError> {
+    let batch_id = match open_batch(tx)? {
+        Some(b) => b,
+        None => {
+            new_batch(tx, &new_batch_id)?;
+            new_batch_id
+        }
+    };
+    run(
+        tx,
+        r#"INSERT INTO "_synchro_mutations" ("mutation_id", "batch_id", "local_order", "table_id", "pk", "operation",
+               "base_version", "client_version", "columns", "authored_version", "authored_hash")
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"#,
+        params![
+            mutation.mutation_id,
+            batch_id,
+            mutation.local_order as i64,
+            mutation.table_id,
+            pk_text,
+            mutation.operation.as_str(),
+            mutation.base_version,
+            mutation.client_version as i64,
+            to_output_string(&Column::list_to_json(&mutation.columns)),
+            mutation.authored_schema.version as i64,
+            mutation.authored_schema.hash,
+        ],
+    )?;
+    Ok(())
+}
+
 impl Storage {
     /// Writes locally and queues the intent, in one transaction. `columns` are
     /// `(field_id, value)` in the application's order (the key field excluded: it is `pk`);
@@ -142,181 +357,19 @@ impl Storage {
         write: &LocalWrite<'_>,
         (mutation_id, new_batch_id): (String, String),
     ) -> Result<String, StorageError> {
-        let LocalWrite {
-            table_id,
-            operation,
-            pk,
-            columns,
-        } = *write;
-        let table = table_of(manifest, table_id)?;
-        let key_field = table.primary_key();
-        pk.check(&key_field.spec)
-            .map_err(|_| invalid(&key_field.field_id))?;
-        if operation == Operation::Delete && !columns.is_empty() {
-            return Err(invalid("(columns of a delete)"));
-        }
-        let mut seen = HashSet::new();
-        for (field_id, value) in columns {
-            let field = table
-                .field(field_id)
-                .filter(|f| f.field_id != table.primary_key_field_id)
-                .ok_or_else(|| invalid(field_id))?;
-            if !field.writable || !seen.insert(field_id.as_str()) {
-                return Err(invalid(field_id));
-            }
-            value.check(&field.spec).map_err(|_| invalid(field_id))?;
-        }
-        // The server's strict limits would refuse the whole batch carrying this intent,
-        // every time it is sent: refuse the write now instead.
-        let limits = synchro_protocol::wire::gate::PushLimits::default();
-        if columns.len() > limits.columns {
-            return Err(StorageError::TooLarge(
-                "more columns than a mutation may carry",
-            ));
-        }
-        // The intent's columns as queued (and pushed).
-        let columns_json = to_output_string(&Json::Array(
-            columns
-                .iter()
-                .map(|(id, v)| {
-                    Json::Object(vec![
-                        ("field_id".into(), Json::String(id.clone())),
-                        ("value".into(), v.to_wire()),
-                    ])
-                })
-                .collect(),
-        ));
-        let pk_text = pk.to_wire_text();
-        if columns_json.len() + pk_text.len() + MUTATION_ENVELOPE_BYTES > limits.mutation_bytes {
-            return Err(StorageError::TooLarge(
-                "the mutation's values are larger than a push may carry",
-            ));
-        }
+        let table = table_of(manifest, write.table_id)?;
+        let pk_text = write.pk.to_wire_text();
+        let columns = validate_write(table, write, &pk_text)?;
         self.with_tx(|tx| {
-            let exists = row_exists(tx, table, pk)?;
-            // The server version the intent is made against (none: the server never sent
-            // the row).
-            let base_version = server_version(tx, table_id, &pk_text)?;
-            // The server state to return to if this intent fails: kept from the first
-            // unresolved intent on the row.
-            if !has_shadow(tx, table_id, &pk_text)? {
-                let row = if base_version.is_some() {
-                    visible_row(tx, table, pk)?
-                } else {
-                    None
-                };
-                set_shadow(tx, table_id, &pk_text, row.as_deref())?;
-            }
-            match (operation, exists) {
-                (Operation::Insert, true) => return Err(invalid(&key_field.field_id)),
-                (Operation::Update | Operation::Delete, false) => {
-                    return Err(StorageError::Schema("no such row".into()))
-                }
-                _ => {}
-            }
-            // The visible row.
-            match operation {
-                Operation::Insert => {
-                    let mut names = vec![quote_ident(&key_field.name)];
-                    let mut values = vec![to_sql(pk)];
-                    for f in &table.fields {
-                        if f.field_id == table.primary_key_field_id {
-                            continue;
-                        }
-                        match columns.iter().find(|(id, _)| *id == f.field_id) {
-                            Some((_, v)) => {
-                                names.push(quote_ident(&f.name));
-                                values.push(to_sql(v));
-                            }
-                            None if f.spec.nullable => {}
-                            None => return Err(invalid(&f.field_id)),
-                        }
-                    }
-                    run(
-                        tx,
-                        &format!(
-                            "INSERT INTO {} ({}) VALUES ({})",
-                            quote_ident(&table.name),
-                            names.join(", "),
-                            vec!["?"; names.len()].join(", ")
-                        ),
-                        rusqlite::params_from_iter(values),
-                    )?;
-                }
-                Operation::Update if !columns.is_empty() => {
-                    let sets: Vec<String> = columns
-                        .iter()
-                        .map(|(id, _)| {
-                            format!(
-                                "{} = ?",
-                                quote_ident(&table.field(id).expect("checked").name)
-                            )
-                        })
-                        .collect();
-                    let mut values: Vec<_> = columns.iter().map(|(_, v)| to_sql(v)).collect();
-                    values.push(to_sql(pk));
-                    run(
-                        tx,
-                        &format!(
-                            "UPDATE {} SET {} WHERE {} = ?",
-                            quote_ident(&table.name),
-                            sets.join(", "),
-                            quote_ident(&key_field.name)
-                        ),
-                        rusqlite::params_from_iter(values),
-                    )?;
-                }
-                Operation::Update => {}
-                Operation::Delete => delete_row(tx, table, pk)?,
-            }
-            // The intent.
-            // The counters live apart from the queue, which may be cleared of resolved
-            // mutations: neither number is ever handed out twice.
-            let client_version: i64 = tx.query_row(
-                r#"INSERT INTO "_synchro_row_counters" VALUES (?, ?, 1)
-                   ON CONFLICT ("table_id", "pk") DO UPDATE SET "client_version" = "client_version" + 1
-                   RETURNING "client_version""#,
-                params![table_id, pk_text],
-                |r| r.get(0),
-            )?;
-            let local_order: i64 = tx.query_row(
-                r#"UPDATE "_synchro_client" SET "last_local_order" = "last_local_order" + 1 WHERE "id" = 1
-                   RETURNING "last_local_order""#,
-                [],
-                |r| r.get(0),
-            )?;
-            let batch_id = match open_batch(tx)? {
-                Some(b) => b,
-                None => {
-                    new_batch(tx, &new_batch_id)?;
-                    new_batch_id
-                }
-            };
-            run(
-                tx,
-                r#"INSERT INTO "_synchro_mutations" ("mutation_id", "batch_id", "local_order", "table_id", "pk", "operation",
-                       "base_version", "client_version", "columns", "authored_version", "authored_hash")
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"#,
-                params![
-                    mutation_id,
-                    batch_id,
-                    local_order,
-                    table_id,
-                    pk_text,
-                    operation.as_str(),
-                    base_version,
-                    client_version,
-                    columns_json,
-                    manifest.schema_version as i64,
-                    manifest.schema_hash_hex(),
-                ],
-            )?;
-            Ok(mutation_id)
+            let intent = build_intent(tx, manifest, write, &pk_text, mutation_id, columns)?;
+            apply_visible(tx, table, write, &pk_text, intent.base_version.is_some())?;
+            append_intent(tx, &intent, &pk_text, new_batch_id)?;
+            Ok(intent.mutation_id)
         })
     }
 
     /// Every queued mutation in local order (all states), for inspection.
-    pub fn mutations(&self) -> Result<Vec<Mutation>, StorageError> {
+    pub fn mutations(&self) -> Result<Vec<QueuedMutation>, StorageError> {
         batch_mutations(self.connection(), None)
     }
 
@@ -372,15 +425,15 @@ impl Storage {
     /// on its request content never changes. Returns whether a batch was sealed.
     pub(crate) fn seal(
         &mut self,
-        schema: (u64, String),
+        schema: &AuthoredSchema,
         rest_batch_id: &str,
     ) -> Result<bool, StorageError> {
         self.with_tx(|tx| {
             let Some(batch_id) = open_batch(tx)? else {
                 return Ok(false);
             };
-            let mutations: Vec<Mutation> = batch_mutations(tx, Some(&batch_id))?;
-            if mutations.is_empty() {
+            let queued = batch_mutations(tx, Some(&batch_id))?;
+            if queued.is_empty() {
                 return Ok(false);
             }
             // A batch holds at most one mutation per row: a later intent on the same row
@@ -389,11 +442,11 @@ impl Storage {
             let mut rows = HashSet::new();
             let mut items: Vec<Json> = Vec::new();
             let mut bytes = 0;
-            for m in mutations.iter().take(MAX_BATCH as usize) {
-                if !rows.insert((m.table_id.clone(), m.pk.clone())) {
+            for q in queued.iter().take(MAX_BATCH as usize) {
+                if !rows.insert((&q.mutation.table_id, q.pk_text())) {
                     break;
                 }
-                let item = m.to_wire()?;
+                let item = q.mutation.to_json();
                 bytes += to_output_string(&item).len() + 1;
                 if !items.is_empty() && bytes > MAX_BATCH_BYTES {
                     break;
@@ -401,24 +454,18 @@ impl Storage {
                 items.push(item);
             }
             let cut = items.len();
-            if cut < mutations.len() {
+            if cut < queued.len() {
                 new_batch(tx, rest_batch_id)?;
-                for m in &mutations[cut..] {
+                for q in &queued[cut..] {
                     run(
                         tx,
                         r#"UPDATE "_synchro_mutations" SET "batch_id" = ? WHERE "mutation_id" = ?"#,
-                        params![rest_batch_id, m.mutation_id],
+                        params![rest_batch_id, q.mutation.mutation_id],
                     )?;
                 }
             }
             let request = Json::Object(vec![
-                (
-                    "schema".into(),
-                    Json::Object(vec![
-                        ("version".into(), Json::Number(schema.0.to_string())),
-                        ("hash".into(), Json::String(schema.1)),
-                    ]),
-                ),
+                ("schema".into(), schema.to_json()),
                 ("mutations".into(), Json::Array(items)),
             ]);
             run(
@@ -497,8 +544,10 @@ impl Storage {
             if outcomes.len() != batch.len() {
                 return Err(integrity("the outcomes do not match the batch"));
             }
-            let mut touched: Vec<(&str, &str, OutcomeStatus)> = Vec::new();
-            for (m, o) in batch.iter().zip(outcomes) {
+            let mut touched: Vec<(&str, String, OutcomeStatus)> = Vec::new();
+            for (queued, o) in batch.iter().zip(outcomes) {
+                let m = &queued.mutation;
+                let pk_text = queued.pk_text();
                 if o.mutation_id() != m.mutation_id {
                     return Err(integrity("the outcomes do not match the batch"));
                 }
@@ -507,8 +556,7 @@ impl Storage {
                 // A row-bearing outcome must carry the digest of its row.
                 let mut server_row = None;
                 if let Some((version, row, checksum)) = o.row() {
-                    let pk = Json::parse(&m.pk).map_err(|_| integrity("a queued key"))?;
-                    let d = row_digest(manifest, &m.table_id, &pk, row, version)
+                    let d = row_digest(manifest, &m.table_id, &m.pk, row, version)
                         .map_err(|_| integrity("an outcome row does not match its table"))?;
                     if d.digest != checksum.0 {
                         return Err(integrity("an outcome row does not match its checksum"));
@@ -537,20 +585,21 @@ impl Storage {
                         r#"UPDATE "_synchro_mutations" SET "base_version" = ?
                             WHERE "table_id" = ? AND "pk" = ? AND "state" = ?
                               AND "batch_id" IN (SELECT "batch_id" FROM "_synchro_batches" WHERE "sealed" = 0)"#,
-                        params![server_version, m.table_id, m.pk, MutationState::Pending],
+                        params![server_version, m.table_id, pk_text, MutationState::Pending],
                     )?;
                 }
                 if status == OutcomeStatus::Conflict {
                     // The conflict names the server's current row (or none): that is the
                     // state to return to.
-                    set_shadow(tx, &m.table_id, &m.pk, server_row.as_deref())?;
+                    set_shadow(tx, &m.table_id, &pk_text, server_row.as_deref())?;
                 }
-                touched.push((&m.table_id, &m.pk, status));
+                touched.push((&m.table_id, pk_text, status));
             }
             complete_batch(tx, batch_id)?;
             // Rows whose intent is now resolved.
             let pending = pending_keys(tx)?;
-            for &(table_id, pk, status) in touched.iter().rev() {
+            for (table_id, pk, status) in touched.iter().rev() {
+                let (table_id, pk, status) = (*table_id, pk.as_str(), *status);
                 if pending.contains(&(table_id.to_owned(), pk.to_owned())) {
                     continue;
                 }
@@ -631,73 +680,44 @@ impl Storage {
 fn batch_mutations(
     conn: &Connection,
     batch_id: Option<&str>,
-) -> Result<Vec<Mutation>, StorageError> {
+) -> Result<Vec<QueuedMutation>, StorageError> {
     let mut q = conn.prepare(
         r#"SELECT "mutation_id", "batch_id", "local_order", "table_id", "pk", "operation", "base_version",
                   "client_version", "columns", "authored_version", "authored_hash", "state"
              FROM "_synchro_mutations" WHERE ?1 IS NULL OR "batch_id" = ?1 ORDER BY "local_order""#,
     )?;
+    // A stored text that does not read back as written.
+    let unreadable = |column: usize, what: &'static str| {
+        rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, what.into())
+    };
+    let json = |r: &rusqlite::Row<'_>, column: usize| {
+        Json::parse(&r.get::<_, String>(column)?)
+            .map_err(|_| unreadable(column, "a queued mutation does not parse"))
+    };
     let out = q
         .query_map([batch_id], |r| {
-            Ok(Mutation {
-                mutation_id: r.get(0)?,
+            let operation: String = r.get(5)?;
+            Ok(QueuedMutation {
                 batch_id: r.get(1)?,
-                local_order: r.get(2)?,
-                table_id: r.get(3)?,
-                pk: r.get(4)?,
-                operation: {
-                    let text: String = r.get(5)?;
-                    parse_operation(&text).ok_or_else(|| {
-                        rusqlite::Error::FromSqlConversionFailure(
-                            5,
-                            rusqlite::types::Type::Text,
-                            "not a stored operation".into(),
-                        )
-                    })?
-                },
-                base_version: r.get(6)?,
-                client_version: r.get(7)?,
-                columns: r.get(8)?,
-                authored: (r.get::<_, i64>(9)? as u64, r.get(10)?),
                 state: r.get(11)?,
+                mutation: wire::Mutation {
+                    mutation_id: r.get(0)?,
+                    table_id: r.get(3)?,
+                    pk: json(r, 4)?,
+                    operation: Operation::parse(&operation)
+                        .ok_or_else(|| unreadable(5, "not a stored operation"))?,
+                    base_version: r.get(6)?,
+                    client_version: r.get::<_, i64>(7)? as u64,
+                    local_order: r.get::<_, i64>(2)? as u64,
+                    columns: Column::list_from_json(Some(&json(r, 8)?))
+                        .map_err(|_| unreadable(8, "a queued mutation does not parse"))?,
+                    authored_schema: AuthoredSchema {
+                        version: r.get::<_, i64>(9)? as u64,
+                        hash: r.get(10)?,
+                    },
+                },
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
     Ok(out)
-}
-
-impl Mutation {
-    /// The mutation as sent in a push request.
-    fn to_wire(&self) -> Result<Json, StorageError> {
-        let bad = |_| StorageError::Schema("a queued mutation does not parse".into());
-        Ok(Json::Object(vec![
-            ("mutation_id".into(), Json::String(self.mutation_id.clone())),
-            ("table_id".into(), Json::String(self.table_id.clone())),
-            ("pk".into(), Json::parse(&self.pk).map_err(bad)?),
-            (
-                "operation".into(),
-                Json::String(self.operation.as_str().to_owned()),
-            ),
-            (
-                "base_version".into(),
-                self.base_version.clone().map_or(Json::Null, Json::String),
-            ),
-            (
-                "client_version".into(),
-                Json::Number(self.client_version.to_string()),
-            ),
-            ("columns".into(), Json::parse(&self.columns).map_err(bad)?),
-            (
-                "authored_schema".into(),
-                Json::Object(vec![
-                    ("version".into(), Json::Number(self.authored.0.to_string())),
-                    ("hash".into(), Json::String(self.authored.1.clone())),
-                ]),
-            ),
-            (
-                "local_order".into(),
-                Json::Number(self.local_order.to_string()),
-            ),
-        ]))
-    }
 }

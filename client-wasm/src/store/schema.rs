@@ -297,7 +297,9 @@ mod tests {
         )));
         assert!(mutations.contains(&check_list(
             "operation",
-            crate::store::enums::OPERATIONS.iter().map(|o| o.as_str())
+            synchro_protocol::wire::Operation::ALL
+                .iter()
+                .map(|o| o.as_str())
         )));
         let journal = definition("_synchro_journal");
         assert!(journal.contains(&check_list("phase", Phase::ALL.iter().map(|p| p.as_str()))));

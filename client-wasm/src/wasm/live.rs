@@ -15,10 +15,10 @@ use js_sys::{Array, Function, Object, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use super::{
-    clear_resolved, client_error, js_error, mutations, query, read_tables, schema, set, write,
-    FetchTransport, SynchroClient,
-};
+use super::client::SynchroClient;
+use super::convert::{client_error, js_error, set};
+use super::fetch::FetchTransport;
+use super::ops::{clear_resolved, mutations, query, read_tables, schema, write};
 use crate::engine::{LiveConfig, LiveEnd, LiveHandle, LiveStatus};
 
 /// A running live session (see the module documentation).

@@ -87,11 +87,53 @@ impl Message for ConnectRequest {
     }
 }
 
+/// Which schema action a 200 connect response names (`schema.action`); the decision with
+/// its members is [`crate::dispatch::SchemaAction`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SchemaActionKind {
+    /// The presented schema is current (the default: nothing to do).
+    #[default]
+    None,
+    /// Install the current manifest; every scope keeps its rows.
+    Replace,
+    /// Install the current manifest; the affected scopes rebuild.
+    RebuildLocal,
+    /// The history crossed an incompatible change: the client enters upgrade_required.
+    Unsupported,
+}
+
+impl SchemaActionKind {
+    /// Every action.
+    pub const ALL: [SchemaActionKind; 4] = [
+        SchemaActionKind::None,
+        SchemaActionKind::Replace,
+        SchemaActionKind::RebuildLocal,
+        SchemaActionKind::Unsupported,
+    ];
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchemaActionKind::None => "none",
+            SchemaActionKind::Replace => "replace",
+            SchemaActionKind::RebuildLocal => "rebuild_local",
+            SchemaActionKind::Unsupported => "unsupported",
+        }
+    }
+
+    /// The action spelled `name` on the wire.
+    pub fn parse(name: &str) -> Option<SchemaActionKind> {
+        SchemaActionKind::ALL
+            .into_iter()
+            .find(|a| a.as_str() == name)
+    }
+}
+
 /// The `schema` member of a 200 connect response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaOutcome {
-    /// `none`, `replace`, `rebuild_local` or `unsupported`.
-    pub action: String,
+    /// The action.
+    pub action: SchemaActionKind,
     /// The current schema version.
     pub version: u64,
     /// The current schema hash (64 lowercase hex).
@@ -136,7 +178,10 @@ impl Message for ConnectResponse {
             m.required("schema", "a connect response has a schema")?,
             "schema is an object",
         )?;
+        // An unknown action is refused below, after the other members are read (their
+        // errors come first, as they always did).
         let action = string(sm.get("action"), "schema.action must be a string")?;
+        let action = SchemaActionKind::parse(&action);
         let version = positive(
             sm.get("version"),
             "schema.version must be a positive integer",
@@ -161,12 +206,14 @@ impl Message for ConnectResponse {
                 && (affected || affected_scopes.is_none())
                 && reason.is_some() == reason_
         };
-        let consistent = match action.as_str() {
-            "none" => needs(false, false, false),
-            "replace" => needs(true, false, false),
-            "rebuild_local" => needs(true, true, false),
-            "unsupported" => needs(false, false, true),
-            _ => return Err(bad("schema.action is not a known action")),
+        let Some(action) = action else {
+            return Err(bad("schema.action is not a known action"));
+        };
+        let consistent = match action {
+            SchemaActionKind::None => needs(false, false, false),
+            SchemaActionKind::Replace => needs(true, false, false),
+            SchemaActionKind::RebuildLocal => needs(true, true, false),
+            SchemaActionKind::Unsupported => needs(false, false, true),
         };
         if !consistent {
             return Err(bad("the members do not match schema.action"));
@@ -194,7 +241,7 @@ impl Message for ConnectResponse {
 
     fn to_json(&self) -> Json {
         let mut schema = vec![
-            ("action", s(&self.schema.action)),
+            ("action", s(self.schema.action.as_str())),
             ("version", num(self.schema.version)),
             ("hash", s(&self.schema.hash)),
         ];

@@ -22,7 +22,7 @@ mod push;
 mod rebuild;
 mod sse;
 
-pub use connect::{ConnectRequest, ConnectResponse, SchemaOutcome};
+pub use connect::{ConnectRequest, ConnectResponse, SchemaActionKind, SchemaOutcome};
 pub use error::{ErrorBody, ErrorCode};
 pub use events::{EventsRequest, StreamEvent};
 pub use pull::{Change, ChangeOp, PullRequest, PullResponse, ScopeUpdates};

@@ -9,6 +9,7 @@ use super::{
 };
 use crate::checksum::Checksum;
 use crate::json::Json;
+use crate::manifest::SchemaRef;
 
 /// A schema reference `{version, hash}` with a positive version and 64 hex digits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +47,15 @@ impl AuthoredSchema {
     }
 }
 
+impl From<SchemaRef> for AuthoredSchema {
+    fn from(r: SchemaRef) -> AuthoredSchema {
+        AuthoredSchema {
+            version: r.version,
+            hash: hex::encode(r.hash),
+        }
+    }
+}
+
 /// insert, update or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
@@ -58,6 +68,9 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Every operation.
+    pub const ALL: [Operation; 3] = [Operation::Insert, Operation::Update, Operation::Delete];
+
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -65,6 +78,11 @@ impl Operation {
             Operation::Update => "update",
             Operation::Delete => "delete",
         }
+    }
+
+    /// The operation named `name` on the wire.
+    pub fn parse(name: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.as_str() == name)
     }
 }
 
@@ -75,6 +93,43 @@ pub struct Column {
     pub field_id: String,
     /// Its wire value.
     pub value: Json,
+}
+
+impl Column {
+    /// Reads a mutation's `columns` strictly: an array of `{field_id, value}`, no field twice.
+    pub fn list_from_json(v: Option<&Json>) -> Result<Vec<Column>, WireError> {
+        let Some(Json::Array(cols)) = v else {
+            return Err(bad("columns must be an array"));
+        };
+        let mut seen = BTreeSet::new();
+        let mut columns = Vec::with_capacity(cols.len());
+        for c in cols {
+            let mut cm = Members::of(c, "a column is an object")?;
+            let field_id = id(cm.get("field_id"), MAX_ID_BYTES, "field_id is required")?;
+            let value = cm.required("value", "value is required")?.clone();
+            cm.finish("a column has an unknown member")?;
+            if !seen.insert(field_id.clone()) {
+                return Err(bad("a field appears twice in one mutation"));
+            }
+            columns.push(Column { field_id, value });
+        }
+        Ok(columns)
+    }
+
+    /// `[{"field_id", "value"}]` in the order given.
+    pub fn list_to_json(columns: &[Column]) -> Json {
+        Json::Array(
+            columns
+                .iter()
+                .map(|c| {
+                    object(vec![
+                        ("field_id", s(&c.field_id)),
+                        ("value", c.value.clone()),
+                    ])
+                })
+                .collect(),
+        )
+    }
 }
 
 /// One queued mutation.
@@ -110,12 +165,11 @@ impl Mutation {
         )?;
         let table_id = id(m.get("table_id"), MAX_ID_BYTES, "table_id is required")?;
         let pk = m.required("pk", "pk is required")?.clone();
-        let operation = match m.get("operation").and_then(Json::as_str) {
-            Some("insert") => Operation::Insert,
-            Some("update") => Operation::Update,
-            Some("delete") => Operation::Delete,
-            _ => return Err(bad("operation must be insert, update or delete")),
-        };
+        let operation = m
+            .get("operation")
+            .and_then(Json::as_str)
+            .and_then(Operation::parse)
+            .ok_or(bad("operation must be insert, update or delete"))?;
         let base_version = match m.optional("base_version") {
             None => None,
             Some(Json::String(v)) if !v.is_empty() => Some(v.clone()),
@@ -129,21 +183,7 @@ impl Mutation {
         };
         let client_version = positive_or(m.get("client_version"))?;
         let local_order = positive_or(m.get("local_order"))?;
-        let Some(Json::Array(cols)) = m.get("columns") else {
-            return Err(bad("columns must be an array"));
-        };
-        let mut seen = BTreeSet::new();
-        let mut columns = Vec::with_capacity(cols.len());
-        for c in cols {
-            let mut cm = Members::of(c, "a column is an object")?;
-            let field_id = id(cm.get("field_id"), MAX_ID_BYTES, "field_id is required")?;
-            let value = cm.required("value", "value is required")?.clone();
-            cm.finish("a column has an unknown member")?;
-            if !seen.insert(field_id.clone()) {
-                return Err(bad("a field appears twice in one mutation"));
-            }
-            columns.push(Column { field_id, value });
-        }
+        let columns = Column::list_from_json(m.get("columns"))?;
         if operation == Operation::Delete && !columns.is_empty() {
             return Err(bad("a delete has no columns"));
         }
@@ -178,20 +218,7 @@ impl Mutation {
             ),
             ("client_version", num(self.client_version)),
             ("local_order", num(self.local_order)),
-            (
-                "columns",
-                Json::Array(
-                    self.columns
-                        .iter()
-                        .map(|c| {
-                            object(vec![
-                                ("field_id", s(&c.field_id)),
-                                ("value", c.value.clone()),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ),
+            ("columns", Column::list_to_json(&self.columns)),
             ("authored_schema", self.authored_schema.to_json()),
         ])
     }

@@ -260,14 +260,14 @@ proptest! {
         let rendered = RenderedRebuildPage { scope_id: &page.scope_id, records: &texts, end: &page.end };
         prop_assert_eq!(rendered.to_output_string(), page.to_json_string());
         let (name, definition, affected, reason) = match action {
-            0 => ("none", None, None, None),
-            1 => ("replace", Some(definition), None, None),
-            2 => ("rebuild_local", Some(definition), Some(affected), None),
-            _ => ("unsupported", None, None, Some("unknown_lineage".to_owned())),
+            0 => (SchemaActionKind::None, None, None, None),
+            1 => (SchemaActionKind::Replace, Some(definition), None, None),
+            2 => (SchemaActionKind::RebuildLocal, Some(definition), Some(affected), None),
+            _ => (SchemaActionKind::Unsupported, None, None, Some("unknown_lineage".to_owned())),
         };
         round_trip(&ConnectResponse {
             client_generation: version, scope_set_version: version, scope_updates: updates,
-            schema: SchemaOutcome { action: name.into(), version, hash, reason },
+            schema: SchemaOutcome { action: name, version, hash, reason },
             schema_definition: definition, affected_scopes: affected,
             scope_cursor_updates: connect_cursors,
         });

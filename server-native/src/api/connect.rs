@@ -348,7 +348,7 @@ fn schema_outcome(action: &SchemaAction<'_>) -> (SchemaOutcome, Option<Json>, Op
         ),
     };
     let schema = SchemaOutcome {
-        action: action.name().to_owned(),
+        action: action.kind(),
         version: current.version,
         hash: hex::encode(current.hash),
         reason,
