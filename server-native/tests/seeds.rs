@@ -1,6 +1,7 @@
 //! Portable seeds (issue 30), against a real PostgreSQL: which scopes an operator may
 //! declare portable, through the `synchro-server seed` commands an operator runs, and who
-//! may do what.
+//! may do what; the export functions of spec 001 (one SERIALIZABLE READ ONLY DEFERRABLE
+//! transaction, pages bound by sp1. tokens, sc1. receipts), checked with the protocol core.
 
 mod common;
 
@@ -8,6 +9,14 @@ use std::process::Command;
 
 use common::{sqlstate, Env};
 use serde_json::{json, Value};
+use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::seed::{ExportManifest, SeedPage, SeedReceipt, SnapshotBoundary};
+use synchro_protocol::token::Keyring;
+use synchro_protocol::value::TypedValue;
+use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
+use tokio_postgres::Client;
 
 const BIN: &str = env!("CARGO_BIN_EXE_synchro-server");
 
@@ -122,4 +131,524 @@ async fn only_shared_scopes_are_declared_portable_and_only_by_the_operator() {
     assert_eq!(out["changed"], json!(false));
     let (_, out) = cli(&env, op, &["seed", "list"]);
     assert_eq!(out, json!({"scopes": []}));
+}
+
+/// `app.docs (id, team, title)`, each row in the scope `board:<team>`; `board:a` and
+/// `board:b` shared and declared portable, `board:c` shared only. Returns the worker, with
+/// every row captured.
+async fn boards(env: &Env, rows: i64) -> Worker {
+    env.as_app_owner(&format!(
+        "CREATE TABLE app.docs (id bigint PRIMARY KEY, team text NOT NULL, title text);
+         INSERT INTO app.docs SELECT g, (ARRAY['a', 'b', 'c'])[1 + g % 3], 'doc ' || g
+           FROM generate_series(1, {rows}) g"
+    ))
+    .await;
+    common::register_with_rule(
+        env,
+        "docs",
+        "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC SELECT 'board:' || team FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');
+         SELECT synchro.synchro_add_shared_scope(s) FROM unnest(ARRAY['board:a', 'board:b', 'board:c']) s;
+         SELECT synchro.synchro_declare_portable_scope(s) FROM unnest(ARRAY['board:a', 'board:b']) s;",
+    )
+    .await;
+    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
+        .await
+        .unwrap();
+    capture(&mut worker).await;
+    worker
+}
+
+async fn capture(worker: &mut Worker) {
+    while worker.step(Failpoint::None).await.unwrap() != StepOutcome::Applied(0) {}
+}
+
+const BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY DEFERRABLE";
+
+/// The keyring of one seed key purpose, read as the superuser (the test stands in for
+/// whoever holds a key).
+async fn ring(env: &Env, purpose: &str) -> Keyring {
+    let r = env
+        .admin
+        .query_one(
+            "SELECT key_id, key FROM synchro.seed_keys WHERE purpose = $1 AND current",
+            &[&purpose],
+        )
+        .await
+        .unwrap();
+    Keyring::new(r.get(0), r.get::<_, &[u8]>(1)).unwrap()
+}
+
+/// A refusal's SQLSTATE, message and JSON detail reason. The statement runs in a savepoint
+/// (every caller is inside a transaction), so the transaction goes on after it.
+async fn refusal(
+    db: &Client,
+    sql: &str,
+    args: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> (String, String, String) {
+    db.batch_execute("SAVEPOINT refusal").await.unwrap();
+    let e = db.query(sql, args).await.expect_err(sql);
+    db.batch_execute("ROLLBACK TO SAVEPOINT refusal")
+        .await
+        .unwrap();
+    let d = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
+    let reason = d
+        .detail()
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .and_then(|v| v["reason"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    (d.code().code().to_owned(), d.message().to_owned(), reason)
+}
+
+/// One scope's rows read by synchro_seed_scope_rows: (cardinality, digest hex), computed
+/// with the protocol core.
+async fn digest_of(db: &Client, manifest: &Manifest, scope: &str) -> (i64, String) {
+    let rows = db
+        .query(
+            "SELECT * FROM synchro.synchro_seed_scope_rows($1)",
+            &[&scope],
+        )
+        .await
+        .unwrap();
+    let mut entries: Vec<(RowIdentity, [u8; 32])> = rows
+        .iter()
+        .map(|r| {
+            let d = row_digest(
+                manifest,
+                r.get(0),
+                &Json::parse(r.get(1)).unwrap(),
+                &Json::parse(r.get(2)).unwrap(),
+                r.get(3),
+            )
+            .unwrap();
+            (d.identity, d.digest)
+        })
+        .collect();
+    let d = scope_digest(&manifest.schema_hash(), scope, &mut entries, false).unwrap();
+    (rows.len() as i64, hex::encode(d.digest))
+}
+
+/// Begins and seals an export of `scopes` (byte order) with pages of `limit`: the sealed
+/// answer.
+async fn sealed(db: &Client, manifest: &Manifest, scopes: &[&str], limit: i32) -> Value {
+    let scopes: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
+    db.query_one(
+        "SELECT synchro.synchro_seed_export_begin($1, $2)",
+        &[&scopes, &limit],
+    )
+    .await
+    .unwrap();
+    let (mut counts, mut digests) = (Vec::new(), Vec::new());
+    for s in &scopes {
+        let (n, d) = digest_of(db, manifest, s).await;
+        counts.push(n);
+        digests.push(d);
+    }
+    json_of(
+        db,
+        "SELECT synchro.synchro_seed_export_seal($1, $2)::text",
+        &[&digests, &counts],
+    )
+    .await
+}
+
+/// A function's jsonb answer.
+async fn json_of(
+    db: &Client,
+    sql: &str,
+    args: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Value {
+    let text: String = db.query_one(sql, args).await.unwrap().get(0);
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn page(db: &Client, token: &str) -> String {
+    db.query_one("SELECT synchro.synchro_seed_page($1)", &[&token])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn an_export_pages_one_snapshot_in_identity_order_with_tokens_bound_to_it() {
+    let env = Env::installed().await;
+    let mut worker = boards(&env, 2500).await;
+    let manifest = synchro_server::publish::load_serving_lineage(&env.admin)
+        .await
+        .unwrap()
+        .current()
+        .unwrap()
+        .clone();
+    let (page_keys, receipt_keys) = (ring(&env, "page").await, ring(&env, "receipt").await);
+    let seed = env.login("synchro_dev_seed").await;
+    seed.batch_execute(BEGIN).await.unwrap();
+    let facts = json_of(
+        &seed,
+        "SELECT synchro.synchro_seed_export_begin(ARRAY['board:b', 'board:a'], 300)::text",
+        &[],
+    )
+    .await;
+    // The facts of the snapshot: the served schema, the boundary of what was materialized.
+    assert_eq!(facts["schema_hash"], json!(manifest.schema_hash_hex()));
+    assert_eq!(
+        facts["scopes"][0]["scope_id"],
+        json!("board:a"),
+        "byte order"
+    );
+    assert_eq!(facts["scopes"][0]["cardinality"], json!("833"));
+    assert_eq!(facts["scopes"][1]["cardinality"], json!("834"));
+    let watermark: i64 = env
+        .admin
+        .query_one(
+            "SELECT effect_position FROM synchro.synchro_pull_watermark()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let boundary =
+        SnapshotBoundary::from_json(&Json::parse(&facts["snapshot_boundary"].to_string()).unwrap())
+            .unwrap();
+    assert_eq!(boundary.position(), watermark as u64);
+    assert!(matches!(boundary, SnapshotBoundary::TransactionEnd { .. }));
+
+    // Writes committed and captured during the export are never in its pages.
+    env.admin
+        .batch_execute(
+            "INSERT INTO app.docs VALUES (9001, 'a', 'new');
+             UPDATE app.docs SET title = 'changed' WHERE id = 3;
+             DELETE FROM app.docs WHERE id = 6",
+        )
+        .await
+        .unwrap();
+    capture(&mut worker).await;
+
+    let (mut counts, mut digests) = (Vec::new(), Vec::new());
+    for s in ["board:a", "board:b"] {
+        let (n, d) = digest_of(&seed, &manifest, s).await;
+        counts.push(n);
+        digests.push(d);
+    }
+    assert_eq!(counts, vec![833, 834], "the snapshot, not the new writes");
+    // A cardinality the database did not count is refused, and nothing is sealed.
+    let wrong = vec![counts[0] + 1, counts[1]];
+    assert_eq!(
+        refusal(
+            &seed,
+            "SELECT synchro.synchro_seed_export_seal($1, $2)",
+            &[&digests, &wrong]
+        )
+        .await,
+        (
+            "22023".into(),
+            "invalid_seed_export".into(),
+            "cardinality_mismatch".into()
+        )
+    );
+    let sealed = json_of(
+        &seed,
+        "SELECT synchro.synchro_seed_export_seal($1, $2)::text",
+        &[&digests, &counts],
+    )
+    .await;
+    // The manifest the hash covers, checked by the protocol core.
+    let body = Json::parse(&sealed["manifest"].to_string()).unwrap();
+    let export = ExportManifest::from_json(&body).unwrap();
+    assert_eq!(
+        hex::encode(export.hash()),
+        sealed["export_manifest_hash"].as_str().unwrap()
+    );
+    assert_eq!(export.scopes.len(), 2);
+    assert_eq!(export.page_limit, 300);
+    assert_eq!(export.snapshot_boundary, boundary);
+
+    for (i, scope) in export.scopes.iter().enumerate() {
+        let mut token = sealed["page_tokens"][&scope.scope_id]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let mut entries: Vec<(RowIdentity, [u8; 32])> = Vec::new();
+        let mut ordinal = 0;
+        let receipt = loop {
+            let bound = SeedPage::open(&page_keys, &token).unwrap();
+            assert_eq!(bound.next_row_ordinal, ordinal);
+            assert_eq!(bound.export_manifest_hash, export.hash());
+            assert_eq!(bound.scope_id, scope.scope_id);
+            let text = page(&seed, &token).await;
+            assert_eq!(
+                page(&seed, &token).await,
+                text,
+                "a replayed token gives the same page"
+            );
+            let v = Json::parse(&text).unwrap();
+            let Some(Json::Array(records)) = v.get("records") else {
+                panic!("{text}")
+            };
+            for r in records {
+                let table_id = r.get("table_id").and_then(Json::as_str).unwrap();
+                let d = row_digest(
+                    &manifest,
+                    table_id,
+                    r.get("pk").unwrap(),
+                    r.get("row").unwrap(),
+                    r.get("server_version").and_then(Json::as_str).unwrap(),
+                )
+                .unwrap();
+                let table = manifest.table(table_id).unwrap();
+                let key =
+                    TypedValue::from_wire(&table.primary_key().spec, r.get("pk").unwrap()).unwrap();
+                assert_eq!(d.identity, RowIdentity::new(table, &key).unwrap());
+                if let Some((last, _)) = entries.last() {
+                    assert!(last < &d.identity, "strictly in identity order: {i}");
+                }
+                entries.push((d.identity, d.digest));
+            }
+            ordinal += records.len() as u64;
+            match (v.get("next_page_token"), v.get("receipt")) {
+                (Some(Json::String(next)), None) => {
+                    assert_eq!(records.len(), 300);
+                    token = next.clone();
+                }
+                (None, Some(Json::String(receipt))) => break receipt.clone(),
+                _ => panic!("a page ends with a next token or a receipt: {text}"),
+            }
+        };
+        assert_eq!(ordinal, scope.cardinality);
+        assert!(!entries.iter().any(|(_, d)| d == &[0; 32]));
+        let digest = scope_digest(
+            &manifest.schema_hash(),
+            &scope.scope_id,
+            &mut entries,
+            false,
+        )
+        .unwrap();
+        assert_eq!(digest.digest, scope.checksum.0);
+        // The receipt binds the scope's digest, cardinality and the boundary; no user.
+        let r = SeedReceipt::open(&receipt_keys, &receipt).unwrap();
+        assert_eq!(r, SeedReceipt::read_unverified(&receipt).unwrap());
+        assert_eq!(
+            (r.cardinality, r.checksum),
+            (scope.cardinality, scope.checksum)
+        );
+        assert_eq!(r.snapshot_boundary, boundary);
+        assert_eq!(r.export_manifest_hash, export.hash());
+        assert!(
+            SeedReceipt::open(&page_keys, &receipt).is_err(),
+            "its own key"
+        );
+    }
+    let state: String = seed
+        .query_one("SELECT current_setting('synchro.seed_export')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let first_a = sealed["page_tokens"]["board:a"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The export belongs to its connection: another one, in a transaction of its own, has
+    // none.
+    let elsewhere = env.login("synchro_dev_seed").await;
+    elsewhere.batch_execute(BEGIN).await.unwrap();
+    assert_eq!(
+        refusal(
+            &elsewhere,
+            "SELECT synchro.synchro_seed_page($1)",
+            &[&first_a]
+        )
+        .await,
+        (
+            "25000".into(),
+            "seed_export_state".into(),
+            "not_sealed".into()
+        )
+    );
+    seed.batch_execute("COMMIT").await.unwrap();
+
+    // After the transaction: nothing to page; a state carried over by hand is refused.
+    seed.batch_execute(BEGIN).await.unwrap();
+    assert_eq!(
+        refusal(&seed, "SELECT synchro.synchro_seed_page($1)", &[&first_a]).await,
+        (
+            "25000".into(),
+            "seed_export_state".into(),
+            "not_sealed".into()
+        )
+    );
+    seed.batch_execute("ROLLBACK").await.unwrap();
+    seed.batch_execute(BEGIN).await.unwrap();
+    seed.query_one(
+        "SELECT set_config('synchro.seed_export', $1, true)",
+        &[&state],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        refusal(&seed, "SELECT synchro.synchro_seed_page($1)", &[&first_a]).await,
+        (
+            "25000".into(),
+            "seed_export_state".into(),
+            "not_this_transaction".into()
+        )
+    );
+    seed.batch_execute("ROLLBACK").await.unwrap();
+
+    // Another export: the first export's tokens are not its own; an altered token is not a
+    // token.
+    seed.batch_execute(BEGIN).await.unwrap();
+    let other = sealed_export(&seed, &manifest).await;
+    assert_eq!(
+        refusal(&seed, "SELECT synchro.synchro_seed_page($1)", &[&first_a])
+            .await
+            .2,
+        "other_export"
+    );
+    let own = other["page_tokens"]["board:a"].as_str().unwrap().to_owned();
+    assert!(page(&seed, &own).await.contains("records"));
+    for i in [4, own.len() / 2, own.len() - 2] {
+        let mut bytes = own.clone().into_bytes();
+        bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
+        let altered = String::from_utf8(bytes).unwrap();
+        assert_eq!(
+            refusal(&seed, "SELECT synchro.synchro_seed_page($1)", &[&altered])
+                .await
+                .2,
+            "malformed_or_forged",
+            "{i}"
+        );
+    }
+    // A correctly signed token for an ordinal this export never issues (the test holds the
+    // page key), and one for a scope outside the export.
+    let mut bound = SeedPage::open(&page_keys, &own).unwrap();
+    bound.next_row_ordinal = 7;
+    assert_eq!(
+        refusal(
+            &seed,
+            "SELECT synchro.synchro_seed_page($1)",
+            &[&bound.sign(&page_keys)]
+        )
+        .await
+        .2,
+        "ordinal"
+    );
+    bound.next_row_ordinal = 0;
+    bound.scope_id = "board:c".into();
+    assert_eq!(
+        refusal(
+            &seed,
+            "SELECT synchro.synchro_seed_page($1)",
+            &[&bound.sign(&page_keys)]
+        )
+        .await
+        .2,
+        "other_export"
+    );
+    // One export per transaction.
+    assert_eq!(
+        refusal(
+            &seed,
+            "SELECT synchro.synchro_seed_export_begin(ARRAY['board:a'], 10)",
+            &[]
+        )
+        .await
+        .2,
+        "already_begun"
+    );
+    seed.batch_execute("ROLLBACK").await.unwrap();
+}
+
+async fn sealed_export(db: &Client, manifest: &Manifest) -> Value {
+    sealed(db, manifest, &["board:a", "board:b"], 1000).await
+}
+
+#[tokio::test]
+async fn an_export_runs_only_in_its_transaction_for_portable_scopes_as_the_seed_login() {
+    let env = Env::installed().await;
+    let _worker = boards(&env, 30).await;
+    let seed = env.login("synchro_dev_seed").await;
+    let begin = "SELECT synchro.synchro_seed_export_begin(ARRAY['board:a'], 100)";
+    for (start, reason) in [
+        ("BEGIN", "not_serializable"),
+        (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+            "not_serializable",
+        ),
+        (
+            "BEGIN ISOLATION LEVEL SERIALIZABLE DEFERRABLE",
+            "not_read_only",
+        ),
+        (
+            "BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY",
+            "not_deferrable",
+        ),
+    ] {
+        seed.batch_execute(start).await.unwrap();
+        assert_eq!(
+            refusal(&seed, begin, &[]).await,
+            (
+                "25000".into(),
+                "seed_export_transaction_required".into(),
+                reason.into()
+            ),
+            "{start}"
+        );
+        seed.batch_execute("ROLLBACK").await.unwrap();
+    }
+    for (scopes, limit, reason) in [
+        (vec!["board:c"], 100, "not_portable"),
+        (vec!["user:alice"], 100, "not_portable"),
+        (vec!["board:a", "board:a"], 100, "duplicate_scope"),
+        (vec![], 100, "no_scopes"),
+        (vec!["board:a"], 0, "page_limit"),
+        (vec!["board:a"], 10001, "page_limit"),
+    ] {
+        seed.batch_execute(BEGIN).await.unwrap();
+        let scopes: Vec<String> = scopes.into_iter().map(str::to_owned).collect();
+        assert_eq!(
+            refusal(
+                &seed,
+                "SELECT synchro.synchro_seed_export_begin($1, $2)",
+                &[&scopes, &limit]
+            )
+            .await,
+            ("22023".into(), "invalid_seed_export".into(), reason.into()),
+            "{scopes:?} {limit}"
+        );
+        seed.batch_execute("ROLLBACK").await.unwrap();
+    }
+    // Before begin, nothing; pages before the seal, nothing.
+    seed.batch_execute(BEGIN).await.unwrap();
+    assert_eq!(
+        refusal(
+            &seed,
+            "SELECT * FROM synchro.synchro_seed_scope_rows('board:a')",
+            &[]
+        )
+        .await
+        .2,
+        "not_begun"
+    );
+    seed.batch_execute("ROLLBACK").await.unwrap();
+    // Only the seed login runs an export; it reads no table directly.
+    for login in [
+        "synchro_dev_adapter",
+        "synchro_dev_operator",
+        "synchro_dev_monitor",
+    ] {
+        let db = env.login(login).await;
+        db.batch_execute(BEGIN).await.unwrap();
+        assert_eq!(sqlstate(&db, begin).await, "42501", "{login}");
+        db.batch_execute("ROLLBACK").await.unwrap();
+    }
+    for sql in [
+        "SELECT * FROM synchro.seed_keys",
+        "SELECT * FROM synchro.projection_rows",
+        "SELECT synchro.synchro_seed_sign('receipt', '{}')",
+        "SELECT * FROM app.docs",
+    ] {
+        assert_eq!(sqlstate(&seed, sql).await, "42501", "{sql}");
+    }
 }
