@@ -654,6 +654,8 @@ async fn a_checksum_object_of_any_other_shape_fails_the_whole_page() {
     );
 }
 
+/// Long on purpose: one short case per terminal rule of spec 001, so a failure names its
+/// rule.
 #[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 async fn every_terminal_rule_is_a_whole_page_contract() {

@@ -181,6 +181,8 @@ fn inspect(path: &PathBuf) -> Durable {
     }
 }
 
+/// Long on purpose: every failpoint in turn, each followed by the same checks of what
+/// survives and of the recovery.
 #[cfg_attr(not(target_arch = "wasm32"), tokio::test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 async fn every_interruption_leaves_source_with_journal_or_target_with_markers() {

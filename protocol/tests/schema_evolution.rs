@@ -36,6 +36,8 @@ fn with_null_history(fields: &[(&str, &str)]) -> TransitionFacts {
     }
 }
 
+/// Long on purpose: one short case per example of spec 000's change classes, so a failure
+/// names its example.
 #[test]
 fn classification_covers_every_listed_example() {
     let none = TransitionFacts::default();
@@ -763,6 +765,8 @@ fn describe(o: &ConnectOutcome) -> String {
     }
 }
 
+/// Long on purpose: one short case per row of spec 003's dispatch table, so a failure names
+/// its row.
 #[test]
 fn every_dispatch_row() {
     let s = setup();

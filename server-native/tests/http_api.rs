@@ -143,6 +143,8 @@ fn expect_error(
     bodies.push(v.to_string());
 }
 
+/// Long on purpose: one server starts once, and each connect case builds on the generations
+/// and holds the cases before it left.
 #[tokio::test]
 async fn connect_dispatch_errors_generations_and_canaries() {
     let s = start(Config {

@@ -755,6 +755,7 @@ async fn event_streams_are_capped_per_client_and_in_all() {
     drop((second, third));
 }
 
+/// Long on purpose: each cap is reached with the sessions the steps before opened.
 #[tokio::test]
 async fn rebuild_sessions_are_capped_per_client_and_a_repeated_rebuild_replaces() {
     let env = Env::installed().await;

@@ -23,6 +23,8 @@ const FORBIDDEN_VALUE: &str = "canary-forbidden-value-8b15";
 const CURSOR: &str = "canary-cursor-d00d";
 const KEYS: [i64; 4] = [4_242_424_242, 4_343_434_343, 4_444_444_444, 4_545_454_545];
 
+/// Long on purpose: everything that could log (each endpoint, capture, refusals) runs once
+/// at trace level, then the whole log is searched for every canary.
 #[tokio::test]
 async fn nothing_identifying_reaches_the_log_at_trace_level() {
     let env = Env::installed().await;

@@ -253,6 +253,8 @@ async fn deploy() -> Shop {
     }
 }
 
+/// One journey, long on purpose: each step is what the operator does next, on the state the
+/// steps before left.
 #[tokio::test]
 async fn an_operator_deploys_evolves_and_recovers_from_every_mistake_without_a_superuser() {
     let shop = deploy().await;

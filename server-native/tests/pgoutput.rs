@@ -10,6 +10,8 @@ fn t(s: &str) -> Value {
     Value::Text(s.as_bytes().to_vec())
 }
 
+/// Long on purpose: one stream of real transactions, each decoded message checked in commit
+/// order.
 #[tokio::test]
 async fn decodes_real_pgoutput_in_commit_order() {
     let cluster = TempCluster::start().unwrap();

@@ -341,6 +341,8 @@ async fn pull_refuses_with_the_spec_errors() {
     );
 }
 
+/// Long on purpose: one rebuild session followed page by page while writes land, then its
+/// hand-over to pull.
 #[tokio::test]
 async fn rebuild_pages_one_snapshot_and_hands_over_to_pull() {
     let mut s = stack().await;

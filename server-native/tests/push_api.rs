@@ -180,6 +180,8 @@ fn verify_row(m: &Manifest, pk: i64, o: &Value) {
     );
 }
 
+/// Long on purpose: each outcome and gate in turn, on the rows and batches the steps before
+/// wrote.
 #[tokio::test]
 async fn compare_and_swap_outcomes_replay_and_gates() {
     let s = Stack::start().await;

@@ -272,6 +272,8 @@ async fn page(db: &Client, token: &str) -> String {
         .get(0)
 }
 
+/// One export, long on purpose: every check is on the pages, tokens and receipts of the
+/// same transaction, then on what is refused after it.
 #[tokio::test]
 async fn an_export_pages_one_snapshot_in_identity_order_with_tokens_bound_to_it() {
     let env = Env::installed().await;

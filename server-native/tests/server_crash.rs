@@ -29,6 +29,8 @@ async fn post(http: &reqwest::Client, base: &str, token: &str, path: &str, body:
     r.json().await.unwrap()
 }
 
+/// Long on purpose: one write load, the kill, the restart, then every check of what
+/// survived.
 #[tokio::test]
 async fn kill_9_of_the_server_during_writes_loses_and_duplicates_nothing() {
     let env = Env::installed().await;

@@ -202,6 +202,8 @@ const CASES: &[(&str, &[&str], &[&str])] = &[
     ),
 ];
 
+/// Long on purpose: one case per refused value class, then capture is checked once for all
+/// of them.
 #[tokio::test]
 async fn writes_of_unrepresentable_values_are_refused_and_capture_keeps_flowing() {
     let env = Env::installed().await;
@@ -710,6 +712,8 @@ async fn the_sql_checks_refuse_exactly_what_capture_cannot_convert() {
 }
 
 /// A push stack on a table with json, jsonb and float4 columns.
+///
+/// Long on purpose: one case per value class, all in batches of the same client.
 #[tokio::test]
 async fn a_pushed_value_the_source_cannot_represent_is_that_mutations_invalid_value() {
     const SECRET: &str = "unrepresentable-secret-0123456789ab";

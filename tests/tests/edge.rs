@@ -246,6 +246,9 @@ async fn refused_at_the_edge(s: &Stack, what: &str, path: &str, auth: Option<&st
     );
 }
 
+/// Long on purpose: the gateway and the server start once (seconds each), then every
+/// malformed request goes to both, one short case after another, so a failure names its
+/// request.
 #[tokio::test]
 async fn every_malformed_request_is_refused_at_the_edge_as_the_server_refuses_it() {
     let s = Stack::start().await;

@@ -44,6 +44,8 @@ fn both<M: Message>(what: &str, real: &Json, fake: &Json) -> (BTreeSet<String>, 
     (shape(real), shape(fake))
 }
 
+/// Long on purpose: the same requests go to the fake and the real server one after another,
+/// each answer compared.
 #[tokio::test]
 async fn the_fake_server_answers_what_the_real_server_answers() {
     let d = synchro_testkit::pg::DocsServer::start(

@@ -445,6 +445,8 @@ async fn publish_class_4_without(s: &Stack, field: &str) {
     }
 }
 
+/// Long on purpose: three schema changes in a row, each met by the clients the change
+/// before left.
 #[tokio::test]
 async fn class_2_replace_class_3_rebuild_local_and_class_4_unsupported() {
     let s = Stack::start().await;
