@@ -368,8 +368,18 @@ impl SeedPage {
 
     /// Opens a page token: shape, MAC (constant time) and exactly its members.
     pub fn open(ring: &Keyring, token: &str) -> Result<SeedPage> {
-        let v = open(Purpose::SeedPage, ring, token)?;
-        let m = exact(&v, &PAGE_MEMBERS)?;
+        SeedPage::from_payload(&open(Purpose::SeedPage, ring, token)?)
+    }
+
+    /// Reads a page token's bindings without its MAC: what the exporter, to which tokens
+    /// are opaque and which holds no key, checks each page against (spec 001 "Seed
+    /// verification", check 3). Only the database's check makes a token authoritative.
+    pub fn read_unverified(token: &str) -> Result<SeedPage> {
+        SeedPage::from_payload(&unverified_payload("sp1", token)?)
+    }
+
+    fn from_payload(v: &Json) -> Result<SeedPage> {
+        let m = exact(v, &PAGE_MEMBERS)?;
         if m.text("kind")? != "portable_seed_page" || !m.version_one() {
             return Err(bad("not a version 1 seed page token"));
         }
@@ -499,22 +509,7 @@ impl SeedReceipt {
     /// of the receipts it stores (to compare the scope digest with its rows). Only the
     /// server's [`SeedReceipt::open`] makes a receipt authoritative.
     pub fn read_unverified(token: &str) -> Result<SeedReceipt> {
-        let mut parts = token.split('.');
-        let (Some("sc1"), Some(payload), Some(_), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(bad("not a seed continuation receipt"));
-        };
-        use base64::Engine as _;
-        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(payload)
-            .map_err(|_| bad("payload is not base64url"))?;
-        let text = std::str::from_utf8(&payload).map_err(|_| bad("payload is not UTF-8"))?;
-        let v = Json::parse(text).map_err(|_| bad("payload is not JSON"))?;
-        if jcs::to_output_string(&v) != text {
-            return Err(bad("payload is not canonical"));
-        }
-        SeedReceipt::from_payload(&v)
+        SeedReceipt::from_payload(&unverified_payload("sc1", token)?)
     }
 
     fn from_payload(v: &Json) -> Result<SeedReceipt> {
@@ -542,6 +537,29 @@ impl SeedReceipt {
             issued_at,
         })
     }
+}
+
+/// The canonical payload of a `<prefix>.` token, its MAC not checked.
+fn unverified_payload(prefix: &str, token: &str) -> Result<Json> {
+    use base64::Engine as _;
+    let mut parts = token.split('.');
+    let (Some(p), Some(payload), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad("token must have three dot-separated parts"));
+    };
+    if p != prefix || token.len() > crate::token::MAX_TOKEN_LEN {
+        return Err(bad("token is not of this purpose"));
+    }
+    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .map_err(|_| bad("payload is not base64url"))?;
+    let text = std::str::from_utf8(&payload).map_err(|_| bad("payload is not UTF-8"))?;
+    let v = Json::parse(text).map_err(|_| bad("payload is not JSON"))?;
+    if jcs::to_output_string(&v) != text {
+        return Err(bad("payload is not canonical"));
+    }
+    Ok(v)
 }
 
 fn bad(reason: &'static str) -> Error {

@@ -54,6 +54,7 @@ fn page_tokens_match_the_vectors_and_open_to_their_bindings() {
         let expect = text(&c, "expect");
         let page = SeedPage::open(&ring, expect).unwrap();
         assert_eq!(page.sign(&ring), expect, "{c:?}");
+        assert_eq!(SeedPage::read_unverified(expect).unwrap(), page);
         let payload = c.get("payload").unwrap();
         assert_eq!(page.scope_id, text(payload, "scope_id"));
         assert_eq!(
@@ -124,6 +125,7 @@ fn every_altered_or_misdirected_token_is_refused() {
     assert!(SeedPage::open(&page_ring, receipt_token).is_err());
     assert!(SeedPage::open(&receipt_ring, page_token).is_err());
     assert!(SeedReceipt::read_unverified(page_token).is_err());
+    assert!(SeedPage::read_unverified(receipt_token).is_err());
     let other = Keyring::new(text(page, "key_id"), &[7u8; 32]).unwrap();
     assert!(SeedPage::open(&other, page_token).is_err(), "another key");
     let same_bytes = page_token.replacen("sp1.", "c1.", 1);

@@ -35,6 +35,7 @@ pub mod probe;
 pub mod publish;
 pub mod registry;
 pub mod retention;
+pub mod seed;
 pub mod serve;
 
 /// The `application_name` of every session [`connect_db`] opens: the command (`synchro-server

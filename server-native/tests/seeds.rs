@@ -654,3 +654,198 @@ async fn an_export_runs_only_in_its_transaction_for_portable_scopes_as_the_seed_
         assert_eq!(sqlstate(&seed, sql).await, "42501", "{sql}");
     }
 }
+
+/// A JSON object's members, in order.
+type Members = Vec<(String, Json)>;
+
+/// Spec 001 negative control 10, for what exists of it so far: a real export verifies, and a
+/// missing row, an altered row, a missing or stale server version, a wrong digest, an
+/// incomplete page sequence and a stale receipt each prevent publication. (A corrupt SQLite
+/// file and a nonempty queue come with the artifact.)
+#[tokio::test]
+async fn the_exporter_verifies_an_export_and_every_tampered_page_prevents_it() {
+    use synchro_server::seed::{self, SeedError};
+    let env = Env::installed().await;
+    let _worker = boards(&env, 700).await;
+    let mut db = env.login("synchro_dev_seed").await;
+    let scopes = vec!["board:a".to_owned(), "board:b".to_owned()];
+    let mut seen = Vec::new();
+    let verified = seed::export(&mut db, &scopes, 100, |p| seen.push(p))
+        .await
+        .unwrap();
+    assert_eq!(verified.scopes.len(), 2);
+    for s in &verified.scopes {
+        assert_eq!(s.records.len() as u64, s.scope.cardinality);
+        assert_eq!(
+            SeedReceipt::read_unverified(&s.receipt)
+                .unwrap()
+                .cardinality,
+            s.scope.cardinality
+        );
+    }
+    assert_eq!(
+        verified.scopes[0].records.len() + verified.scopes[1].records.len(),
+        467
+    );
+    let last = seen.last().unwrap();
+    assert_eq!(
+        (last.rows, last.total, last.pass),
+        (467, 467, 2),
+        "progress reaches the total"
+    );
+
+    let fetched = seed::fetch(&mut db, &scopes, 100, |_| {}).await.unwrap();
+    let check = |pages: Vec<seed::ScopePages>, export: ExportManifest| {
+        seed::verify(fetched.manifest.clone(), export, &scopes, &pages)
+    };
+    assert!(check(fetched.pages.clone(), fetched.export.clone()).is_ok());
+    // Rewrites record `index` of the first page of the first scope.
+    let tamper = |edit: &dyn Fn(&mut Members)| {
+        let mut pages = fetched.pages.clone();
+        let (_, text) = &mut pages[0].pages[0];
+        let Json::Object(mut page) = Json::parse(text).unwrap() else {
+            panic!()
+        };
+        for (name, value) in page.iter_mut() {
+            if name == "records" {
+                let Json::Array(records) = value else {
+                    panic!()
+                };
+                let Json::Object(record) = &mut records[3] else {
+                    panic!()
+                };
+                edit(record);
+            }
+        }
+        *text = synchro_protocol::jcs::to_output_string(&Json::Object(page));
+        pages
+    };
+    let set = |name: &'static str, value: Json| {
+        move |r: &mut Members| {
+            for (k, v) in r.iter_mut() {
+                if k == name {
+                    *v = value.clone();
+                }
+            }
+        }
+    };
+    let refused = |r: Result<seed::VerifiedExport, SeedError>, why: &str| match r {
+        Err(SeedError::Verification(w)) => assert_eq!(w, why),
+        other => panic!("{why}: {other:?}"),
+    };
+    // A missing row.
+    let mut missing = fetched.pages.clone();
+    {
+        let (_, text) = &mut missing[0].pages[0];
+        let Json::Object(mut page) = Json::parse(text).unwrap() else {
+            panic!()
+        };
+        for (name, value) in page.iter_mut() {
+            if name == "records" {
+                let Json::Array(records) = value else {
+                    panic!()
+                };
+                records.remove(5);
+            }
+        }
+        *text = synchro_protocol::jcs::to_output_string(&Json::Object(page));
+    }
+    refused(
+        check(missing, fetched.export.clone()),
+        "a page ends neither with a full page nor a receipt",
+    );
+    // An altered row: its digest recomputes, but the scope's no longer matches.
+    let altered = tamper(&|r| {
+        for (k, v) in r.iter_mut() {
+            if k == "row" {
+                let Json::Object(fields) = v else { panic!() };
+                for (_, f) in fields.iter_mut() {
+                    if let Json::String(s) = f {
+                        if s.starts_with("doc ") {
+                            *s = "forged".into();
+                        }
+                    }
+                }
+            }
+        }
+    });
+    refused(
+        check(altered, fetched.export.clone()),
+        "a scope's rows do not match its digest",
+    );
+    // A missing and a stale server version.
+    refused(
+        check(
+            tamper(&set("server_version", Json::String(String::new()))),
+            fetched.export.clone(),
+        ),
+        "a row has no server version",
+    );
+    refused(
+        check(
+            tamper(&set("server_version", Json::String("999999".into()))),
+            fetched.export.clone(),
+        ),
+        "a scope's rows do not match its digest",
+    );
+    // A wrong digest in the export manifest (its pages and receipt name the true hash).
+    let mut wrong = fetched.export.clone();
+    wrong.scopes[0].checksum.0[0] ^= 1;
+    refused(
+        check(fetched.pages.clone(), wrong),
+        "a page is not bound to this export at its ordinal",
+    );
+    // An incomplete page sequence: a middle page dropped, or the final one.
+    let mut gap = fetched.pages.clone();
+    gap[0].pages.remove(1);
+    refused(
+        check(gap, fetched.export.clone()),
+        "a page is not bound to this export at its ordinal",
+    );
+    let mut cut = fetched.pages.clone();
+    cut[0].pages.pop();
+    refused(
+        check(cut, fetched.export.clone()),
+        "the scope's final page is missing",
+    );
+    // A stale receipt: the one of an earlier export of the same scope.
+    let mut stale = fetched.pages.clone();
+    let earlier = &verified.scopes[0].receipt;
+    {
+        let (_, text) = stale[0].pages.last_mut().unwrap();
+        let Json::Object(mut page) = Json::parse(text).unwrap() else {
+            panic!()
+        };
+        for (name, value) in page.iter_mut() {
+            if name == "receipt" {
+                *value = Json::String(earlier.clone());
+            }
+        }
+        *text = synchro_protocol::jcs::to_output_string(&Json::Object(page));
+    }
+    refused(
+        check(stale, fetched.export.clone()),
+        "a receipt does not match its scope",
+    );
+    // Scopes other than the requested ones.
+    assert!(matches!(
+        seed::verify(
+            fetched.manifest.clone(),
+            fetched.export.clone(),
+            &scopes[..1],
+            &fetched.pages
+        ),
+        Err(SeedError::Verification(
+            "the exported scopes are not the requested ones"
+        ))
+    ));
+    // A refusal of the database is typed, naming no scope.
+    let err = seed::export(&mut db, &["board:c".to_owned()], 100, |_| {})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SeedError::Refused { code, reason } if code == "invalid_seed_export" && reason == "not_portable"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("board"), "{err}");
+}

@@ -1,0 +1,517 @@
+//! Portable seed export, the exporter's side (spec 001 "Snapshot-bound portable seed
+//! export", "Seed verification and artifact publication"): [`export`] runs the seed
+//! functions of `sql/install/55_seed.sql` in one SERIALIZABLE READ ONLY DEFERRABLE
+//! transaction of a seed login, and [`verify`] checks what they returned before anything is
+//! published (checks 1 to 7 of the spec; the SQLite artifact's checks 8 to 10 follow when it
+//! is built).
+//!
+//! The scope digests are computed here, with the protocol core, from the rows the export's
+//! own snapshot holds (a first pass, `synchro_seed_scope_rows`), and bound by the database
+//! into the export manifest, the page tokens and the receipts; the pages (the second pass)
+//! are then verified against them: every row digest recomputed, the identities strictly
+//! ordered with no gap, each scope's cardinality and digest, each receipt's bindings.
+//! Errors name no scope, key or value.
+
+use std::collections::BTreeSet;
+
+use synchro_protocol::checksum::Checksum;
+use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity, ScopeDigester};
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::seed::{ExportManifest, ExportScope, SeedPage, SeedReceipt};
+use tokio_postgres::{Client, IsolationLevel};
+
+/// Why an export produced nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum SeedError {
+    /// A seed function refused (its typed code and reason; `seed_export_transaction_required`,
+    /// `invalid_seed_export`, `seed_export_state`, `invalid_seed_page_token`).
+    #[error("the database refused the export: {code} ({reason})")]
+    Refused {
+        /// The refusal's code.
+        code: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// What the database returned does not verify: nothing may be published.
+    #[error("the export does not verify: {0}")]
+    Verification(&'static str),
+    /// The database could not be read.
+    #[error("{0}")]
+    Database(String),
+}
+
+impl From<tokio_postgres::Error> for SeedError {
+    fn from(e: tokio_postgres::Error) -> SeedError {
+        if let Some(d) = e.as_db_error() {
+            let reason = d
+                .detail()
+                .and_then(|t| Json::parse(t).ok())
+                .and_then(|v| v.get("reason").and_then(Json::as_str).map(str::to_owned));
+            if let Some(reason) = reason {
+                return SeedError::Refused {
+                    code: d.message().to_owned(),
+                    reason,
+                };
+            }
+        }
+        SeedError::Database(crate::install::describe_for_log(&e))
+    }
+}
+
+fn unverified(what: &'static str) -> SeedError {
+    SeedError::Verification(what)
+}
+
+/// One verified seed row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedRecord {
+    /// The table.
+    pub table_id: String,
+    /// The key's wire value.
+    pub pk: Json,
+    /// The complete row, keyed by field ID.
+    pub row: Json,
+    /// Its opaque server version (the local compare-and-swap base).
+    pub server_version: String,
+    /// Its row digest, recomputed.
+    pub digest: [u8; 32],
+}
+
+/// One verified scope: its entry of the export manifest, its rows in identity order and its
+/// continuation receipt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifiedScope {
+    /// The manifest entry.
+    pub scope: ExportScope,
+    /// The rows, in unsigned canonical row-identity order.
+    pub records: Vec<SeedRecord>,
+    /// The `sc1.` receipt.
+    pub receipt: String,
+}
+
+/// An export whose every check passed.
+#[derive(Debug, Clone)]
+pub struct VerifiedExport {
+    /// The schema manifest the rows are under.
+    pub manifest: Manifest,
+    /// The export manifest.
+    pub export: ExportManifest,
+    /// Its hash.
+    pub export_manifest_hash: [u8; 32],
+    /// The scopes, in the export manifest's order.
+    pub scopes: Vec<VerifiedScope>,
+}
+
+/// What one scope's pages were: each page's token as presented and the page as returned.
+#[derive(Debug, Clone)]
+pub struct ScopePages {
+    /// The scope.
+    pub scope_id: String,
+    /// (token, page JSON text), in the order they were fetched.
+    pub pages: Vec<(String, String)>,
+}
+
+/// How far an export is (for a progress line).
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Rows read in this pass so far.
+    pub rows: u64,
+    /// Rows in all the scopes.
+    pub total: u64,
+    /// 1: digests, 2: pages.
+    pub pass: u8,
+}
+
+/// What an export returned, before [`verify`].
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// The served schema manifest (check 1 passed).
+    pub manifest: Manifest,
+    /// The sealed export manifest (its hash checked).
+    pub export: ExportManifest,
+    /// Each scope's pages.
+    pub pages: Vec<ScopePages>,
+}
+
+/// Exports `scopes` (declared portable) with pages of `page_limit` records, on `db` (a seed
+/// login's connection), and verifies everything before returning it. `progress` is called
+/// after each scope of the first pass and each page of the second.
+pub async fn export(
+    db: &mut Client,
+    scopes: &[String],
+    page_limit: u32,
+    progress: impl FnMut(Progress),
+) -> Result<VerifiedExport, SeedError> {
+    let f = fetch(db, scopes, page_limit, progress).await?;
+    verify(f.manifest, f.export, scopes, &f.pages)
+}
+
+/// The database side of [`export`]: both passes in one transaction, nothing verified
+/// beyond the served manifest's hash and the export manifest's.
+pub async fn fetch(
+    db: &mut Client,
+    scopes: &[String],
+    page_limit: u32,
+    mut progress: impl FnMut(Progress),
+) -> Result<Fetched, SeedError> {
+    let tx = db
+        .build_transaction()
+        .isolation_level(IsolationLevel::Serializable)
+        .read_only(true)
+        .deferrable(true)
+        .start()
+        .await?;
+    let facts: String = tx
+        .query_one(
+            "SELECT synchro.synchro_seed_export_begin($1, $2)::text",
+            &[&scopes, &(page_limit as i32)],
+        )
+        .await?
+        .get(0);
+    let facts = Json::parse(&facts).map_err(|_| unverified("the export's facts are not JSON"))?;
+    let manifest = served_manifest(&tx, &facts).await?;
+    let Some(Json::Array(entries)) = facts.get("scopes") else {
+        return Err(unverified("the export's facts have no scopes"));
+    };
+    let order: Vec<String> = entries
+        .iter()
+        .map(|e| e.get("scope_id").and_then(Json::as_str).map(str::to_owned))
+        .collect::<Option<_>>()
+        .ok_or(unverified("a scope of the facts has no ID"))?;
+    let total = entries
+        .iter()
+        .filter_map(|e| e.get("cardinality").and_then(Json::as_str))
+        .filter_map(|c| c.parse::<u64>().ok())
+        .sum();
+
+    // Pass 1: each scope's digest from the rows of this snapshot.
+    let (mut digests, mut counts) = (Vec::new(), Vec::new());
+    let mut done = 0;
+    for scope in &order {
+        let rows = tx
+            .query(
+                "SELECT table_id, pk, row_json, server_version FROM synchro.synchro_seed_scope_rows($1)",
+                &[scope],
+            )
+            .await?;
+        let mut digested = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let record = record(&manifest, r.get(0), r.get(1), r.get(2), r.get(3))?;
+            let identity = identity(&manifest, &record)?;
+            digested.push((identity, record.digest));
+        }
+        let d = scope_digest(&manifest.schema_hash(), scope, &mut digested, false)
+            .map_err(|_| unverified("a scope holds one row twice"))?;
+        digests.push(hex::encode(d.digest));
+        counts.push(rows.len() as i64);
+        done += rows.len() as u64;
+        progress(Progress {
+            rows: done,
+            total,
+            pass: 1,
+        });
+    }
+    let sealed: String = tx
+        .query_one(
+            "SELECT synchro.synchro_seed_export_seal($1, $2)::text",
+            &[&digests, &counts],
+        )
+        .await?
+        .get(0);
+    let sealed = Json::parse(&sealed).map_err(|_| unverified("the sealed export is not JSON"))?;
+    let export = ExportManifest::from_json(sealed.get("manifest").unwrap_or(&Json::Null))
+        .map_err(|_| unverified("the export manifest does not parse"))?;
+    let hash = export.hash();
+    if sealed.get("export_manifest_hash").and_then(Json::as_str) != Some(&hex::encode(hash)) {
+        return Err(unverified("the export manifest does not match its hash"));
+    }
+
+    // Pass 2: every page of every scope, each token as the database issued it.
+    let mut pages = Vec::with_capacity(order.len());
+    let mut done = 0;
+    for scope in &order {
+        let mut token = sealed
+            .get("page_tokens")
+            .and_then(|t| t.get(scope))
+            .and_then(Json::as_str)
+            .ok_or(unverified("a scope has no first page token"))?
+            .to_owned();
+        let mut fetched = ScopePages {
+            scope_id: scope.clone(),
+            pages: Vec::new(),
+        };
+        loop {
+            let text: String = tx
+                .query_one("SELECT synchro.synchro_seed_page($1)", &[&token])
+                .await?
+                .get(0);
+            let next = Json::parse(&text).ok().and_then(|v| {
+                v.get("next_page_token")
+                    .and_then(Json::as_str)
+                    .map(str::to_owned)
+            });
+            done += count_records(&text);
+            fetched.pages.push((token, text));
+            progress(Progress {
+                rows: done,
+                total,
+                pass: 2,
+            });
+            match next {
+                Some(t) => token = t,
+                None => break,
+            }
+        }
+        pages.push(fetched);
+    }
+    tx.commit().await?;
+    Ok(Fetched {
+        manifest,
+        export,
+        pages,
+    })
+}
+
+/// The records of a page (for progress only).
+fn count_records(page: &str) -> u64 {
+    match Json::parse(page)
+        .ok()
+        .as_ref()
+        .and_then(|v| v.get("records"))
+    {
+        Some(Json::Array(r)) => r.len() as u64,
+        _ => 0,
+    }
+}
+
+/// Check 1: the schema manifest the facts name, whose body must match its declared hash.
+async fn served_manifest(
+    tx: &tokio_postgres::Transaction<'_>,
+    facts: &Json,
+) -> Result<Manifest, SeedError> {
+    let version: i64 = facts
+        .get("schema_version")
+        .and_then(Json::as_str)
+        .and_then(|v| v.parse().ok())
+        .ok_or(unverified("the facts have no schema version"))?;
+    let hash = facts
+        .get("schema_hash")
+        .and_then(Json::as_str)
+        .ok_or(unverified("the facts have no schema hash"))?;
+    let row = tx
+        .query_opt(
+            "SELECT body, schema_hash FROM synchro.synchro_manifest_history() WHERE schema_version = $1",
+            &[&version],
+        )
+        .await?
+        .ok_or(unverified("the served manifest is not in the history"))?;
+    let manifest = Manifest::parse(row.get(0))
+        .map_err(|_| unverified("the served manifest does not validate"))?;
+    if manifest.schema_hash_hex() != hash || row.get::<_, &str>(1) != hash {
+        return Err(unverified(
+            "the served manifest does not match its schema hash",
+        ));
+    }
+    Ok(manifest)
+}
+
+/// Check 4 for one row: a supported table, a key of its type, an opaque version, and a row
+/// digest that recomputes over that version.
+fn record(
+    manifest: &Manifest,
+    table_id: &str,
+    pk: &str,
+    row: &str,
+    server_version: &str,
+) -> Result<SeedRecord, SeedError> {
+    let pk = Json::parse(pk).map_err(|_| unverified("a key is not JSON"))?;
+    let row = Json::parse(row).map_err(|_| unverified("a row is not JSON"))?;
+    if server_version.is_empty() {
+        return Err(unverified("a row has no server version"));
+    }
+    let d = row_digest(manifest, table_id, &pk, &row, server_version)
+        .map_err(|_| unverified("a row does not match its table"))?;
+    Ok(SeedRecord {
+        table_id: table_id.to_owned(),
+        pk,
+        row,
+        server_version: server_version.to_owned(),
+        digest: d.digest,
+    })
+}
+
+fn identity(manifest: &Manifest, r: &SeedRecord) -> Result<RowIdentity, SeedError> {
+    let table = manifest
+        .table(&r.table_id)
+        .ok_or(unverified("a row names an unknown table"))?;
+    let key = synchro_protocol::value::TypedValue::from_wire(&table.primary_key().spec, &r.pk)
+        .map_err(|_| unverified("a key does not match its type"))?;
+    RowIdentity::new(table, &key).map_err(|_| unverified("a key cannot form a row identity"))
+}
+
+/// Checks 2 to 7 of spec 001 over what an export returned: the scope set is exactly the one
+/// requested; every page is bound to this export, schema, scope, generations, boundary and
+/// the next ordinal expected; every row recomputes its digest; identities strictly ordered
+/// with no page missing; each scope's cardinality and digest as the export manifest says;
+/// each receipt bound to the same schema, scope, generations, boundary, cardinality and
+/// digest.
+pub fn verify(
+    manifest: Manifest,
+    export: ExportManifest,
+    requested: &[String],
+    pages: &[ScopePages],
+) -> Result<VerifiedExport, SeedError> {
+    let hash = export.hash();
+    // Check 2: the exact scope set.
+    let requested_set: BTreeSet<&str> = requested.iter().map(String::as_str).collect();
+    let exported: Vec<&str> = export.scopes.iter().map(|s| s.scope_id.as_str()).collect();
+    if requested_set.len() != requested.len()
+        || exported.iter().copied().collect::<BTreeSet<_>>() != requested_set
+        || exported.len() != requested.len()
+    {
+        return Err(unverified("the exported scopes are not the requested ones"));
+    }
+    if manifest.schema_hash() != export.schema_hash
+        || manifest.schema_version != export.schema_version
+    {
+        return Err(unverified("the export is of another schema"));
+    }
+    if pages.len() != export.scopes.len() {
+        return Err(unverified("a scope's pages are missing"));
+    }
+    let mut scopes = Vec::with_capacity(export.scopes.len());
+    for (scope, fetched) in export.scopes.iter().zip(pages) {
+        if fetched.scope_id != scope.scope_id {
+            return Err(unverified("pages of another scope"));
+        }
+        scopes.push(verify_scope(&manifest, &export, &hash, scope, fetched)?);
+    }
+    Ok(VerifiedExport {
+        manifest,
+        export,
+        export_manifest_hash: hash,
+        scopes,
+    })
+}
+
+/// Checks 3 to 7 for one scope.
+fn verify_scope(
+    manifest: &Manifest,
+    export: &ExportManifest,
+    hash: &[u8; 32],
+    scope: &ExportScope,
+    fetched: &ScopePages,
+) -> Result<VerifiedScope, SeedError> {
+    let limit = export.page_limit;
+    let mut digester =
+        ScopeDigester::new(&manifest.schema_hash(), &scope.scope_id, scope.cardinality)
+            .map_err(|_| unverified("a scope digest cannot start"))?;
+    let mut records = Vec::with_capacity(scope.cardinality as usize);
+    let mut last: Option<RowIdentity> = None;
+    let mut receipt = None;
+    for (i, (token, text)) in fetched.pages.iter().enumerate() {
+        if receipt.is_some() {
+            return Err(unverified("a page follows the final page"));
+        }
+        // Check 3: the page's bindings.
+        let bound = SeedPage::read_unverified(token)
+            .map_err(|_| unverified("a page token does not read"))?;
+        let expected_ordinal = i as u64 * limit;
+        if bound.export_id != export.export_id
+            || &bound.export_manifest_hash != hash
+            || bound.schema_hash != export.schema_hash
+            || bound.scope_id != scope.scope_id
+            || bound.registry_generation != scope.registry_generation
+            || bound.membership_generation != scope.membership_generation
+            || bound.retention_generation != scope.retention_generation
+            || bound.stream_generation != export.stream_generation
+            || bound.snapshot_boundary != export.snapshot_boundary
+            || bound.page_limit != limit
+            || bound.next_row_ordinal != expected_ordinal
+        {
+            return Err(unverified(
+                "a page is not bound to this export at its ordinal",
+            ));
+        }
+        let page = Json::parse(text).map_err(|_| unverified("a page is not JSON"))?;
+        let Some(Json::Array(items)) = page.get("records") else {
+            return Err(unverified("a page has no records"));
+        };
+        for item in items {
+            let text_of = |name| item.get(name).and_then(Json::as_str);
+            let (Some(table_id), Some(pk), Some(row), Some(version)) = (
+                text_of("table_id"),
+                item.get("pk"),
+                item.get("row"),
+                text_of("server_version"),
+            ) else {
+                return Err(unverified("a record lacks a member"));
+            };
+            // Check 4: the row, its version and its digest.
+            if version.is_empty() {
+                return Err(unverified("a row has no server version"));
+            }
+            let d = row_digest(manifest, table_id, pk, row, version)
+                .map_err(|_| unverified("a row does not match its table"))?;
+            // Check 5: strictly ordered identities.
+            if last.as_ref().is_some_and(|l| l >= &d.identity) {
+                return Err(unverified("rows are not in strict identity order"));
+            }
+            digester
+                .add(&d.identity, &d.digest)
+                .map_err(|_| unverified("a scope holds more rows than its cardinality"))?;
+            last = Some(d.identity);
+            records.push(SeedRecord {
+                table_id: table_id.to_owned(),
+                pk: pk.clone(),
+                row: row.clone(),
+                server_version: version.to_owned(),
+                digest: d.digest,
+            });
+        }
+        let full = items.len() as u64 == limit;
+        match (page.get("next_page_token"), page.get("receipt")) {
+            (Some(Json::String(_)), None) if full => {}
+            (None, Some(Json::String(r))) => receipt = Some(r.clone()),
+            _ => {
+                return Err(unverified(
+                    "a page ends neither with a full page nor a receipt",
+                ))
+            }
+        }
+    }
+    // Check 5 (no page missing) and 6: cardinality and digest.
+    let receipt = receipt.ok_or(unverified("the scope's final page is missing"))?;
+    if records.len() as u64 != scope.cardinality {
+        return Err(unverified("a scope's rows are not its cardinality"));
+    }
+    let digest = digester
+        .finish()
+        .map_err(|_| unverified("a scope's rows are not its cardinality"))?;
+    if Checksum(digest.digest) != scope.checksum {
+        return Err(unverified("a scope's rows do not match its digest"));
+    }
+    // Check 7: the receipt's bindings.
+    let r = SeedReceipt::read_unverified(&receipt)
+        .map_err(|_| unverified("a receipt does not read"))?;
+    if r.export_id != export.export_id
+        || &r.export_manifest_hash != hash
+        || r.schema_hash != export.schema_hash
+        || r.scope_id != scope.scope_id
+        || r.registry_generation != scope.registry_generation
+        || r.membership_generation != scope.membership_generation
+        || r.retention_generation != scope.retention_generation
+        || r.stream_generation != export.stream_generation
+        || r.snapshot_boundary != export.snapshot_boundary
+        || r.cardinality != scope.cardinality
+        || r.checksum != scope.checksum
+    {
+        return Err(unverified("a receipt does not match its scope"));
+    }
+    Ok(VerifiedScope {
+        scope: scope.clone(),
+        records,
+        receipt,
+    })
+}
