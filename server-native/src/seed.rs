@@ -246,12 +246,14 @@ pub async fn fetch(
                 .query_one("SELECT synchro.synchro_seed_page($1)", &[&token])
                 .await?
                 .get(0);
-            let next = Json::parse(&text).ok().and_then(|v| {
-                v.get("next_page_token")
-                    .and_then(Json::as_str)
-                    .map(str::to_owned)
-            });
-            done += count_records(&text);
+            let page = Json::parse(&text).map_err(|_| unverified("a page is not JSON"))?;
+            let next = page
+                .get("next_page_token")
+                .and_then(Json::as_str)
+                .map(str::to_owned);
+            if let Some(Json::Array(records)) = page.get("records") {
+                done += records.len() as u64;
+            }
             fetched.pages.push((token, text));
             progress(Progress {
                 rows: done,
@@ -271,18 +273,6 @@ pub async fn fetch(
         export,
         pages,
     })
-}
-
-/// The records of a page (for progress only).
-fn count_records(page: &str) -> u64 {
-    match Json::parse(page)
-        .ok()
-        .as_ref()
-        .and_then(|v| v.get("records"))
-    {
-        Some(Json::Array(r)) => r.len() as u64,
-        _ => 0,
-    }
 }
 
 /// Check 1: the schema manifest the facts name, whose body must match its declared hash.

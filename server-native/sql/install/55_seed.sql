@@ -295,23 +295,25 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_served_manifest() FROM PUBLIC;
 
--- The canonical row identity octets (protocol/src/digest.rs RowIdentity) of a row whose key
--- has the wire JSON text p_pk: they order rows as the scope digest does (bytea compares as
--- unsigned octets).
-CREATE FUNCTION synchro.synchro_row_identity(p_table_id text, p_key_field_id text, p_key_type text, p_pk text)
+-- Rows ordered as their canonical row identities (protocol/src/digest.rs RowIdentity:
+-- domain, blob(table_id), blob(key field_id), type tag, 0x01, key value; compared as
+-- unsigned octets) without building them: by the part that is constant for a relation
+-- (synchro_seed_order_prefix), then by the key's own octets, computed inline in
+-- synchro_seed_records (as a function, called per row with its pinned search_path, they cost
+-- about 10 us a row: half of a 100,000-row export).
+-- Prefixes are length-prefixed, so two different ones differ at an octet inside both and
+-- (prefix, key) sorts exactly as prefix || key. The key's wire JSON text is read without
+-- jsonb where it can be: an int is a JSON number, an int64 a string of digits, a string
+-- without a backslash its own text between the quotes.
+CREATE FUNCTION synchro.synchro_seed_order_prefix(p_table_id text, p_key_field_id text, p_key_type text)
 RETURNS bytea
 LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT convert_to('synchro:v3:row-identity:v1', 'UTF8') || '\x00'::bytea
-        || int8send(octet_length(convert_to(p_table_id, 'UTF8'))) || convert_to(p_table_id, 'UTF8')
+    SELECT int8send(octet_length(convert_to(p_table_id, 'UTF8'))) || convert_to(p_table_id, 'UTF8')
         || int8send(octet_length(convert_to(p_key_field_id, 'UTF8'))) || convert_to(p_key_field_id, 'UTF8')
-        || CASE p_key_type
-               WHEN 'string' THEN '\x0101'::bytea
-                   || int8send(octet_length(convert_to(p_pk::jsonb #>> '{}', 'UTF8'))) || convert_to(p_pk::jsonb #>> '{}', 'UTF8')
-               WHEN 'int' THEN '\x0201'::bytea || int4send((p_pk::jsonb #>> '{}')::integer)
-               WHEN 'int64' THEN '\x0301'::bytea || int8send((p_pk::jsonb #>> '{}')::bigint)
-           END
+        || CASE p_key_type WHEN 'string' THEN '\x01'::bytea WHEN 'int' THEN '\x02'::bytea ELSE '\x03'::bytea END
 $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_row_identity(text, text, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_order_prefix(text, text, text) FROM PUBLIC;
+
 
 -- Refuses a call outside a SERIALIZABLE READ ONLY DEFERRABLE transaction.
 CREATE FUNCTION synchro.synchro_seed_check_transaction() RETURNS void
@@ -402,6 +404,11 @@ BEGIN
     IF synchro.synchro_seed_state() IS NOT NULL THEN
         PERFORM synchro.synchro_seed_refuse('seed_export_state', 'already_begun');
     END IF;
+    -- The pages sort and keep each scope's records in memory (a 100,000-row scope is about
+    -- 20 MB; PostgreSQL's default of 4 MB sent it to disk twice).
+    IF pg_size_bytes(current_setting('work_mem')) < 64 * 1024 * 1024 THEN
+        PERFORM set_config('work_mem', '64MB', true);
+    END IF;
     -- The materialization progress row first: the snapshot is exactly what it says was
     -- materialized.
     SELECT * INTO STRICT v_capture FROM synchro.capture_state;
@@ -456,21 +463,42 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_export_begin(text[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_seed_export_begin(text[], integer) TO synchro_seed;
 
--- A scope's rows of the tables the served manifest (p_body) has, with the identity that
--- orders them.
+-- A scope's rows of the tables the served manifest (p_body) has.
 CREATE FUNCTION synchro.synchro_seed_rows(p_scope text, p_body text)
-RETURNS TABLE (identity bytea, table_id text, pk text, row_json text, server_version text)
+RETURNS TABLE (table_id text, pk text, row_json text, server_version text)
 LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT synchro.synchro_row_identity(r.table_id, f.field_id, f.portable_type, p.pk), r.table_id, p.pk, p.row_json,
-           p.server_version
+    SELECT r.table_id, p.pk, p.row_json, p.server_version
       FROM synchro.membership_edges m
       JOIN synchro.projection_rows p ON p.relation_id = m.relation_id AND p.pk = m.pk
       JOIN synchro.relations r ON r.relation_id = m.relation_id
-      JOIN synchro.fields f ON f.relation_id = m.relation_id AND f.is_key
      WHERE m.scope_id = p_scope
        AND r.table_id IN (SELECT t ->> 'table_id' FROM jsonb_array_elements(p_body::jsonb -> 'tables') AS t)
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_rows(text, text) FROM PUBLIC;
+
+-- The same rows as page records ({"pk","row","server_version","table_id"} JSON text, the
+-- stored key and row as they are), in canonical row-identity order.
+CREATE FUNCTION synchro.synchro_seed_records(p_scope text, p_body text) RETURNS TABLE (record text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH k AS (
+        SELECT r.relation_id, r.table_id, f.portable_type,
+               synchro.synchro_seed_order_prefix(r.table_id, f.field_id, f.portable_type) AS prefix
+          FROM synchro.relations r JOIN synchro.fields f ON f.relation_id = r.relation_id AND f.is_key
+         WHERE r.table_id IN (SELECT t ->> 'table_id' FROM jsonb_array_elements(p_body::jsonb -> 'tables') AS t))
+    SELECT '{"pk":' || p.pk || ',"row":' || p.row_json || ',"server_version":' || to_json(p.server_version)::text
+           || ',"table_id":' || to_json(k.table_id)::text || '}'
+      FROM synchro.membership_edges m
+      JOIN k ON k.relation_id = m.relation_id
+      JOIN synchro.projection_rows p ON p.relation_id = m.relation_id AND p.pk = m.pk
+     WHERE m.scope_id = p_scope
+     ORDER BY k.prefix, CASE k.portable_type
+        WHEN 'string' THEN (SELECT int8send(octet_length(b)) || b
+                              FROM convert_to(CASE WHEN strpos(p.pk, '\') = 0 THEN substr(p.pk, 2, length(p.pk) - 2)
+                                                   ELSE p.pk::jsonb #>> '{}' END, 'UTF8') AS b)
+        WHEN 'int' THEN int4send(p.pk::integer)
+        ELSE int8send(btrim(p.pk, '"')::bigint) END
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_records(text, text) FROM PUBLIC;
 
 -- Step 2: every row of one scope of this export (for its digest), in no particular order.
 CREATE FUNCTION synchro.synchro_seed_scope_rows(p_scope text)
@@ -549,9 +577,7 @@ BEGIN
         -- The scope's rows in identity order, kept for the transaction: pages move in it.
         v_cursor := 'synchro_seed_' || i;
         OPEN v_cursor SCROLL FOR
-            SELECT r.table_id, r.pk, r.row_json, r.server_version
-              FROM synchro.synchro_seed_rows(v_body -> 'scopes' -> (i - 1) ->> 'scope_id', v_served) AS r
-             ORDER BY r.identity;
+            SELECT r.record FROM synchro.synchro_seed_records(v_body -> 'scopes' -> (i - 1) ->> 'scope_id', v_served) AS r;
         v_tokens := v_tokens || jsonb_build_object(v_body -> 'scopes' -> (i - 1) ->> 'scope_id',
             synchro.synchro_seed_page_token(v_state ->> 'nonce', v_hash, v_body, i, 0));
     END LOOP;
@@ -586,6 +612,14 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_page_token(text, text, jsonb, integer, bigint) FROM PUBLIC;
 
+-- The next p_count records of a scope's cursor (one FETCH, not one per record).
+CREATE FUNCTION synchro.synchro_seed_fetch(p_cursor text, p_count integer) RETURNS SETOF text
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    RETURN QUERY EXECUTE format('FETCH FORWARD %s FROM %I', p_count, p_cursor);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_fetch(text, integer) FROM PUBLIC;
+
 -- Step 4: one page. The token must be one this export issued in this transaction (MAC and
 -- every binding); returns the JSON text {"records": [{"table_id", "pk", "row",
 -- "server_version"}], "next_page_token"} or, on the scope's final page, {"records",
@@ -604,8 +638,7 @@ DECLARE
     v_limit integer;
     v_count bigint;
     v_cursor refcursor;
-    v_row record;
-    v_records text[] := '{}';
+    v_records text;
     v_end text;
 BEGIN
     PERFORM synchro.synchro_seed_check_transaction();
@@ -634,13 +667,11 @@ BEGIN
     END IF;
     v_cursor := 'synchro_seed_' || v_index;
     MOVE ABSOLUTE v_ordinal FROM v_cursor;
-    FOR i IN 1 .. least(v_limit, v_count - v_ordinal) LOOP
-        FETCH v_cursor INTO v_row;
-        EXIT WHEN NOT FOUND;
-        v_records := v_records || ('{"pk":' || v_row.pk || ',"row":' || v_row.row_json
-            || ',"server_version":' || to_json(v_row.server_version)::text
-            || ',"table_id":' || to_json(v_row.table_id)::text || '}');
-    END LOOP;
+    IF v_count > v_ordinal THEN
+        SELECT string_agg(f.record, ',' ORDER BY f.n) INTO v_records
+          FROM synchro.synchro_seed_fetch('synchro_seed_' || v_index, least(v_limit, v_count - v_ordinal)::integer)
+               WITH ORDINALITY AS f(record, n);
+    END IF;
     IF v_ordinal + v_limit < v_count THEN
         v_end := '"next_page_token":' || to_json(synchro.synchro_seed_page_token(
             v_state ->> 'nonce', v_state ->> 'hash', v_body, v_index, v_ordinal + v_limit))::text;
@@ -656,7 +687,7 @@ BEGIN
             'cardinality', v_scope -> 'cardinality', 'checksum', v_scope -> 'checksum',
             'issued_at', to_char(transaction_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))))::text;
     END IF;
-    RETURN '{' || v_end || ',"records":[' || array_to_string(v_records, ',') || ']}';
+    RETURN '{' || v_end || ',"records":[' || coalesce(v_records, '') || ']}';
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_page(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_seed_page(text) TO synchro_seed;
