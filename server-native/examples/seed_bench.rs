@@ -1,6 +1,7 @@
 //! Portable seed export benchmark (issue 30's goal: at least 100,000 rows/s) against a
 //! throwaway PostgreSQL: one shared, portable scope of `rows` rows (default 100,000),
-//! exported with `synchro_server::seed::export` (both passes, every check), beside the
+//! exported with `synchro_server::seed::export` (both passes, every check; pages of 5,000 by
+//! default, the size the exporter will use), beside the
 //! baseline of the same run: one plain read of the same rows and versions from the
 //! projection by the seed functions' owner (these machines are noisy: compare the ratio).
 //!
@@ -24,7 +25,7 @@ fn arg(i: usize, default: usize) -> usize {
 #[tokio::main]
 async fn main() -> Result<()> {
     let rows = arg(1, 100_000);
-    let page_limit = arg(2, 1000) as u32;
+    let page_limit = arg(2, 5000) as u32;
     let cluster = TempCluster::start()?;
     connect_db(&cluster.admin_url())
         .await?

@@ -480,7 +480,9 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_rows(text, text) FROM PUBLIC;
 -- stored key and row as they are), in canonical row-identity order.
 CREATE FUNCTION synchro.synchro_seed_records(p_scope text, p_body text) RETURNS TABLE (record text)
 LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
-    WITH k AS (
+    -- MATERIALIZED: the prefix once per relation (inlined, the planner called the function
+    -- once per row, 3.5 us each).
+    WITH k AS MATERIALIZED (
         SELECT r.relation_id, r.table_id, f.portable_type,
                synchro.synchro_seed_order_prefix(r.table_id, f.field_id, f.portable_type) AS prefix
           FROM synchro.relations r JOIN synchro.fields f ON f.relation_id = r.relation_id AND f.is_key
