@@ -1,9 +1,9 @@
 //! Portable seed export benchmark (issue 30's goal: at least 100,000 rows/s) against a
 //! throwaway PostgreSQL: one shared, portable scope of `rows` rows (default 100,000),
 //! exported with `synchro_server::seed::export` (both passes, every check; pages of 5,000 by
-//! default, the size the exporter will use), beside the
-//! baseline of the same run: one plain read of the same rows and versions from the
-//! projection by the seed functions' owner (these machines are noisy: compare the ratio).
+//! default, the size the exporter will use), beside the baseline of the same run: one plain
+//! read of the same rows and versions from the projection by the seed functions' owner (these
+//! machines are noisy: compare the ratio).
 //!
 //! `cargo run --release -p synchro-server --example seed_bench -- [rows] [page_limit]`
 
