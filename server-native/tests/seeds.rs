@@ -912,3 +912,189 @@ async fn string_int_and_int64_keys_are_paged_in_identity_order() {
         .unwrap();
     assert_eq!(verified.scopes[0].records.len(), 23);
 }
+
+/// Spec 001 "Seed continuation receipt", through the real server: a fresh client that
+/// installed a seed presents its receipt at connect and gets a normal cursor of its own at
+/// the seed's boundary; its pull then brings exactly what changed since the export, and
+/// the seed's rows with those changes digest to the server's terminal checksum. A tampered,
+/// misplaced or garbage receipt, and one of a scope no longer portable, are null: rebuild.
+#[tokio::test]
+async fn a_receipt_becomes_a_cursor_at_the_seed_boundary_and_the_pull_resumes_there() {
+    use synchro_server::seed;
+    const SECRET: &str = "seed-receipt-secret-0123456789abcdef";
+    let env = Env::installed().await;
+    let worker = boards(&env, 600).await;
+    drop(worker); // the server's own capture takes over
+    let mut db = env.login("synchro_dev_seed").await;
+    let verified = seed::export(&mut db, &["board:a".to_owned()], 1000, |_| {})
+        .await
+        .unwrap();
+    let scope = &verified.scopes[0];
+    let receipt = scope.receipt.clone();
+
+    let port = common::free_port();
+    let _server = common::start_server(&env, port, SECRET);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    common::wait_ready(&http, &base).await;
+    let post = |path: &'static str, user: &'static str, body: Value| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let r = http
+                .post(format!("{base}{path}"))
+                .header(
+                    "authorization",
+                    format!(
+                        "Bearer {}",
+                        synchro_server::auth::mint(SECRET.as_bytes(), user, 600)
+                    ),
+                )
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    // Changes after the export.
+    env.admin
+        .batch_execute(
+            "INSERT INTO app.docs VALUES (9003, 'a', 'after the seed');
+             UPDATE app.docs SET title = 'changed after' WHERE id = 3;
+             DELETE FROM app.docs WHERE id = 6;",
+        )
+        .await
+        .unwrap();
+    let schema = json!({
+        "version": verified.manifest.schema_version,
+        "hash": verified.manifest.schema_hash_hex(),
+    });
+    let connect = |client: &'static str, receipts: Value| {
+        json!({"protocol_version": 3, "client_id": client, "schema": schema.clone(),
+               "seed_receipts": receipts})
+    };
+    let (st, c) = post(
+        "/sync/connect",
+        "alice",
+        connect("seeded", json!({"board:a": receipt})),
+    )
+    .await;
+    assert_eq!(st, 200, "{c}");
+    assert_eq!(c["schema"]["action"], json!("none"), "{c}");
+    let cursor = c["scope_cursor_updates"]["board:a"]
+        .as_str()
+        .expect("a cursor")
+        .to_owned();
+    let generation = c["client_generation"].clone();
+
+    // The pull from the boundary brings exactly the three later changes (once captured).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let page = loop {
+        let (st, p) = post(
+            "/sync/pull",
+            "alice",
+            json!({"protocol_version": 3, "client_id": "seeded", "client_generation": generation,
+                   "schema": schema, "scope_cursors": {"board:a": cursor}, "limit": 1000}),
+        )
+        .await;
+        assert_eq!(st, 200, "{p}");
+        if p["changes"].as_array().unwrap().len() == 3 {
+            break p;
+        }
+        assert!(std::time::Instant::now() < deadline, "never captured: {p}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(page["rebuild_scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s != "board:a"));
+    // The seed's rows with those changes are the server's scope: its terminal checksum.
+    let mut rows: std::collections::BTreeMap<String, (Json, Json, String)> = scope
+        .records
+        .iter()
+        .map(|r| {
+            (
+                synchro_protocol::jcs::to_output_string(&r.pk),
+                (r.pk.clone(), r.row.clone(), r.server_version.clone()),
+            )
+        })
+        .collect();
+    for change in page["changes"].as_array().unwrap() {
+        let pk = Json::parse(&change["pk"].to_string()).unwrap();
+        let key = synchro_protocol::jcs::to_output_string(&pk);
+        match change["op"].as_str() {
+            Some("upsert") => {
+                let row = Json::parse(&change["row"].to_string()).unwrap();
+                let version = change["server_version"].as_str().unwrap().to_owned();
+                rows.insert(key, (pk, row, version));
+            }
+            _ => {
+                rows.remove(&key);
+            }
+        }
+    }
+    let table_id = &verified.manifest.tables[0].table_id;
+    let mut entries: Vec<(RowIdentity, [u8; 32])> = rows
+        .values()
+        .map(|(pk, row, version)| {
+            let d = row_digest(&verified.manifest, table_id, pk, row, version).unwrap();
+            (d.identity, d.digest)
+        })
+        .collect();
+    let digest = scope_digest(
+        &verified.manifest.schema_hash(),
+        "board:a",
+        &mut entries,
+        false,
+    )
+    .unwrap();
+    assert_eq!(
+        page["checksums"]["board:a"]["digest"].as_str(),
+        Some(hex::encode(digest.digest).as_str()),
+        "the seed plus the changes since its boundary is the server's scope"
+    );
+
+    // What is not a receipt of this scope, portable now, is null: the scope rebuilds.
+    let mut tampered = receipt.clone().into_bytes();
+    let i = tampered.len() - 3;
+    tampered[i] = if tampered[i] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(tampered).unwrap();
+    for (client, receipts) in [
+        ("tampered", json!({"board:a": tampered})),
+        ("misplaced", json!({"board:b": receipt})),
+        ("garbage", json!({"board:a": "sc1.not.a-receipt"})),
+    ] {
+        let (st, c) = post("/sync/connect", "alice", connect(client, receipts.clone())).await;
+        assert_eq!(st, 200, "{client}: {c}");
+        let updates = c["scope_cursor_updates"].as_object().unwrap();
+        assert_eq!(updates.len(), 1, "{client}: {c}");
+        assert!(updates.values().all(Value::is_null), "{client}: {c}");
+    }
+    env.admin
+        .batch_execute("SELECT synchro.synchro_undeclare_portable_scope('board:a')")
+        .await
+        .unwrap();
+    let (_, c) = post(
+        "/sync/connect",
+        "bob",
+        connect("after-undeclare", json!({"board:a": receipt})),
+    )
+    .await;
+    assert_eq!(c["scope_cursor_updates"]["board:a"], Value::Null, "{c}");
+    // The cursor alice got is hers: bob, with a generation of his own, cannot pull with it.
+    let (_, c) = post("/sync/connect", "bob", connect("seeded", json!({}))).await;
+    let (st, v) = post(
+        "/sync/pull",
+        "bob",
+        json!({"protocol_version": 3, "client_id": "seeded", "client_generation": c["client_generation"],
+               "schema": schema, "scope_cursors": {"board:a": cursor}, "limit": 10}),
+    )
+    .await;
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{v}"
+    );
+}

@@ -81,6 +81,7 @@ async fn the_fake_server_answers_what_the_real_server_answers() {
         schema_reset: false,
         client_version: None,
         scope_cursors: Default::default(),
+        seed_receipts: Default::default(),
     };
     let (st, real_connect) = real("/sync/connect", connect.to_json_string()).await;
     assert_eq!(st, 200, "{real_connect:?}");

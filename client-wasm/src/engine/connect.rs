@@ -42,6 +42,7 @@ impl<T: Transport> Client<T> {
                 .into_iter()
                 .filter_map(|(s, (c, _))| c.map(|c| (s, Some(c))))
                 .collect(),
+            seed_receipts: Default::default(),
         };
         let r = self.post("/sync/connect", &request).await?;
         if r.status == 426 {

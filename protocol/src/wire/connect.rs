@@ -26,6 +26,10 @@ pub struct ConnectRequest {
     pub client_version: Option<String>,
     /// Presented cursors (null: none for that scope).
     pub scope_cursors: BTreeMap<String, Option<String>>,
+    /// Portable seed continuation receipts (`sc1.`) of the scopes a seed installed, for the
+    /// server to turn into cursors at the seed's boundary (`seed_receipts`; a scope here
+    /// has no cursor in `scope_cursors`).
+    pub seed_receipts: BTreeMap<String, String>,
 }
 
 impl Message for ConnectRequest {
@@ -54,6 +58,20 @@ impl Message for ConnectRequest {
             None => BTreeMap::new(),
             v => cursor_map(v, "scope_cursors values must be strings or null")?,
         };
+        let seed_receipts = match m.optional("seed_receipts") {
+            None => BTreeMap::new(),
+            v => cursor_map(v, "seed_receipts values must be strings")?
+                .into_iter()
+                .map(|(scope, r)| r.map(|r| (scope, r)))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad("seed_receipts values must be strings"))?,
+        };
+        if seed_receipts
+            .keys()
+            .any(|s| scope_cursors.get(s).is_some_and(Option::is_some))
+        {
+            return Err(bad("a scope has both a cursor and a seed receipt"));
+        }
         m.finish("the request has an unknown member")?;
         Ok(ConnectRequest {
             client_id,
@@ -62,6 +80,7 @@ impl Message for ConnectRequest {
             schema_reset,
             client_version,
             scope_cursors,
+            seed_receipts,
         })
     }
 
@@ -82,6 +101,17 @@ impl Message for ConnectRequest {
         }
         if !self.scope_cursors.is_empty() {
             members.push(("scope_cursors", cursor_map_json(&self.scope_cursors)));
+        }
+        if !self.seed_receipts.is_empty() {
+            members.push((
+                "seed_receipts",
+                Json::Object(
+                    self.seed_receipts
+                        .iter()
+                        .map(|(scope, r)| (scope.clone(), s(r)))
+                        .collect(),
+                ),
+            ));
         }
         object(members)
     }

@@ -205,6 +205,7 @@ proptest! {
         round_trip(&ConnectRequest {
             client_id: client_id.clone(), client_generation: maybe_generation, schema: schema.clone(),
             schema_reset: reset, client_version: version, scope_cursors: cursors.clone(),
+            seed_receipts: cursors.keys().map(|s| (format!("SEED.{s}"), format!("sc1.{s}"))).collect(),
         });
         round_trip(&PullRequest {
             client_id: client_id.clone(), client_generation: generation, schema: schema.clone(),
@@ -315,6 +316,25 @@ fn strict_parsing_refuses_what_the_spec_does_not_define() {
     let pull =
         r#"{"protocol_version":3,"client_id":"c","client_generation":1,"schema":null,"limit":10}"#;
     PullRequest::parse(pull).unwrap();
+    // Seed receipts: strings, and never for a scope that also has a cursor.
+    let connect =
+        |extra: &str| format!(r#"{{"protocol_version":3,"client_id":"c","schema":null{extra}}}"#);
+    let parsed = ConnectRequest::parse(&connect(
+        r#","seed_receipts":{"board:a":"sc1.x.y"},"scope_cursors":{"board:a":null,"b":"c1.x"}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        parsed.seed_receipts.get("board:a").map(String::as_str),
+        Some("sc1.x.y")
+    );
+    for bad in [
+        r#","seed_receipts":{"board:a":null}"#,
+        r#","seed_receipts":{"board:a":1}"#,
+        r#","seed_receipts":["sc1.x.y"]"#,
+        r#","seed_receipts":{"board:a":"sc1.x.y"},"scope_cursors":{"board:a":"c1.x"}"#,
+    ] {
+        refused::<ConnectRequest>(&connect(bad));
+    }
     for bad in [
         r#"{"protocol_version":3,"client_id":"c","client_generation":1,"limit":10,"extra":1}"#,
         r#"{"protocol_version":3,"client_id":"","client_generation":1,"limit":10}"#,

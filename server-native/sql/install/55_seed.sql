@@ -693,3 +693,30 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_page(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_seed_page(text) TO synchro_seed;
+
+-- Connect's side of a receipt (the adapter): the bindings of a seed continuation receipt
+-- whose MAC verifies (in constant time) under a receipt key and whose payload is exactly
+-- its canonical text, with what connect compares them with: whether its scope is portable
+-- now (declared and shared) and the registry generation now. No row for a receipt that
+-- does not verify. Connect checks the rest (schema, assignment, stream, membership and
+-- retention generations, the resume floor) and issues a cursor at the boundary.
+CREATE FUNCTION synchro.synchro_seed_receipt(p_receipt text)
+RETURNS TABLE (scope_id text, schema_hash text, stream_generation bigint, registry_generation bigint,
+               membership_generation bigint, retention_generation bigint, boundary_position bigint,
+               portable boolean, current_registry_generation bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v jsonb := synchro.synchro_seed_open('receipt', p_receipt);
+BEGIN
+    IF v IS NULL OR v ->> 'kind' IS DISTINCT FROM 'portable_seed_continuation' THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT v ->> 'scope_id', v ->> 'schema_hash', (v ->> 'stream_generation')::bigint,
+        (v ->> 'registry_generation')::bigint, (v ->> 'membership_generation')::bigint,
+        (v ->> 'retention_generation')::bigint, (v -> 'snapshot_boundary' ->> 'position')::bigint,
+        EXISTS (SELECT 1 FROM synchro.portable_scopes p WHERE p.scope_id = v ->> 'scope_id')
+            AND EXISTS (SELECT 1 FROM synchro.shared_scopes h WHERE h.scope_id = v ->> 'scope_id'),
+        coalesce((SELECT max(g.generation) FROM synchro.registry_generations g WHERE g.state = 'active'), 0);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_seed_receipt(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_seed_receipt(text) TO synchro_adapter;

@@ -54,7 +54,7 @@ pub(crate) async fn connect(
     let kind = matches!(action, SchemaAction::Unsupported { .. }).then_some("unsupported");
     hold(state, user_id, &req.client_id, kind, &req.schema).await?;
     let recorded = record(db, user_id, &req, &known, &action).await?;
-    let scope_cursor_updates = bridge_cursors(
+    let mut scope_cursor_updates = bridge_cursors(
         state,
         user_id,
         &req.client_id,
@@ -64,6 +64,12 @@ pub(crate) async fn connect(
         &opened,
         &positions,
     );
+    let who = Principal {
+        user_id: user_id.to_owned(),
+        client_id: req.client_id.clone(),
+        client_generation: recorded.generation,
+    };
+    scope_cursor_updates.extend(seed_cursors(state, db, &who, &known, &req.seed_receipts).await?);
     tracing::info!(
         status = 200,
         action = action.name(),
@@ -324,6 +330,84 @@ fn bridge_cursors(
         scope_cursor_updates.insert(scope, value);
     }
     scope_cursor_updates
+}
+
+/// Cursors at the seed boundary for the presented receipts (spec 001 "Seed continuation
+/// receipt"): a receipt that verifies, of a scope portable now and assigned to this user,
+/// under the current schema and the current stream, registry, membership and retention
+/// generations, at or above the scope's resume floor, becomes a normal cursor of this user,
+/// client and generation at the boundary; any other is null (the scope rebuilds, after the
+/// client's pending intent is pushed). A receipt names no user: the cursor binds one.
+async fn seed_cursors(
+    state: &AppState,
+    db: &tokio_postgres::Client,
+    who: &Principal,
+    known: &Known,
+    receipts: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, Option<String>>, ApiError> {
+    let mut out = BTreeMap::new();
+    if receipts.is_empty() {
+        return Ok(out);
+    }
+    let Some(current) = known.lineage.current() else {
+        return Ok(receipts.keys().map(|s| (s.clone(), None)).collect());
+    };
+    let scopes: Vec<String> = receipts.keys().cloned().collect();
+    let stream: i64 = db
+        .query_one(
+            "SELECT stream_generation FROM synchro.synchro_stream_state()",
+            &[],
+        )
+        .await?
+        .get(0);
+    let retention: BTreeMap<String, (i64, i64, i64)> = db
+        .query(
+            "SELECT scope_id, retention_generation, resume_floor, membership_generation
+               FROM synchro.synchro_scope_retention($1)",
+            &[&scopes],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+        .collect();
+    let issued_at = super::rows::now_datetime();
+    let mut refused = 0;
+    for (scope, receipt) in receipts {
+        let bound = db
+            .query_opt("SELECT * FROM synchro.synchro_seed_receipt($1)", &[receipt])
+            .await?;
+        let cursor = bound.and_then(|r| {
+            let (retention_generation, floor, membership_generation) = *retention.get(scope)?;
+            let position: i64 = r.get("boundary_position");
+            let ok = r.get::<_, &str>("scope_id") == scope
+                && r.get::<_, bool>("portable")
+                && known.assigned.contains(scope)
+                && r.get::<_, &str>("schema_hash") == current.schema_hash_hex()
+                && r.get::<_, i64>("stream_generation") == stream
+                && r.get::<_, i64>("registry_generation")
+                    == r.get::<_, i64>("current_registry_generation")
+                && r.get::<_, i64>("membership_generation") == membership_generation
+                && r.get::<_, i64>("retention_generation") == retention_generation
+                && position >= floor;
+            ok.then(|| {
+                ScopeCursor {
+                    scope_id: scope.clone(),
+                    stream_generation: stream as u64,
+                    membership_generation: membership_generation as u64,
+                    retention_generation: retention_generation as u64,
+                    position: position as u64,
+                    schema_hash: current.schema_hash(),
+                    principal: who.clone(),
+                    issued_at: issued_at.clone(),
+                }
+                .sign(&state.cursor_keys)
+            })
+        });
+        refused += usize::from(cursor.is_none());
+        out.insert(scope.clone(), cursor);
+    }
+    tracing::info!(receipts = receipts.len(), refused, "connect: seed receipts");
+    Ok(out)
 }
 
 /// The response's `schema` member, `schema_definition` and `affected_scopes` for `action`.
