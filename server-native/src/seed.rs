@@ -505,3 +505,171 @@ fn verify_scope(
         receipt,
     })
 }
+
+/// The evidence of a published artifact (spec 001 check 10), written beside it as JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    /// SHA-256 of the artifact's bytes (hex).
+    pub sha256: String,
+    /// Its size.
+    pub bytes: u64,
+    /// The schema reference.
+    pub schema_version: u64,
+    /// The schema hash (hex).
+    pub schema_hash: String,
+    /// (scope, cardinality, digest hex), in byte order of the scopes.
+    pub scopes: Vec<(String, u64, String)>,
+}
+
+impl Evidence {
+    /// The evidence as JSON (`boundary` and the export's identity come from the receipts,
+    /// which the artifact holds).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "schema": {"version": self.schema_version, "hash": self.schema_hash},
+            "scopes": self.scopes.iter().map(|(s, n, d)| serde_json::json!({
+                "scope_id": s, "cardinality": n, "digest": d,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn artifact_error(e: synchro_client::store::StorageError) -> SeedError {
+    match e {
+        synchro_client::store::StorageError::Verification(what) => SeedError::Verification(what),
+        other => SeedError::Database(format!("the artifact: {other}")),
+    }
+}
+
+/// Writes a verified export as a seed artifact at `out` (spec 001 checks 8 to 10): a fresh
+/// SQLite database written with the client's own store beside it (`<out>.tmp`), closed off
+/// its write-ahead log, then checked as a recipient would ([`verify_artifact`]); only when
+/// every check passed is it renamed to `out` and its evidence written to
+/// [`evidence_path`]`(out)`. Any failure removes the temporary file and publishes nothing.
+pub fn write_artifact(
+    export: &VerifiedExport,
+    out: &std::path::Path,
+) -> Result<Evidence, SeedError> {
+    let tmp = sidecar(out, ".tmp");
+    remove_with_sidecars(&tmp);
+    let result = (|| {
+        let rows: Vec<Vec<synchro_client::store::seed::SeedRow>> = export
+            .scopes
+            .iter()
+            .map(|s| {
+                s.records
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.table_id.clone(),
+                            r.pk.clone(),
+                            r.row.clone(),
+                            r.server_version.clone(),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        let scopes: Vec<synchro_client::store::seed::SeedScope<'_>> = export
+            .scopes
+            .iter()
+            .zip(&rows)
+            .map(|(s, rows)| synchro_client::store::seed::SeedScope {
+                rows,
+                receipt: &s.receipt,
+            })
+            .collect();
+        let mut storage = synchro_client::store::Storage::open(&tmp).map_err(artifact_error)?;
+        storage
+            .install_seed(&export.manifest, &scopes)
+            .map_err(artifact_error)?;
+        storage.close_as_artifact().map_err(artifact_error)?;
+        let evidence = verify_artifact(&tmp)?;
+        let expected: Vec<(String, u64, String)> = export
+            .scopes
+            .iter()
+            .map(|s| {
+                (
+                    s.scope.scope_id.clone(),
+                    s.scope.cardinality,
+                    hex::encode(s.scope.checksum.0),
+                )
+            })
+            .collect();
+        if evidence.scopes != expected || evidence.schema_hash != export.manifest.schema_hash_hex()
+        {
+            return Err(unverified("the artifact does not hold the export"));
+        }
+        std::fs::rename(&tmp, out).map_err(|e| SeedError::Database(format!("publishing: {e}")))?;
+        std::fs::write(evidence_path(out), format!("{:#}\n", evidence.to_json()))
+            .map_err(|e| SeedError::Database(format!("writing the evidence: {e}")))?;
+        Ok(evidence)
+    })();
+    if result.is_err() {
+        remove_with_sidecars(&tmp);
+    }
+    result
+}
+
+/// Checks a seed artifact offline, as its recipient would (spec 001 checks 9 and 10): it
+/// opens read-only, passes SQLite's integrity check, holds no queued mutation and no
+/// cursor, every row digest recomputes from its values and version, each scope digests to
+/// its receipt, and no WAL or shared-memory file is beside it. Returns its evidence.
+pub fn verify_artifact(path: &std::path::Path) -> Result<Evidence, SeedError> {
+    for suffix in ["-wal", "-shm", "-journal"] {
+        if sidecar(path, suffix).exists() {
+            return Err(unverified("the artifact has a sidecar file"));
+        }
+    }
+    let bytes = std::fs::read(path).map_err(|e| SeedError::Database(format!("reading: {e}")))?;
+    let (summary, manifest) = {
+        let storage =
+            synchro_client::store::Storage::open_read_only(path).map_err(artifact_error)?;
+        let summary = storage.verify_seed().map_err(artifact_error)?;
+        let manifest = storage
+            .active_schema()
+            .map_err(artifact_error)?
+            .ok_or(unverified("the artifact has no schema"))?;
+        (summary, manifest)
+    };
+    for suffix in ["-wal", "-shm"] {
+        if sidecar(path, suffix).exists() {
+            return Err(unverified("the artifact needs a sidecar file"));
+        }
+    }
+    use sha2::Digest as _;
+    Ok(Evidence {
+        sha256: hex::encode(sha2::Sha256::digest(&bytes)),
+        bytes: bytes.len() as u64,
+        schema_version: manifest.schema_version,
+        schema_hash: manifest.schema_hash_hex(),
+        scopes: summary
+            .scopes
+            .into_iter()
+            .map(|(s, n, d)| (s, n, hex::encode(d)))
+            .collect(),
+    })
+}
+
+/// Where the evidence of the artifact `out` goes: `board.seed.sqlite` → `board.seed.json`.
+pub fn evidence_path(out: &std::path::Path) -> std::path::PathBuf {
+    match out.extension().and_then(|e| e.to_str()) {
+        Some("sqlite") => out.with_extension("json"),
+        _ => sidecar(out, ".json"),
+    }
+}
+
+/// `path` with `suffix` appended to its file name.
+fn sidecar(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    std::path::PathBuf::from(name)
+}
+
+fn remove_with_sidecars(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(sidecar(path, suffix));
+    }
+}

@@ -1098,3 +1098,160 @@ async fn a_receipt_becomes_a_cursor_at_the_seed_boundary_and_the_pull_resumes_th
         "{v}"
     );
 }
+
+/// `synchro-server seed export` and `seed verify`, as an operator runs them (spec 001
+/// checks 8 to 10 and negative control 10's corrupt file and nonempty queue): the artifact
+/// is published with its evidence only when every check passed, holds the client's own
+/// layout (rows, versions, provenance, receipts; no cursor, no queue, no client identity),
+/// and a corrupt file, a queued mutation, an altered row and a sidecar file each fail the
+/// offline check; a refused export publishes nothing.
+#[tokio::test]
+async fn the_export_command_publishes_a_verified_artifact_and_nothing_on_failure() {
+    use synchro_client::store::Storage;
+    let env = Env::installed().await;
+    let _worker = boards(&env, 700).await;
+    let dir = std::env::temp_dir().join(format!("synchro-seed-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("board.seed.sqlite");
+    let out_s = out.to_str().unwrap();
+    let seed = "synchro_dev_seed";
+    let (code, evidence) = cli(
+        &env,
+        seed,
+        &[
+            "seed",
+            "export",
+            "--scope",
+            "board:b",
+            "--scope",
+            "board:a",
+            "--out",
+            out_s,
+            "--page-limit",
+            "100",
+        ],
+    );
+    assert_eq!(code, 0, "{evidence}");
+    assert_eq!(evidence["scopes"][0]["scope_id"], json!("board:a"));
+    assert_eq!(evidence["scopes"][0]["cardinality"], json!(233));
+    assert_eq!(evidence["scopes"][1]["cardinality"], json!(234));
+    let bytes = std::fs::read(&out).unwrap();
+    use sha2::Digest as _;
+    assert_eq!(
+        evidence["sha256"],
+        json!(hex::encode(sha2::Sha256::digest(&bytes)))
+    );
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("board.seed.json")).unwrap())
+            .unwrap();
+    assert_eq!(written, evidence, "the evidence beside the artifact");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["board.seed.json", "board.seed.sqlite"],
+        "no temporary or sidecar file"
+    );
+    assert_eq!(
+        cli(&env, seed, &["seed", "verify", out_s]),
+        (0, evidence.clone())
+    );
+
+    // The client's own layout: rows with versions and provenance, a receipt per scope, each
+    // scope waiting for connect (no cursor), nothing queued, no client identity.
+    let storage = Storage::open_read_only(&out).unwrap();
+    let summary = storage.verify_seed().unwrap();
+    assert_eq!(summary.scopes.len(), 2);
+    assert_eq!(storage.seed_receipts().unwrap().len(), 2);
+    let count = |sql: &str| -> i64 {
+        storage
+            .connection()
+            .query_row(sql, [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(count("SELECT count(*) FROM \"docs\""), 467);
+    assert_eq!(count("SELECT count(*) FROM \"_synchro_rows\""), 467);
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM \"_synchro_scopes\" WHERE \"rebuild\" = 1 AND \"cursor\" IS NULL"
+        ),
+        2
+    );
+    assert_eq!(count("SELECT count(*) FROM \"_synchro_client\""), 0);
+    assert_eq!(count("SELECT count(*) FROM \"_synchro_mutations\""), 0);
+    drop(storage);
+
+    // Each tampered copy fails the offline check.
+    let tampered = |name: &str, edit: &dyn Fn(&std::path::Path)| -> Value {
+        let copy = dir.join(name);
+        std::fs::copy(&out, &copy).unwrap();
+        edit(&copy);
+        let (code, v) = cli(&env, seed, &["seed", "verify", copy.to_str().unwrap()]);
+        assert_eq!(code, 1, "{name}: {v}");
+        v["error"].clone()
+    };
+    let with_sql = |sql: &'static str| {
+        move |p: &std::path::Path| {
+            let s = Storage::open(p).unwrap();
+            s.connection().execute_batch(sql).unwrap();
+            s.close_as_artifact().unwrap();
+        }
+    };
+    let e = tampered("queued.sqlite", &with_sql(
+        "INSERT INTO \"_synchro_batches\" (\"batch_id\", \"seq\") VALUES ('b', 1);
+         INSERT INTO \"_synchro_mutations\" (\"mutation_id\", \"batch_id\", \"local_order\", \"table_id\", \"pk\", \"operation\",
+             \"client_version\", \"columns\", \"authored_version\", \"authored_hash\") VALUES ('m', 'b', 1, 't', '1', 'delete', 1, '[]', 1, 'h')",
+    ));
+    assert_eq!(e["reason"], json!("the seed holds queued mutations"));
+    let e = tampered(
+        "altered.sqlite",
+        &with_sql("UPDATE \"docs\" SET \"title\" = 'forged' WHERE \"id\" = 3"),
+    );
+    assert_eq!(e["reason"], json!("a seed row does not match its digest"));
+    let e = tampered(
+        "cursor.sqlite",
+        &with_sql("UPDATE \"_synchro_scopes\" SET \"cursor\" = 'c1.x'"),
+    );
+    assert_eq!(e["reason"], json!("the seed holds a cursor"));
+    let e = tampered("sidecar.sqlite", &|p| {
+        let mut wal = p.as_os_str().to_owned();
+        wal.push("-wal");
+        std::fs::write(wal, b"").unwrap();
+    });
+    assert_eq!(e["reason"], json!("the artifact has a sidecar file"));
+    let e = tampered("corrupt.sqlite", &|p| {
+        let mut bytes = std::fs::read(p).unwrap();
+        let n = bytes.len();
+        for b in &mut bytes[n / 2..n / 2 + 4096] {
+            *b ^= 0x5a;
+        }
+        std::fs::write(p, bytes).unwrap();
+    });
+    assert!(e["code"].is_string(), "{e}");
+
+    // A refused export publishes nothing.
+    let nothing = dir.join("nothing.seed.sqlite");
+    let (code, v) = cli(
+        &env,
+        seed,
+        &[
+            "seed",
+            "export",
+            "--scope",
+            "board:c",
+            "--out",
+            nothing.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        (code, &v["error"]["reason"]),
+        (1, &json!("not_portable")),
+        "{v}"
+    );
+    assert!(!nothing.exists());
+    assert!(!dir.join("nothing.seed.sqlite.tmp").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,12 +19,13 @@
 //! - `journal`: the durable migration journal and the migration's DDL transaction.
 //! - `client`: the client's identity and connect state.
 //! - `local`: the application's own local-only tables (`PRAGMA user_version` ladder).
+//! - [`seed`]: a verified portable seed written into a fresh database, and its check.
 //!
 //! Dependencies run one way, with no cycle. `values`, `enums`, `index`, `schema` and `local`
 //! import no other file of the store; `rows` builds on `values`, `enums` and `index`;
 //! `scopes` on `rows`; `index_load` on `rows` and `scopes`; `pull` on `scopes` and
 //! `index_load`; `rebuild` and `bench` on `scopes`; `queue` on `rows`; `client` on `schema`;
-//! `journal` on `scopes` and `client`. Each file adds the [`Storage`] methods of its
+//! `journal` on `scopes` and `client`; `seed` on `rows`, `scopes` and `index_load`. Each file adds the [`Storage`] methods of its
 //! concept; what other files of the store need is `pub(super)`, never a public API.
 
 #[cfg(feature = "bench")]
@@ -41,6 +42,7 @@ mod rebuild;
 mod rows;
 pub mod schema;
 mod scopes;
+pub mod seed;
 pub mod values;
 
 use rusqlite::{Connection, Transaction};
@@ -72,6 +74,20 @@ impl Storage {
         // journal and the database each time). The browser's OPFS VFS keeps its own journal.
         #[cfg(not(target_arch = "wasm32"))]
         conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+        Ok(Storage {
+            conn,
+            index: ScopeIndex::default(),
+        })
+    }
+
+    /// Opens the database at `path` read-only (a seed artifact being checked): nothing can
+    /// be written through it, not even the journal mode.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_read_only(path: impl AsRef<std::path::Path>) -> Result<Storage, StorageError> {
+        let conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
         Ok(Storage {
             conn,
             index: ScopeIndex::default(),

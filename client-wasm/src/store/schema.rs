@@ -6,7 +6,8 @@
 //!
 //! [`V1`] is the layout (client identity, journal, scopes, server rows, staged rebuild rows,
 //! the queue, outcomes, shadows), each later version a rung of `UPGRADES` (2: the client
-//! version a server refused; 3: the queue's counters), and the one row of `_synchro_meta`
+//! version a server refused; 3: the queue's counters; 4: a seed's receipts), and the one row
+//! of `_synchro_meta`
 //! records the version.
 //! [`ensure`] brings a database to [`METADATA_VERSION`] inside the caller's transaction, so
 //! the layout and whatever needs it commit together or not at all:
@@ -129,6 +130,11 @@ const UPGRADES: &[&[&str]] = &[
         r#"CREATE TABLE "_synchro_row_counters" ("table_id" TEXT NOT NULL, "pk" TEXT NOT NULL, "client_version" INTEGER NOT NULL, PRIMARY KEY ("table_id", "pk")) STRICT, WITHOUT ROWID"#,
         r#"INSERT INTO "_synchro_row_counters" SELECT "table_id", "pk", max("client_version") FROM "_synchro_mutations" GROUP BY "table_id", "pk""#,
         r#"CREATE TABLE "_synchro_cleared" ("mutation_id" TEXT NOT NULL PRIMARY KEY, "local_order" INTEGER NOT NULL) STRICT, WITHOUT ROWID"#,
+    ],
+    // 3 -> 4: the continuation receipts of a portable seed's scopes (spec 001), kept until
+    // connect answers them (store/seed.rs).
+    &[
+        r#"CREATE TABLE "_synchro_seed_receipts" ("scope_id" TEXT NOT NULL PRIMARY KEY, "receipt" TEXT NOT NULL) STRICT, WITHOUT ROWID"#,
     ],
 ];
 
@@ -321,8 +327,9 @@ mod tests {
                 |r| r.get(0),
             )
             .unwrap();
-        // V1, and the two tables of rung 2 -> 3 (the row counters, the cleared IDs).
-        assert_eq!(objects as usize, V1.len() + 2);
+        // V1, the two tables of rung 2 -> 3 (the row counters, the cleared IDs) and the one
+        // of rung 3 -> 4 (a seed's receipts).
+        assert_eq!(objects as usize, V1.len() + 3);
         // Again: nothing to do.
         ensure(&conn).unwrap();
         assert_eq!(recorded(&conn).unwrap(), Some(METADATA_VERSION));

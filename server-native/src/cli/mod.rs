@@ -222,6 +222,32 @@ enum SeedCommand {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
+    /// Export portable scopes into a verified SQLite seed: one SERIALIZABLE READ ONLY
+    /// DEFERRABLE transaction of the seed login, every page and row checked, the file
+    /// written beside `--out`, checked again as a recipient would, and only then renamed to
+    /// `--out`, with its evidence (`<name>.json`: SHA-256, schema, scopes). Prints the
+    /// evidence; progress goes to stderr. Nothing is published when any check fails.
+    Export {
+        /// PostgreSQL connection string (a login that is a member of synchro_seed).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// A scope declared portable (repeat for several).
+        #[arg(long = "scope", required = true)]
+        scopes: Vec<String>,
+        /// The artifact to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Records per page read from the database.
+        #[arg(long, default_value_t = 5000)]
+        page_limit: u32,
+    },
+    /// Check a seed artifact offline (integrity, every row and scope digest against its
+    /// receipts, no queue, no cursor, no sidecar file); prints its evidence, exits 1 on any
+    /// mismatch.
+    Verify {
+        /// The artifact.
+        file: std::path::PathBuf,
+    },
 }
 
 /// The scope `seed declare|undeclare` acts on.

@@ -113,6 +113,15 @@ pub(super) async fn capture_command(action: CaptureCommand) -> Result<ExitCode> 
 /// Runs one `seed` subcommand.
 pub(super) async fn seed_command(command: SeedCommand) -> Result<ExitCode> {
     let (url, sql, args) = match command {
+        SeedCommand::Export {
+            database_url,
+            scopes,
+            out,
+            page_limit,
+        } => return seed_export(&database_url, &scopes, &out, page_limit).await,
+        SeedCommand::Verify { file } => {
+            return Ok(seed_printed(crate::seed::verify_artifact(&file)))
+        }
         SeedCommand::Declare(s) => (
             s.database_url,
             "SELECT synchro.synchro_declare_portable_scope($1)::text",
@@ -132,6 +141,51 @@ pub(super) async fn seed_command(command: SeedCommand) -> Result<ExitCode> {
         ),
     };
     operator_function(&url, sql, &args).await
+}
+
+/// `seed export`: the export, verified, written as an artifact; a progress line on stderr
+/// about every second.
+async fn seed_export(
+    url: &str,
+    scopes: &[String],
+    out: &std::path::Path,
+    page_limit: u32,
+) -> Result<ExitCode> {
+    let mut db = connect_db(url).await?;
+    let mut last = std::time::Instant::now();
+    let exported = crate::seed::export(&mut db, scopes, page_limit, |p| {
+        if last.elapsed() >= std::time::Duration::from_secs(1) || p.rows == p.total {
+            last = std::time::Instant::now();
+            let what = if p.pass == 1 { "digested" } else { "paged" };
+            eprintln!("seed export: {} of {} rows {what}", p.rows, p.total);
+        }
+    })
+    .await;
+    Ok(seed_printed(
+        exported.and_then(|e| crate::seed::write_artifact(&e, out)),
+    ))
+}
+
+/// Prints an artifact's evidence (exit 0) or the typed refusal (exit 1; names no scope).
+fn seed_printed(result: Result<crate::seed::Evidence, crate::seed::SeedError>) -> ExitCode {
+    use crate::seed::SeedError;
+    let error = match result {
+        Ok(evidence) => {
+            println!("{}", evidence.to_json());
+            return ExitCode::SUCCESS;
+        }
+        Err(SeedError::Refused { code, reason }) => {
+            serde_json::json!({"code": code, "reason": reason})
+        }
+        Err(SeedError::Verification(why)) => {
+            serde_json::json!({"code": "seed_verification_failed", "reason": why})
+        }
+        Err(SeedError::Database(why)) => {
+            serde_json::json!({"code": "seed_export_failed", "reason": why})
+        }
+    };
+    println!("{}", serde_json::json!({ "error": error }));
+    ExitCode::FAILURE
 }
 
 /// The refusals operator functions raise as 22023 with their code as the message and a

@@ -1,0 +1,225 @@
+//! Portable seeds in the local database (spec 001 "Seed verification and artifact
+//! publication", checks 8 and 9): a verified seed written into a fresh database the way a
+//! synced client's rows are (rows, their verified server versions and digests, each scope's
+//! provenance), with each scope's continuation receipt kept instead of a cursor: its scopes
+//! stay marked for rebuild, so until connect turns a receipt into a cursor the rows are a
+//! verified cache and nothing is pulled from them; and the database's own check of a seed.
+
+use rusqlite::params;
+use synchro_protocol::digest::row_digest;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::Manifest;
+use synchro_protocol::seed::SeedReceipt;
+use synchro_protocol::value::TypedValue;
+
+use super::index_load::digest_from_tables;
+use super::rows::{record_server_row, visible_row, wire_row_values, write_row};
+use super::scopes::{add_edge, mark_rebuild};
+use super::{run, Storage};
+use crate::error::StorageError;
+
+fn integrity(what: &'static str) -> StorageError {
+    StorageError::Verification(what)
+}
+
+/// One row of a seed: table ID, key wire value, complete row and server version.
+pub type SeedRow = (String, Json, Json, String);
+
+/// One scope of a seed to install.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedScope<'a> {
+    /// Its rows, in any order.
+    pub rows: &'a [SeedRow],
+    /// Its `sc1.` continuation receipt (names the scope, its cardinality and its digest).
+    pub receipt: &'a str,
+}
+
+/// What [`Storage::verify_seed`] found: each scope with its cardinality.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedSummary {
+    /// (scope, cardinality, digest), in receipt order.
+    pub scopes: Vec<(String, u64, [u8; 32])>,
+}
+
+impl Storage {
+    /// Writes a verified seed into this database, which must be fresh (no schema yet):
+    /// `manifest` installed, then in one transaction every row with its server version and
+    /// recomputed digest, each scope's provenance, each scope marked for rebuild with its
+    /// receipt kept. Every row digest and each scope's digest and cardinality are checked
+    /// against the receipt first; a mismatch writes no row.
+    pub fn install_seed(
+        &mut self,
+        manifest: &Manifest,
+        scopes: &[SeedScope<'_>],
+    ) -> Result<(), StorageError> {
+        let mut checked = Vec::with_capacity(scopes.len());
+        for s in scopes {
+            let receipt = SeedReceipt::read_unverified(s.receipt)
+                .map_err(|_| integrity("a seed receipt does not read"))?;
+            if receipt.schema_hash != manifest.schema_hash() {
+                return Err(integrity("a seed receipt is of another schema"));
+            }
+            let mut entries = Vec::with_capacity(s.rows.len());
+            for (table_id, pk, row, version) in s.rows {
+                let d = row_digest(manifest, table_id, pk, row, version)
+                    .map_err(|_| integrity("a seed row does not match its table"))?;
+                entries.push((d.identity, d.digest));
+            }
+            let digest = synchro_protocol::digest::scope_digest(
+                &manifest.schema_hash(),
+                &receipt.scope_id,
+                &mut entries,
+                false,
+            )
+            .map_err(|_| integrity("a seed scope holds a row twice"))?;
+            if digest.cardinality != receipt.cardinality || digest.digest != receipt.checksum.0 {
+                return Err(integrity("a seed scope does not match its receipt"));
+            }
+            checked.push((receipt.scope_id, s));
+        }
+        self.install(manifest)?;
+        self.with_index_tx(|tx, ix| {
+            ix.for_manifest(manifest);
+            for (scope_id, s) in &checked {
+                for (table_id, pk, row, version) in s.rows {
+                    let table = manifest.table(table_id).expect("checked above");
+                    let key = TypedValue::from_wire(&table.primary_key().spec, pk)
+                        .map_err(|_| integrity("a seed key does not match its type"))?;
+                    let digest = row_digest(manifest, table_id, pk, row, version)
+                        .map_err(|_| integrity("a seed row does not match its table"))?
+                        .digest;
+                    write_row(tx, table, wire_row_values(table, row, "a seed row")?)?;
+                    record_server_row(tx, ix, table, &key, &key.to_wire_text(), version, &digest)?;
+                    add_edge(tx, ix, table, &key, scope_id)?;
+                }
+                mark_rebuild(tx, scope_id)?;
+                run(
+                    tx,
+                    r#"INSERT INTO "_synchro_seed_receipts" ("scope_id", "receipt") VALUES (?, ?)"#,
+                    params![scope_id, s.receipt],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Closes a database written to be a seed artifact: its write-ahead log folded in and
+    /// switched off, so that the file alone is the database (spec 001 check 10: no WAL or
+    /// shared-memory sidecar).
+    pub fn close_as_artifact(self) -> Result<(), StorageError> {
+        let conn = self.conn;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))?;
+        if mode != "delete" {
+            return Err(integrity(
+                "the seed's journal mode cannot be switched off WAL",
+            ));
+        }
+        conn.close().map_err(|(_, e)| StorageError::from(e))
+    }
+
+    /// The receipts a seed installed and connect has not yet answered: (scope, receipt).
+    pub fn seed_receipts(&self) -> Result<Vec<(String, String)>, StorageError> {
+        let mut q = self.connection().prepare(
+            r#"SELECT "scope_id", "receipt" FROM "_synchro_seed_receipts" ORDER BY "scope_id""#,
+        )?;
+        let out = q
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(out)
+    }
+
+    /// Checks a seed database as its recipient would (spec 001 check 9, without the key):
+    /// SQLite's integrity check, the schema record matches its hash, nothing is queued and no cursor is installed;
+    /// every row's digest recomputes from its visible values and stored version; each scope
+    /// with a receipt digests, from its provenance, to the receipt's cardinality and
+    /// digest under the same schema; no scope is left without a receipt.
+    pub fn verify_seed(&self) -> Result<SeedSummary, StorageError> {
+        let conn = self.connection();
+        let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+        if check != "ok" {
+            return Err(integrity("the seed fails SQLite's integrity check"));
+        }
+        let manifest = self
+            .active_schema()?
+            .ok_or(integrity("the seed has no schema"))?;
+        let queued: i64 =
+            conn.query_row(r#"SELECT count(*) FROM "_synchro_mutations""#, [], |r| {
+                r.get(0)
+            })?;
+        let cursors: i64 = conn.query_row(
+            r#"SELECT count(*) FROM "_synchro_scopes" WHERE "cursor" IS NOT NULL OR "pending_cursor" IS NOT NULL OR "rebuild" = 0"#,
+            [],
+            |r| r.get(0),
+        )?;
+        if queued != 0 {
+            return Err(integrity("the seed holds queued mutations"));
+        }
+        if cursors != 0 {
+            return Err(integrity("the seed holds a cursor"));
+        }
+        // Every row: its digest from the visible values and the stored version.
+        for table in &manifest.tables {
+            let mut q = conn.prepare(
+                r#"SELECT "pk", "server_version", "digest" FROM "_synchro_rows" WHERE "table_id" = ?"#,
+            )?;
+            let rows: Vec<(String, String, Vec<u8>)> = q
+                .query_map([&table.table_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            for (pk_text, version, stored) in rows {
+                let key = TypedValue::from_wire_text(&table.primary_key().spec, &pk_text)
+                    .map_err(|_| integrity("a stored key does not match its type"))?;
+                let row =
+                    visible_row(conn, table, &key)?.ok_or(integrity("a seed row is missing"))?;
+                let row = Json::parse(&row).map_err(|_| integrity("a seed row"))?;
+                let d = row_digest(&manifest, &table.table_id, &key.to_wire(), &row, &version)
+                    .map_err(|_| integrity("a seed row does not match its table"))?;
+                if d.digest.as_slice() != stored.as_slice() {
+                    return Err(integrity("a seed row does not match its digest"));
+                }
+            }
+        }
+        let mut summary = SeedSummary { scopes: Vec::new() };
+        for (scope, receipt) in self.seed_receipts()? {
+            let r = SeedReceipt::read_unverified(&receipt)
+                .map_err(|_| integrity("a seed receipt does not read"))?;
+            if r.scope_id != scope || r.schema_hash != manifest.schema_hash() {
+                return Err(integrity("a seed receipt does not match its scope"));
+            }
+            let digest = digest_from_tables(conn, &manifest, &scope)?;
+            let edges = count_edges(conn, &manifest, &scope)?;
+            if digest != r.checksum.0 || edges != r.cardinality {
+                return Err(integrity("a seed scope does not match its receipt"));
+            }
+            summary.scopes.push((scope, r.cardinality, digest));
+        }
+        let scopes: i64 = conn.query_row(r#"SELECT count(*) FROM "_synchro_scopes""#, [], |r| {
+            r.get(0)
+        })?;
+        if scopes as usize != summary.scopes.len() {
+            return Err(integrity("a seed scope has no receipt"));
+        }
+        Ok(summary)
+    }
+}
+
+/// The provenance edges of `scope` in all tables.
+fn count_edges(
+    conn: &rusqlite::Connection,
+    manifest: &Manifest,
+    scope: &str,
+) -> Result<u64, StorageError> {
+    let mut n = 0;
+    for table in &manifest.tables {
+        let c: i64 = conn.query_row(
+            &format!(
+                "SELECT count(*) FROM {} WHERE \"scope_id\" = ?",
+                super::scopes::provenance(table)
+            ),
+            [scope],
+            |r| r.get(0),
+        )?;
+        n += c as u64;
+    }
+    Ok(n)
+}
