@@ -2,8 +2,9 @@
 //! export", "Seed verification and artifact publication"): [`export`] runs the seed
 //! functions of `sql/install/55_seed.sql` in one SERIALIZABLE READ ONLY DEFERRABLE
 //! transaction of a seed login, and [`verify`] checks what they returned before anything is
-//! published (checks 1 to 7 of the spec; the SQLite artifact's checks 8 to 10 follow when it
-//! is built).
+//! published (checks 1 to 7 of the spec); [`write_artifact`] writes the SQLite file with the
+//! client's own store and publishes it only after [`verify_artifact`] (checks 8 to 10)
+//! passed on it.
 //!
 //! The scope digests are computed here, with the protocol core, from the rows the export's
 //! own snapshot holds (a first pass, `synchro_seed_scope_rows`), and bound by the database
