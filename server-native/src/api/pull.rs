@@ -6,9 +6,9 @@
 //! reconciliation and the page. Everything is read in one REPEATABLE READ snapshot, so the
 //! rows, the new cursor positions and the terminal scope digests describe one boundary.
 //!
-//! The phases, in order: [`open_cursors`], [`reconcile`], then in the snapshot
-//! [`scope_streams`], [`read_page`], [`cursor_updates`] and the terminal checksums
-//! ([`super::checksums`]); after it, [`acknowledge`].
+//! The phases, in order: `open_cursors`, `reconcile`, then in the snapshot `scope_streams`,
+//! `read_page`, `cursor_updates` and the terminal checksums (`api/checksums.rs`); after it,
+//! `acknowledge`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
