@@ -1255,3 +1255,130 @@ async fn the_export_command_publishes_a_verified_artifact_and_nothing_on_failure
     assert!(!dir.join("nothing.seed.sqlite.tmp").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve --seed-dir` (issue 30, item 4): the artifact and its evidence behind a bearer
+/// token (or public with `--public-seeds`), content-addressed (the ETag is the SHA-256 the
+/// evidence records; `If-None-Match` answers 304; `?v=<sha256>` is immutable, any other
+/// `v` 404), ranges, and nothing but plain seed file names.
+#[tokio::test]
+async fn serve_publishes_seeds_content_addressed_with_ranges_behind_a_token() {
+    const SECRET: &str = "seed-serving-secret-0123456789abcdef";
+    let env = Env::installed().await;
+    let _worker = boards(&env, 300).await;
+    let dir = std::env::temp_dir().join(format!("synchro-seed-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), b"not a seed").unwrap();
+    let out = dir.join("board.seed.sqlite");
+    let (code, evidence) = cli(
+        &env,
+        "synchro_dev_seed",
+        &[
+            "seed",
+            "export",
+            "--scope",
+            "board:a",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{evidence}");
+    let sha = evidence["sha256"].as_str().unwrap().to_owned();
+    let bytes = std::fs::read(&out).unwrap();
+    let http = reqwest::Client::new();
+    let start = |extra: &[&str]| {
+        let port = common::free_port();
+        let mut args = vec!["--seed-dir".to_owned(), dir.to_str().unwrap().to_owned()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let server = synchro_testkit::pg::start_server_binary_with(
+            env!("CARGO_BIN_EXE_synchro-server"),
+            &env,
+            port,
+            SECRET,
+            &args,
+        );
+        (server, format!("http://127.0.0.1:{port}"))
+    };
+    let (server, base) = start(&[]);
+    common::wait_ready(&http, &base).await;
+    let token = synchro_server::auth::mint(SECRET.as_bytes(), "alice", 600);
+    let get = |path: String, headers: Vec<(&'static str, String)>| {
+        let http = http.clone();
+        let token = token.clone();
+        async move {
+            let mut r = http
+                .get(path)
+                .header("authorization", format!("Bearer {token}"));
+            for (k, v) in headers {
+                r = r.header(k, v);
+            }
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            let h = r.headers().clone();
+            (status, h, r.bytes().await.unwrap().to_vec())
+        }
+    };
+    let url = format!("{base}/seeds/board.seed.sqlite");
+    // Without a token: 401, with the server's error body.
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    // The artifact, its ETag the recorded SHA-256, revalidated without a version.
+    let (st, h, body) = get(url.clone(), vec![]).await;
+    assert_eq!(st, 200);
+    assert_eq!(body, bytes);
+    assert_eq!(h["etag"], format!("\"{sha}\"").as_str());
+    assert_eq!(h["cache-control"], "private, no-cache");
+    assert_eq!(h["accept-ranges"], "bytes");
+    let (st, _, body) = get(url.clone(), vec![("if-none-match", format!("\"{sha}\""))]).await;
+    assert_eq!((st, body.len()), (304, 0));
+    // Addressed by its hash: immutable; another hash: gone.
+    let (st, h, _) = get(format!("{url}?v={sha}"), vec![]).await;
+    assert_eq!(
+        (st, &h["cache-control"]),
+        (
+            200,
+            &"private, max-age=31536000, immutable"
+                .parse::<reqwest::header::HeaderValue>()
+                .unwrap()
+        )
+    );
+    let (st, _, _) = get(format!("{url}?v={}", "0".repeat(64)), vec![]).await;
+    assert_eq!(st, 404);
+    // Ranges.
+    let len = bytes.len();
+    let (st, h, body) = get(url.clone(), vec![("range", "bytes=100-199".into())]).await;
+    assert_eq!((st, body.as_slice()), (206, &bytes[100..200]));
+    assert_eq!(h["content-range"], format!("bytes 100-199/{len}").as_str());
+    let (st, _, body) = get(url.clone(), vec![("range", "bytes=-10".into())]).await;
+    assert_eq!((st, body.as_slice()), (206, &bytes[len - 10..]));
+    let (st, h, _) = get(url.clone(), vec![("range", format!("bytes={len}-"))]).await;
+    assert_eq!(st, 416);
+    assert_eq!(h["content-range"], format!("bytes */{len}").as_str());
+    // The evidence, and nothing that is not a seed file.
+    let (st, h, body) = get(format!("{base}/seeds/board.seed.json"), vec![]).await;
+    assert_eq!(st, 200);
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), evidence);
+    assert_eq!(h["content-type"], "application/json");
+    for name in [
+        "notes.txt",
+        "missing.seed.sqlite",
+        "..%2Fboard.seed.sqlite",
+        ".hidden.json",
+        "board.seed.sqlite.tmp",
+    ] {
+        let (st, _, _) = get(format!("{base}/seeds/{name}"), vec![]).await;
+        assert_eq!(st, 404, "{name}");
+    }
+    drop(server);
+    // Public: no token needed.
+    let (_public, base) = start(&["--public-seeds"]);
+    common::wait_ready(&http, &base).await;
+    let r = http
+        .get(format!("{base}/seeds/board.seed.sqlite"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["cache-control"], "public, no-cache");
+    assert_eq!(r.bytes().await.unwrap().to_vec(), bytes);
+    let _ = std::fs::remove_dir_all(&dir);
+}

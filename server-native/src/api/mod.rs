@@ -32,6 +32,7 @@ pub mod push;
 mod ready;
 pub mod rebuild;
 mod rows;
+mod seeds;
 mod state;
 
 use std::sync::Arc;
@@ -66,6 +67,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sync/push", post(push))
         .route("/sync/events", post(events))
         .route("/ready", get(ready::ready))
+        .route("/seeds/{name}", get(seed))
         .with_state(state)
         .merge(
             Router::new()
@@ -101,6 +103,23 @@ async fn connect(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
     }
     .await
     .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `?v=` of `GET /seeds/{name}`.
+#[derive(serde::Deserialize)]
+struct SeedQuery {
+    v: Option<String>,
+}
+
+async fn seed(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    axum::extract::Query(query): axum::extract::Query<SeedQuery>,
+    headers: HeaderMap,
+) -> Response {
+    seeds::seed(&state, &name, query.v.as_deref(), &headers)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn pull(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {

@@ -35,6 +35,10 @@ pub struct Config {
     /// the membership pool) before it is refused: 503 `temporary_unavailable`, reason
     /// `push_busy`, with `Retry-After`.
     pub push_pool_wait: std::time::Duration,
+    /// Where `GET /seeds/{name}` serves seed artifacts from (none: 404).
+    pub seed_dir: Option<std::path::PathBuf>,
+    /// Seeds served without a bearer token.
+    pub public_seeds: bool,
 }
 
 impl Default for Config {
@@ -50,6 +54,8 @@ impl Default for Config {
             max_rebuild_sessions_per_client: 8,
             retry_after_seconds: 2,
             push_pool_wait: std::time::Duration::from_secs(5),
+            seed_dir: None,
+            public_seeds: false,
         }
     }
 }

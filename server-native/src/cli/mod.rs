@@ -183,6 +183,14 @@ struct ServeArgs {
     /// own container).
     #[arg(long, env = "SYNCHRO_NO_CAPTURE", requires = "worker_url")]
     no_capture: bool,
+    /// Serve the seed artifacts `synchro-server seed export` wrote in this directory, and
+    /// their evidence, at `GET /seeds/{name}` (behind a bearer token unless
+    /// --public-seeds).
+    #[arg(long, env = "SYNCHRO_SEED_DIR")]
+    seed_dir: Option<std::path::PathBuf>,
+    /// Serve seeds without a bearer token (they hold only declared shared scopes' rows).
+    #[arg(long, env = "SYNCHRO_PUBLIC_SEEDS", requires = "seed_dir")]
+    public_seeds: bool,
     #[command(flatten)]
     limits: LimitArgs,
 }

@@ -19,6 +19,8 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         listen,
         jwt_secret,
         max_body_bytes,
+        seed_dir,
+        public_seeds,
         min_client_version,
         assignment_url,
         worker_url,
@@ -55,9 +57,14 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         Some(url) => Some(SharedConnection::new(&url, connect_db(&url).await?)),
         None => None,
     };
+    if let Some(dir) = &seed_dir {
+        anyhow::ensure!(dir.is_dir(), "--seed-dir is not a directory");
+    }
     let config = limits.apply(Config {
         max_body_bytes,
         min_client_version,
+        seed_dir,
+        public_seeds,
         ..Config::default()
     });
     let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
