@@ -1065,6 +1065,7 @@ async fn a_receipt_becomes_a_cursor_at_the_seed_boundary_and_the_pull_resumes_th
         ("tampered", json!({"board:a": tampered})),
         ("misplaced", json!({"board:b": receipt})),
         ("garbage", json!({"board:a": "sc1.not.a-receipt"})),
+        ("unassigned", json!({"board:z": receipt})),
     ] {
         let (st, c) = post("/sync/connect", "alice", connect(client, receipts.clone())).await;
         assert_eq!(st, 200, "{client}: {c}");

@@ -59,10 +59,13 @@ impl Storage {
             if receipt.schema_hash != manifest.schema_hash() {
                 return Err(integrity("a seed receipt is of another schema"));
             }
+            // Each row digested once: for the scope digest here, and kept for the rows below.
+            let mut digests = Vec::with_capacity(s.rows.len());
             let mut entries = Vec::with_capacity(s.rows.len());
             for (table_id, pk, row, version) in s.rows {
                 let d = row_digest(manifest, table_id, pk, row, version)
                     .map_err(|_| integrity("a seed row does not match its table"))?;
+                digests.push(d.digest);
                 entries.push((d.identity, d.digest));
             }
             let digest = synchro_protocol::digest::scope_digest(
@@ -75,21 +78,18 @@ impl Storage {
             if digest.cardinality != receipt.cardinality || digest.digest != receipt.checksum.0 {
                 return Err(integrity("a seed scope does not match its receipt"));
             }
-            checked.push((receipt.scope_id, s));
+            checked.push((receipt.scope_id, s, digests));
         }
         self.install(manifest)?;
         self.with_index_tx(|tx, ix| {
             ix.for_manifest(manifest);
-            for (scope_id, s) in &checked {
-                for (table_id, pk, row, version) in s.rows {
+            for (scope_id, s, digests) in &checked {
+                for ((table_id, pk, row, version), digest) in s.rows.iter().zip(digests) {
                     let table = manifest.table(table_id).expect("checked above");
                     let key = TypedValue::from_wire(&table.primary_key().spec, pk)
                         .map_err(|_| integrity("a seed key does not match its type"))?;
-                    let digest = row_digest(manifest, table_id, pk, row, version)
-                        .map_err(|_| integrity("a seed row does not match its table"))?
-                        .digest;
                     write_row(tx, table, wire_row_values(table, row, "a seed row")?)?;
-                    record_server_row(tx, ix, table, &key, &key.to_wire_text(), version, &digest)?;
+                    record_server_row(tx, ix, table, &key, &key.to_wire_text(), version, digest)?;
                     add_edge(tx, ix, table, &key, scope_id)?;
                 }
                 mark_rebuild(tx, scope_id)?;

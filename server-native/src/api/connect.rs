@@ -352,36 +352,53 @@ async fn seed_cursors(
     let Some(current) = known.lineage.current() else {
         return Ok(receipts.keys().map(|s| (s.clone(), None)).collect());
     };
-    let scopes: Vec<String> = receipts.keys().cloned().collect();
-    let stream: i64 = db
-        .query_one(
+    // Only receipts of assigned scopes are read (one round trip for all of them): the work
+    // a connect asks of the database is bounded by the user's assignment, not by the body.
+    let (scopes, tokens): (Vec<String>, Vec<String>) = receipts
+        .iter()
+        .filter(|(scope, _)| known.assigned.contains(*scope))
+        .map(|(scope, receipt)| (scope.clone(), receipt.clone()))
+        .unzip();
+    out.extend(receipts.keys().map(|s| (s.clone(), None)));
+    if scopes.is_empty() {
+        return Ok(out);
+    }
+    // The three reads go out together (one round trip).
+    let of_scopes: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&scopes];
+    let of_receipts: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&scopes, &tokens];
+    let (stream, retention, bound) = futures_util::join!(
+        db.query_one(
             "SELECT stream_generation FROM synchro.synchro_stream_state()",
             &[],
-        )
-        .await?
-        .get(0);
-    let retention: BTreeMap<String, (i64, i64, i64)> = db
-        .query(
+        ),
+        db.query(
             "SELECT scope_id, retention_generation, resume_floor, membership_generation
                FROM synchro.synchro_scope_retention($1)",
-            &[&scopes],
-        )
-        .await?
+            &of_scopes,
+        ),
+        db.query(
+            "SELECT r.presented, s.* FROM unnest($1::text[], $2::text[]) AS r(presented, receipt)
+               CROSS JOIN LATERAL synchro.synchro_seed_receipt(r.receipt) AS s",
+            &of_receipts,
+        ),
+    );
+    let stream: i64 = stream?.get(0);
+    let retention: BTreeMap<String, (i64, i64, i64)> = retention?
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
         .collect();
+    let bound: BTreeMap<String, tokio_postgres::Row> = bound?
+        .into_iter()
+        .map(|r| (r.get::<_, String>("presented"), r))
+        .collect();
     let issued_at = super::rows::now_datetime();
-    let mut refused = 0;
-    for (scope, receipt) in receipts {
-        let bound = db
-            .query_opt("SELECT * FROM synchro.synchro_seed_receipt($1)", &[receipt])
-            .await?;
-        let cursor = bound.and_then(|r| {
+    let mut refused = receipts.len() - scopes.len();
+    for scope in &scopes {
+        let cursor = bound.get(scope).and_then(|r| {
             let (retention_generation, floor, membership_generation) = *retention.get(scope)?;
             let position: i64 = r.get("boundary_position");
             let ok = r.get::<_, &str>("scope_id") == scope
                 && r.get::<_, bool>("portable")
-                && known.assigned.contains(scope)
                 && r.get::<_, &str>("schema_hash") == current.schema_hash_hex()
                 && r.get::<_, i64>("stream_generation") == stream
                 && r.get::<_, i64>("registry_generation")
