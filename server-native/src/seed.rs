@@ -26,7 +26,8 @@ use tokio_postgres::{Client, IsolationLevel};
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
     /// A seed function refused (its typed code and reason; `seed_export_transaction_required`,
-    /// `invalid_seed_export`, `seed_export_state`, `invalid_seed_page_token`).
+    /// `invalid_seed_export`, `seed_export_state`, `invalid_seed_page_token`), or the login
+    /// may not run them (`seed_export_forbidden`, `not_a_seed_login`).
     #[error("the database refused the export: {code} ({reason})")]
     Refused {
         /// The refusal's code.
@@ -44,6 +45,13 @@ pub enum SeedError {
 
 impl From<tokio_postgres::Error> for SeedError {
     fn from(e: tokio_postgres::Error) -> SeedError {
+        if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+            // The login is not a member of synchro_seed: what the operator must fix.
+            return SeedError::Refused {
+                code: "seed_export_forbidden".into(),
+                reason: "not_a_seed_login".into(),
+            };
+        }
         if let Some(d) = e.as_db_error() {
             let reason = d
                 .detail()

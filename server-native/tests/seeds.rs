@@ -1233,6 +1233,38 @@ async fn the_export_command_publishes_a_verified_artifact_and_nothing_on_failure
     });
     assert!(e["code"].is_string(), "{e}");
 
+    // Another login than a seed login, and an output directory that does not exist: typed,
+    // and found before the export.
+    let (code, v) = cli(
+        &env,
+        "synchro_dev_adapter",
+        &["seed", "export", "--scope", "board:a", "--out", out_s],
+    );
+    assert_eq!(
+        (code, &v["error"]),
+        (
+            1,
+            &json!({"code": "seed_export_forbidden", "reason": "not_a_seed_login"})
+        ),
+        "{v}"
+    );
+    let (code, v) = cli(
+        &env,
+        seed,
+        &[
+            "seed",
+            "export",
+            "--scope",
+            "board:a",
+            "--out",
+            dir.join("no/such.sqlite").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        (code, &v["error"]["code"]),
+        (1, &json!("seed_failed")),
+        "{v}"
+    );
     // A refused export publishes nothing.
     let nothing = dir.join("nothing.seed.sqlite");
     let (code, v) = cli(

@@ -151,6 +151,16 @@ async fn seed_export(
     out: &std::path::Path,
     page_limit: u32,
 ) -> Result<ExitCode> {
+    // Before the export: a file that cannot be written would be found only at its end.
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Ok(seed_printed(Err(crate::seed::SeedError::Database(
+            "the directory of --out does not exist".into(),
+        ))));
+    }
     let mut db = connect_db(url).await?;
     let mut last = std::time::Instant::now();
     let exported = crate::seed::export(&mut db, scopes, page_limit, |p| {
@@ -181,7 +191,7 @@ fn seed_printed(result: Result<crate::seed::Evidence, crate::seed::SeedError>) -
             serde_json::json!({"code": "seed_verification_failed", "reason": why})
         }
         Err(SeedError::Database(why)) => {
-            serde_json::json!({"code": "seed_export_failed", "reason": why})
+            serde_json::json!({"code": "seed_failed", "reason": why})
         }
     };
     println!("{}", serde_json::json!({ "error": error }));
