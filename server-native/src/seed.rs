@@ -117,8 +117,8 @@ pub struct VerifiedExport {
 pub struct ScopePages {
     /// The scope.
     pub scope_id: String,
-    /// (token, page JSON text), in the order they were fetched.
-    pub pages: Vec<(String, String)>,
+    /// (token, page as parsed), in the order they were fetched.
+    pub pages: Vec<(String, Json)>,
 }
 
 /// How far an export is (for a progress line).
@@ -263,7 +263,7 @@ pub async fn fetch(
             if let Some(Json::Array(records)) = page.get("records") {
                 done += records.len() as u64;
             }
-            fetched.pages.push((token, text));
+            fetched.pages.push((token, page));
             progress(Progress {
                 rows: done,
                 total,
@@ -409,7 +409,7 @@ fn verify_scope(
     let mut records = Vec::with_capacity(scope.cardinality as usize);
     let mut last: Option<RowIdentity> = None;
     let mut receipt = None;
-    for (i, (token, text)) in fetched.pages.iter().enumerate() {
+    for (i, (token, page)) in fetched.pages.iter().enumerate() {
         if receipt.is_some() {
             return Err(unverified("a page follows the final page"));
         }
@@ -433,7 +433,6 @@ fn verify_scope(
                 "a page is not bound to this export at its ordinal",
             ));
         }
-        let page = Json::parse(text).map_err(|_| unverified("a page is not JSON"))?;
         let Some(Json::Array(items)) = page.get("records") else {
             return Err(unverified("a page has no records"));
         };

@@ -711,16 +711,10 @@ async fn blocked(env: &Env) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Runs `synchro-server <args>` with `login`'s connection string in DATABASE_URL: its exit
-/// code and JSON output (null when it printed none).
+/// [`common::cli`] with the exit code as `Option` (none: killed by a signal).
 fn cli(env: &Env, login: &str, args: &[&str]) -> (Option<i32>, serde_json::Value) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args(args)
-        .env("DATABASE_URL", env.cluster.url(login, "app"))
-        .output()
-        .unwrap();
-    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code(), json)
+    let (code, json) = common::cli(env, login, args);
+    ((code >= 0).then_some(code), json)
 }
 
 /// Runs `synchro-server capture <args>` as the operator login, which must succeed; returns

@@ -5,6 +5,8 @@
 //! (items reach their customer through their order: a 1:N impact function), served by
 //! `serve` with its capture worker.
 
+mod common;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -32,19 +34,7 @@ impl Shop {
 
     /// `synchro-server <args>` with DATABASE_URL set to `login`'s: (exit code, stdout JSON).
     fn cli(&self, login: &str, args: &[&str]) -> (i32, Value) {
-        let out = Command::new(BIN)
-            .args(args)
-            .env("DATABASE_URL", self.url(login))
-            .env_remove("SYNCHRO_LOG")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json = stdout
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str(l).ok())
-            .unwrap_or(Value::Null);
-        (out.status.code().unwrap_or(-1), json)
+        common::cli_at(&self.url(login), args)
     }
 
     /// The same, which must succeed.

@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{sqlstate, Env};
+use common::{cli, sqlstate, Env};
 use serde_json::{json, Value};
 use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity};
 use synchro_protocol::json::Json;
@@ -17,25 +15,6 @@ use synchro_protocol::token::Keyring;
 use synchro_protocol::value::TypedValue;
 use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
 use tokio_postgres::Client;
-
-const BIN: &str = env!("CARGO_BIN_EXE_synchro-server");
-
-/// `synchro-server <args>` as `login`: (exit code, the last JSON line of stdout).
-fn cli(env: &Env, login: &str, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", env.cluster.url(login, "app"))
-        .env_remove("SYNCHRO_LOG")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), json)
-}
 
 #[tokio::test]
 async fn only_shared_scopes_are_declared_portable_and_only_by_the_operator() {
@@ -655,9 +634,6 @@ async fn an_export_runs_only_in_its_transaction_for_portable_scopes_as_the_seed_
     }
 }
 
-/// A JSON object's members, in order.
-type Members = Vec<(String, Json)>;
-
 /// Spec 001 negative control 10, for what exists of it so far: a real export verifies, and a
 /// missing row, an altered row, a missing or stale server version, a wrong digest, an
 /// incomplete page sequence and a stale receipt each prevent publication. (A corrupt SQLite
@@ -699,97 +675,77 @@ async fn the_exporter_verifies_an_export_and_every_tampered_page_prevents_it() {
         seed::verify(fetched.manifest.clone(), export, &scopes, &pages)
     };
     assert!(check(fetched.pages.clone(), fetched.export.clone()).is_ok());
-    // Rewrites record `index` of the first page of the first scope.
-    let tamper = |edit: &dyn Fn(&mut Members)| {
+    // The first scope's pages with one member of page `page` (`-1`: the last) edited.
+    let edited = |page: isize, member: &str, edit: &dyn Fn(&mut Json)| {
         let mut pages = fetched.pages.clone();
-        let (_, text) = &mut pages[0].pages[0];
-        let Json::Object(mut page) = Json::parse(text).unwrap() else {
-            panic!()
+        let all = &mut pages[0].pages;
+        let at = if page < 0 {
+            all.len() - 1
+        } else {
+            page as usize
         };
-        for (name, value) in page.iter_mut() {
-            if name == "records" {
-                let Json::Array(records) = value else {
-                    panic!()
-                };
-                let Json::Object(record) = &mut records[3] else {
-                    panic!()
-                };
-                edit(record);
-            }
-        }
-        *text = synchro_protocol::jcs::to_output_string(&Json::Object(page));
+        let Json::Object(members) = &mut all[at].1 else {
+            panic!("a page is an object")
+        };
+        let (_, value) = members.iter_mut().find(|(k, _)| k == member).unwrap();
+        edit(value);
         pages
     };
-    let set = |name: &'static str, value: Json| {
-        move |r: &mut Members| {
-            for (k, v) in r.iter_mut() {
-                if k == name {
-                    *v = value.clone();
-                }
-            }
-        }
+    // The same, for member `name` of the fourth record of the first page.
+    let tamper = |name: &'static str, edit: &dyn Fn(&mut Json)| {
+        edited(0, "records", &|records| {
+            let Json::Array(records) = records else {
+                panic!()
+            };
+            let Json::Object(record) = &mut records[3] else {
+                panic!()
+            };
+            edit(&mut record.iter_mut().find(|(k, _)| k == name).unwrap().1);
+        })
     };
     let refused = |r: Result<seed::VerifiedExport, SeedError>, why: &str| match r {
         Err(SeedError::Verification(w)) => assert_eq!(w, why),
         other => panic!("{why}: {other:?}"),
     };
+    let export = || fetched.export.clone();
     // A missing row.
-    let mut missing = fetched.pages.clone();
-    {
-        let (_, text) = &mut missing[0].pages[0];
-        let Json::Object(mut page) = Json::parse(text).unwrap() else {
+    let missing = edited(0, "records", &|records| {
+        let Json::Array(records) = records else {
             panic!()
         };
-        for (name, value) in page.iter_mut() {
-            if name == "records" {
-                let Json::Array(records) = value else {
-                    panic!()
-                };
-                records.remove(5);
-            }
-        }
-        *text = synchro_protocol::jcs::to_output_string(&Json::Object(page));
-    }
+        records.remove(5);
+    });
     refused(
-        check(missing, fetched.export.clone()),
+        check(missing, export()),
         "a page ends neither with a full page nor a receipt",
     );
     // An altered row: its digest recomputes, but the scope's no longer matches.
-    let altered = tamper(&|r| {
-        for (k, v) in r.iter_mut() {
-            if k == "row" {
-                let Json::Object(fields) = v else { panic!() };
-                for (_, f) in fields.iter_mut() {
-                    if let Json::String(s) = f {
-                        if s.starts_with("doc ") {
-                            *s = "forged".into();
-                        }
-                    }
+    let altered = tamper("row", &|row| {
+        let Json::Object(fields) = row else { panic!() };
+        for (_, f) in fields.iter_mut() {
+            if let Json::String(s) = f {
+                if s.starts_with("doc ") {
+                    *s = "forged".into();
                 }
             }
         }
     });
     refused(
-        check(altered, fetched.export.clone()),
+        check(altered, export()),
         "a scope's rows do not match its digest",
     );
     // A missing and a stale server version.
+    let version = |v: &'static str| move |j: &mut Json| *j = Json::String(v.into());
     refused(
-        check(
-            tamper(&set("server_version", Json::String(String::new()))),
-            fetched.export.clone(),
-        ),
+        check(tamper("server_version", &version("")), export()),
         "a row has no server version",
     );
     refused(
-        check(
-            tamper(&set("server_version", Json::String("999999".into()))),
-            fetched.export.clone(),
-        ),
+        check(tamper("server_version", &version("999999")), export()),
         "a scope's rows do not match its digest",
     );
     // A wrong digest in the export manifest (its pages and receipt name the true hash).
-    let mut wrong = fetched.export.clone();
+    let mut wrong = export();
     wrong.scopes[0].checksum.0[0] ^= 1;
     refused(
         check(fetched.pages.clone(), wrong),
@@ -799,34 +755,16 @@ async fn the_exporter_verifies_an_export_and_every_tampered_page_prevents_it() {
     let mut gap = fetched.pages.clone();
     gap[0].pages.remove(1);
     refused(
-        check(gap, fetched.export.clone()),
+        check(gap, export()),
         "a page is not bound to this export at its ordinal",
     );
     let mut cut = fetched.pages.clone();
     cut[0].pages.pop();
-    refused(
-        check(cut, fetched.export.clone()),
-        "the scope's final page is missing",
-    );
+    refused(check(cut, export()), "the scope's final page is missing");
     // A stale receipt: the one of an earlier export of the same scope.
-    let mut stale = fetched.pages.clone();
-    let earlier = &verified.scopes[0].receipt;
-    {
-        let (_, text) = stale[0].pages.last_mut().unwrap();
-        let Json::Object(mut page) = Json::parse(text).unwrap() else {
-            panic!()
-        };
-        for (name, value) in page.iter_mut() {
-            if name == "receipt" {
-                *value = Json::String(earlier.clone());
-            }
-        }
-        *text = synchro_protocol::jcs::to_output_string(&Json::Object(page));
-    }
-    refused(
-        check(stale, fetched.export.clone()),
-        "a receipt does not match its scope",
-    );
+    let earlier = verified.scopes[0].receipt.clone();
+    let stale = edited(-1, "receipt", &|r| *r = Json::String(earlier.clone()));
+    refused(check(stale, export()), "a receipt does not match its scope");
     // Scopes other than the requested ones.
     assert!(matches!(
         seed::verify(
