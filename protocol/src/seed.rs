@@ -275,141 +275,10 @@ pub fn export_manifest_hash(body: &Json) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// A seed page token's bindings (its `kind`, `version` and `key_id` are implied).
+/// What a page token and a receipt both bind: the export and its manifest, the schema, one
+/// scope with its generations, and the boundary.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeedPage {
-    /// The export.
-    pub export_id: String,
-    /// base64url (no padding) of the transaction's 32 random octets.
-    pub transaction_nonce: String,
-    /// The export manifest's hash.
-    pub export_manifest_hash: [u8; 32],
-    /// The schema hash.
-    pub schema_hash: [u8; 32],
-    /// The scope paged.
-    pub scope_id: String,
-    /// Its registry generation.
-    pub registry_generation: u64,
-    /// Its membership generation.
-    pub membership_generation: u64,
-    /// Its retention generation.
-    pub retention_generation: u64,
-    /// The stream generation.
-    pub stream_generation: u64,
-    /// Where the snapshot ends.
-    pub snapshot_boundary: SnapshotBoundary,
-    /// The ordinal (0-based, in unsigned canonical row-identity order) of the page's first
-    /// record.
-    pub next_row_ordinal: u64,
-    /// Records per page at most.
-    pub page_limit: u64,
-}
-
-const PAGE_MEMBERS: [&str; 15] = [
-    "export_id",
-    "export_manifest_hash",
-    "key_id",
-    "kind",
-    "membership_generation",
-    "next_row_ordinal",
-    "page_limit",
-    "registry_generation",
-    "retention_generation",
-    "schema_hash",
-    "scope_id",
-    "snapshot_boundary",
-    "stream_generation",
-    "transaction_nonce",
-    "version",
-];
-
-impl SeedPage {
-    /// The signed `sp1.` token.
-    pub fn sign(&self, ring: &Keyring) -> String {
-        sign(
-            Purpose::SeedPage,
-            ring,
-            vec![
-                ("kind".into(), Json::String("portable_seed_page".into())),
-                ("version".into(), Json::Number("1".into())),
-                ("export_id".into(), Json::String(self.export_id.clone())),
-                (
-                    "transaction_nonce".into(),
-                    Json::String(self.transaction_nonce.clone()),
-                ),
-                (
-                    "export_manifest_hash".into(),
-                    Json::String(hex::encode(self.export_manifest_hash)),
-                ),
-                (
-                    "schema_hash".into(),
-                    Json::String(hex::encode(self.schema_hash)),
-                ),
-                ("scope_id".into(), Json::String(self.scope_id.clone())),
-                (
-                    "registry_generation".into(),
-                    counter(self.registry_generation),
-                ),
-                (
-                    "membership_generation".into(),
-                    counter(self.membership_generation),
-                ),
-                (
-                    "retention_generation".into(),
-                    counter(self.retention_generation),
-                ),
-                ("stream_generation".into(), counter(self.stream_generation)),
-                ("snapshot_boundary".into(), self.snapshot_boundary.to_json()),
-                ("next_row_ordinal".into(), counter(self.next_row_ordinal)),
-                ("page_limit".into(), counter(self.page_limit)),
-            ],
-        )
-    }
-
-    /// Opens a page token: shape, MAC (constant time) and exactly its members.
-    pub fn open(ring: &Keyring, token: &str) -> Result<SeedPage> {
-        SeedPage::from_payload(&open(Purpose::SeedPage, ring, token)?)
-    }
-
-    /// Reads a page token's bindings without its MAC: what the exporter, to which tokens
-    /// are opaque and which holds no key, checks each page against (spec 001 "Seed
-    /// verification", check 3). Only the database's check makes a token authoritative.
-    pub fn read_unverified(token: &str) -> Result<SeedPage> {
-        SeedPage::from_payload(&unverified_payload("sp1", token)?)
-    }
-
-    fn from_payload(v: &Json) -> Result<SeedPage> {
-        let m = exact(v, &PAGE_MEMBERS)?;
-        if m.text("kind")? != "portable_seed_page" || !m.version_one() {
-            return Err(bad("not a version 1 seed page token"));
-        }
-        let nonce = m.text("transaction_nonce")?;
-        if nonce.len() != 43 || !nonce.bytes().all(is_base64url) {
-            return Err(bad("transaction_nonce is not 32 octets of base64url"));
-        }
-        Ok(SeedPage {
-            export_id: uuid(m.text("export_id")?)?,
-            transaction_nonce: nonce.to_owned(),
-            export_manifest_hash: hash(m.text("export_manifest_hash")?)?,
-            schema_hash: hash(m.text("schema_hash")?)?,
-            scope_id: m.text("scope_id")?.to_owned(),
-            registry_generation: m.counter("registry_generation")?,
-            membership_generation: m.counter("membership_generation")?,
-            retention_generation: m.counter("retention_generation")?,
-            stream_generation: m.counter("stream_generation")?,
-            snapshot_boundary: SnapshotBoundary::from_json(
-                v.get("snapshot_boundary").expect("member checked"),
-            )?,
-            next_row_ordinal: m.counter("next_row_ordinal")?,
-            page_limit: m.counter("page_limit")?,
-        })
-    }
-}
-
-/// A seed continuation receipt's bindings (its `kind`, `version` and `key_id` are
-/// implied). It names no user or client: connect binds it to one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeedReceipt {
+pub struct ScopeBinding {
     /// The export.
     pub export_id: String,
     /// The export manifest's hash.
@@ -428,6 +297,165 @@ pub struct SeedReceipt {
     pub stream_generation: u64,
     /// Where the snapshot ends.
     pub snapshot_boundary: SnapshotBoundary,
+}
+
+/// The members of a [`ScopeBinding`].
+const BINDING_MEMBERS: [&str; 9] = [
+    "export_id",
+    "export_manifest_hash",
+    "membership_generation",
+    "registry_generation",
+    "retention_generation",
+    "schema_hash",
+    "scope_id",
+    "snapshot_boundary",
+    "stream_generation",
+];
+
+impl ScopeBinding {
+    fn members(&self) -> Vec<(String, Json)> {
+        vec![
+            ("export_id".into(), Json::String(self.export_id.clone())),
+            (
+                "export_manifest_hash".into(),
+                Json::String(hex::encode(self.export_manifest_hash)),
+            ),
+            (
+                "schema_hash".into(),
+                Json::String(hex::encode(self.schema_hash)),
+            ),
+            ("scope_id".into(), Json::String(self.scope_id.clone())),
+            (
+                "registry_generation".into(),
+                counter(self.registry_generation),
+            ),
+            (
+                "membership_generation".into(),
+                counter(self.membership_generation),
+            ),
+            (
+                "retention_generation".into(),
+                counter(self.retention_generation),
+            ),
+            ("stream_generation".into(), counter(self.stream_generation)),
+            ("snapshot_boundary".into(), self.snapshot_boundary.to_json()),
+        ]
+    }
+
+    fn read(v: &Json) -> Result<ScopeBinding> {
+        let m = Exact(v);
+        Ok(ScopeBinding {
+            export_id: uuid(m.text("export_id")?)?,
+            export_manifest_hash: hash(m.text("export_manifest_hash")?)?,
+            schema_hash: hash(m.text("schema_hash")?)?,
+            scope_id: m.text("scope_id")?.to_owned(),
+            registry_generation: m.counter("registry_generation")?,
+            membership_generation: m.counter("membership_generation")?,
+            retention_generation: m.counter("retention_generation")?,
+            stream_generation: m.counter("stream_generation")?,
+            snapshot_boundary: SnapshotBoundary::from_json(
+                v.get("snapshot_boundary")
+                    .ok_or(bad("snapshot_boundary is missing"))?,
+            )?,
+        })
+    }
+}
+
+impl ExportManifest {
+    /// What a page token or a receipt of `scope` of this export must bind.
+    pub fn binding(&self, scope: &ExportScope) -> ScopeBinding {
+        ScopeBinding {
+            export_id: self.export_id.clone(),
+            export_manifest_hash: self.hash(),
+            schema_hash: self.schema_hash,
+            scope_id: scope.scope_id.clone(),
+            registry_generation: scope.registry_generation,
+            membership_generation: scope.membership_generation,
+            retention_generation: scope.retention_generation,
+            stream_generation: self.stream_generation,
+            snapshot_boundary: self.snapshot_boundary.clone(),
+        }
+    }
+}
+
+/// The member names of a token: its own, the binding's, `key_id`, `kind` and `version`.
+fn token_members<const N: usize>(own: [&'static str; N]) -> Vec<&'static str> {
+    let mut all: Vec<&str> = BINDING_MEMBERS.to_vec();
+    all.extend(own);
+    all.extend(["key_id", "kind", "version"]);
+    all
+}
+
+/// A seed page token's bindings (its `kind`, `version` and `key_id` are implied).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedPage {
+    /// The export, scope and boundary it is bound to.
+    pub binding: ScopeBinding,
+    /// base64url (no padding) of the transaction's 32 random octets.
+    pub transaction_nonce: String,
+    /// The ordinal (0-based, in unsigned canonical row-identity order) of the page's first
+    /// record.
+    pub next_row_ordinal: u64,
+    /// Records per page at most.
+    pub page_limit: u64,
+}
+
+impl SeedPage {
+    /// The signed `sp1.` token.
+    pub fn sign(&self, ring: &Keyring) -> String {
+        let mut members = vec![
+            ("kind".into(), Json::String("portable_seed_page".into())),
+            ("version".into(), Json::Number("1".into())),
+            (
+                "transaction_nonce".into(),
+                Json::String(self.transaction_nonce.clone()),
+            ),
+            ("next_row_ordinal".into(), counter(self.next_row_ordinal)),
+            ("page_limit".into(), counter(self.page_limit)),
+        ];
+        members.extend(self.binding.members());
+        sign(Purpose::SeedPage, ring, members)
+    }
+
+    /// Opens a page token: shape, MAC (constant time) and exactly its members.
+    pub fn open(ring: &Keyring, token: &str) -> Result<SeedPage> {
+        SeedPage::from_payload(&open(Purpose::SeedPage, ring, token)?)
+    }
+
+    /// Reads a page token's bindings without its MAC: what the exporter, to which tokens
+    /// are opaque and which holds no key, checks each page against (spec 001 "Seed
+    /// verification", check 3). Only the database's check makes a token authoritative.
+    pub fn read_unverified(token: &str) -> Result<SeedPage> {
+        SeedPage::from_payload(&unverified_payload("sp1", token)?)
+    }
+
+    fn from_payload(v: &Json) -> Result<SeedPage> {
+        let m = exact(
+            v,
+            &token_members(["next_row_ordinal", "page_limit", "transaction_nonce"]),
+        )?;
+        if m.text("kind")? != "portable_seed_page" || !m.version_one() {
+            return Err(bad("not a version 1 seed page token"));
+        }
+        let nonce = m.text("transaction_nonce")?;
+        if nonce.len() != 43 || !nonce.bytes().all(is_base64url) {
+            return Err(bad("transaction_nonce is not 32 octets of base64url"));
+        }
+        Ok(SeedPage {
+            binding: ScopeBinding::read(v)?,
+            transaction_nonce: nonce.to_owned(),
+            next_row_ordinal: m.counter("next_row_ordinal")?,
+            page_limit: m.counter("page_limit")?,
+        })
+    }
+}
+
+/// A seed continuation receipt's bindings (its `kind`, `version` and `key_id` are
+/// implied). It names no user or client: connect binds it to one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedReceipt {
+    /// The export, scope and boundary it is bound to.
+    pub binding: ScopeBinding,
     /// How many rows the scope held.
     pub cardinality: u64,
     /// Its scope digest.
@@ -436,68 +464,24 @@ pub struct SeedReceipt {
     pub issued_at: String,
 }
 
-const RECEIPT_MEMBERS: [&str; 15] = [
-    "cardinality",
-    "checksum",
-    "export_id",
-    "export_manifest_hash",
-    "issued_at",
-    "key_id",
-    "kind",
-    "membership_generation",
-    "registry_generation",
-    "retention_generation",
-    "schema_hash",
-    "scope_id",
-    "snapshot_boundary",
-    "stream_generation",
-    "version",
-];
-
 impl SeedReceipt {
     /// The signed `sc1.` receipt.
     pub fn sign(&self, ring: &Keyring) -> String {
-        sign(
-            Purpose::SeedContinuation,
-            ring,
-            vec![
-                (
-                    "kind".into(),
-                    Json::String("portable_seed_continuation".into()),
-                ),
-                ("version".into(), Json::Number("1".into())),
-                ("export_id".into(), Json::String(self.export_id.clone())),
-                (
-                    "export_manifest_hash".into(),
-                    Json::String(hex::encode(self.export_manifest_hash)),
-                ),
-                (
-                    "schema_hash".into(),
-                    Json::String(hex::encode(self.schema_hash)),
-                ),
-                ("scope_id".into(), Json::String(self.scope_id.clone())),
-                (
-                    "registry_generation".into(),
-                    counter(self.registry_generation),
-                ),
-                (
-                    "membership_generation".into(),
-                    counter(self.membership_generation),
-                ),
-                (
-                    "retention_generation".into(),
-                    counter(self.retention_generation),
-                ),
-                ("stream_generation".into(), counter(self.stream_generation)),
-                ("snapshot_boundary".into(), self.snapshot_boundary.to_json()),
-                ("cardinality".into(), counter(self.cardinality)),
-                (
-                    "checksum".into(),
-                    Json::parse(&self.checksum.to_json_string()).expect("a checksum object"),
-                ),
-                ("issued_at".into(), Json::String(self.issued_at.clone())),
-            ],
-        )
+        let mut members = vec![
+            (
+                "kind".into(),
+                Json::String("portable_seed_continuation".into()),
+            ),
+            ("version".into(), Json::Number("1".into())),
+            ("cardinality".into(), counter(self.cardinality)),
+            (
+                "checksum".into(),
+                Json::parse(&self.checksum.to_json_string()).expect("a checksum object"),
+            ),
+            ("issued_at".into(), Json::String(self.issued_at.clone())),
+        ];
+        members.extend(self.binding.members());
+        sign(Purpose::SeedContinuation, ring, members)
     }
 
     /// Opens a receipt: shape, MAC (constant time) and exactly its members.
@@ -513,7 +497,7 @@ impl SeedReceipt {
     }
 
     fn from_payload(v: &Json) -> Result<SeedReceipt> {
-        let m = exact(v, &RECEIPT_MEMBERS)?;
+        let m = exact(v, &token_members(["cardinality", "checksum", "issued_at"]))?;
         if m.text("kind")? != "portable_seed_continuation" || !m.version_one() {
             return Err(bad("not a version 1 seed continuation receipt"));
         }
@@ -521,19 +505,9 @@ impl SeedReceipt {
         crate::temporal::validate_datetime(&issued_at)
             .map_err(|_| bad("issued_at is not a canonical datetime"))?;
         Ok(SeedReceipt {
-            export_id: uuid(m.text("export_id")?)?,
-            export_manifest_hash: hash(m.text("export_manifest_hash")?)?,
-            schema_hash: hash(m.text("schema_hash")?)?,
-            scope_id: m.text("scope_id")?.to_owned(),
-            registry_generation: m.counter("registry_generation")?,
-            membership_generation: m.counter("membership_generation")?,
-            retention_generation: m.counter("retention_generation")?,
-            stream_generation: m.counter("stream_generation")?,
-            snapshot_boundary: SnapshotBoundary::from_json(
-                v.get("snapshot_boundary").expect("member checked"),
-            )?,
+            binding: ScopeBinding::read(v)?,
             cardinality: m.counter("cardinality")?,
-            checksum: Checksum::from_json(v.get("checksum").expect("member checked"))?,
+            checksum: Checksum::from_json(v.get("checksum").ok_or(bad("checksum is missing"))?)?,
             issued_at,
         })
     }

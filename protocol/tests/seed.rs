@@ -56,17 +56,17 @@ fn page_tokens_match_the_vectors_and_open_to_their_bindings() {
         assert_eq!(page.sign(&ring), expect, "{c:?}");
         assert_eq!(SeedPage::read_unverified(expect).unwrap(), page);
         let payload = c.get("payload").unwrap();
-        assert_eq!(page.scope_id, text(payload, "scope_id"));
+        assert_eq!(page.binding.scope_id, text(payload, "scope_id"));
         assert_eq!(
             page.next_row_ordinal.to_string(),
             text(payload, "next_row_ordinal")
         );
         assert_eq!(
-            page.membership_generation.to_string(),
+            page.binding.membership_generation.to_string(),
             text(payload, "membership_generation")
         );
         assert_eq!(
-            canonical(&page.snapshot_boundary.to_json()),
+            canonical(&page.binding.snapshot_boundary.to_json()),
             canonical(payload.get("snapshot_boundary").unwrap())
         );
     }
@@ -85,7 +85,7 @@ fn receipts_match_the_vectors_and_read_the_same_without_the_key() {
             receipt.cardinality.to_string(),
             text(payload, "cardinality")
         );
-        assert_eq!(receipt.scope_id, text(payload, "scope_id"));
+        assert_eq!(receipt.binding.scope_id, text(payload, "scope_id"));
     }
 }
 

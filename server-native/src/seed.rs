@@ -384,7 +384,7 @@ pub fn verify(
         if fetched.scope_id != scope.scope_id {
             return Err(unverified("pages of another scope"));
         }
-        scopes.push(verify_scope(&manifest, &export, &hash, scope, fetched)?);
+        scopes.push(verify_scope(&manifest, &export, scope, fetched)?);
     }
     Ok(VerifiedExport {
         manifest,
@@ -398,11 +398,12 @@ pub fn verify(
 fn verify_scope(
     manifest: &Manifest,
     export: &ExportManifest,
-    hash: &[u8; 32],
     scope: &ExportScope,
     fetched: &ScopePages,
 ) -> Result<VerifiedScope, SeedError> {
     let limit = export.page_limit;
+    // What every page token and the receipt of this scope must bind.
+    let binding = export.binding(scope);
     let mut digester =
         ScopeDigester::new(&manifest.schema_hash(), &scope.scope_id, scope.cardinality)
             .map_err(|_| unverified("a scope digest cannot start"))?;
@@ -417,15 +418,7 @@ fn verify_scope(
         let bound = SeedPage::read_unverified(token)
             .map_err(|_| unverified("a page token does not read"))?;
         let expected_ordinal = i as u64 * limit;
-        if bound.export_id != export.export_id
-            || &bound.export_manifest_hash != hash
-            || bound.schema_hash != export.schema_hash
-            || bound.scope_id != scope.scope_id
-            || bound.registry_generation != scope.registry_generation
-            || bound.membership_generation != scope.membership_generation
-            || bound.retention_generation != scope.retention_generation
-            || bound.stream_generation != export.stream_generation
-            || bound.snapshot_boundary != export.snapshot_boundary
+        if bound.binding != binding
             || bound.page_limit != limit
             || bound.next_row_ordinal != expected_ordinal
         {
@@ -493,18 +486,7 @@ fn verify_scope(
     // Check 7: the receipt's bindings.
     let r = SeedReceipt::read_unverified(&receipt)
         .map_err(|_| unverified("a receipt does not read"))?;
-    if r.export_id != export.export_id
-        || &r.export_manifest_hash != hash
-        || r.schema_hash != export.schema_hash
-        || r.scope_id != scope.scope_id
-        || r.registry_generation != scope.registry_generation
-        || r.membership_generation != scope.membership_generation
-        || r.retention_generation != scope.retention_generation
-        || r.stream_generation != export.stream_generation
-        || r.snapshot_boundary != export.snapshot_boundary
-        || r.cardinality != scope.cardinality
-        || r.checksum != scope.checksum
-    {
+    if r.binding != binding || r.cardinality != scope.cardinality || r.checksum != scope.checksum {
         return Err(unverified("a receipt does not match its scope"));
     }
     Ok(VerifiedScope {

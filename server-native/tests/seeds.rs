@@ -356,8 +356,8 @@ async fn an_export_pages_one_snapshot_in_identity_order_with_tokens_bound_to_it(
         let receipt = loop {
             let bound = SeedPage::open(&page_keys, &token).unwrap();
             assert_eq!(bound.next_row_ordinal, ordinal);
-            assert_eq!(bound.export_manifest_hash, export.hash());
-            assert_eq!(bound.scope_id, scope.scope_id);
+            assert_eq!(bound.binding.export_manifest_hash, export.hash());
+            assert_eq!(bound.binding.scope_id, scope.scope_id);
             let text = page(&seed, &token).await;
             assert_eq!(
                 page(&seed, &token).await,
@@ -414,8 +414,8 @@ async fn an_export_pages_one_snapshot_in_identity_order_with_tokens_bound_to_it(
             (r.cardinality, r.checksum),
             (scope.cardinality, scope.checksum)
         );
-        assert_eq!(r.snapshot_boundary, boundary);
-        assert_eq!(r.export_manifest_hash, export.hash());
+        assert_eq!(r.binding.snapshot_boundary, boundary);
+        assert_eq!(r.binding.export_manifest_hash, export.hash());
         assert!(
             SeedReceipt::open(&page_keys, &receipt).is_err(),
             "its own key"
@@ -516,7 +516,7 @@ async fn an_export_pages_one_snapshot_in_identity_order_with_tokens_bound_to_it(
         "ordinal"
     );
     bound.next_row_ordinal = 0;
-    bound.scope_id = "board:c".into();
+    bound.binding.scope_id = "board:c".into();
     assert_eq!(
         refusal(
             &seed,

@@ -56,7 +56,7 @@ impl Storage {
         for s in scopes {
             let receipt = SeedReceipt::read_unverified(s.receipt)
                 .map_err(|_| integrity("a seed receipt does not read"))?;
-            if receipt.schema_hash != manifest.schema_hash() {
+            if receipt.binding.schema_hash != manifest.schema_hash() {
                 return Err(integrity("a seed receipt is of another schema"));
             }
             // Each row digested once: for the scope digest here, and kept for the rows below.
@@ -70,7 +70,7 @@ impl Storage {
             }
             let digest = synchro_protocol::digest::scope_digest(
                 &manifest.schema_hash(),
-                &receipt.scope_id,
+                &receipt.binding.scope_id,
                 &mut entries,
                 false,
             )
@@ -78,7 +78,7 @@ impl Storage {
             if digest.cardinality != receipt.cardinality || digest.digest != receipt.checksum.0 {
                 return Err(integrity("a seed scope does not match its receipt"));
             }
-            checked.push((receipt.scope_id, s, digests));
+            checked.push((receipt.binding.scope_id, s, digests));
         }
         self.install(manifest)?;
         self.with_index_tx(|tx, ix| {
@@ -183,7 +183,7 @@ impl Storage {
         for (scope, receipt) in self.seed_receipts()? {
             let r = SeedReceipt::read_unverified(&receipt)
                 .map_err(|_| integrity("a seed receipt does not read"))?;
-            if r.scope_id != scope || r.schema_hash != manifest.schema_hash() {
+            if r.binding.scope_id != scope || r.binding.schema_hash != manifest.schema_hash() {
                 return Err(integrity("a seed receipt does not match its scope"));
             }
             let digest = digest_from_tables(conn, &manifest, &scope)?;
