@@ -39,6 +39,10 @@ pub enum StorageError {
     /// page); nothing of it was applied.
     #[error("the pull page failed verification: {0}")]
     Verification(&'static str),
+    /// A portable seed failed verification (a corrupt or tampered file, rows that do not
+    /// digest to its receipts, or a database that is not a seed); nothing of it was used.
+    #[error("the seed failed verification: {0}")]
+    Seed(&'static str),
     /// The manifest names no such table.
     #[error("the active schema has no table {0}")]
     UnknownTable(String),
@@ -69,6 +73,7 @@ impl StorageError {
             StorageError::InvalidValue { .. } => "invalid_value",
             StorageError::Schema(_) => "local_schema_error",
             StorageError::Verification(_) => "sync_integrity_failure",
+            StorageError::Seed(_) => "seed_invalid",
             StorageError::UnknownTable(_) => "unknown_table",
             StorageError::TooLarge(_) => "write_too_large",
             StorageError::Protocol(_) => "protocol_error",

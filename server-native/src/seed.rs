@@ -528,7 +528,8 @@ impl Evidence {
 
 fn artifact_error(e: synchro_client::store::StorageError) -> SeedError {
     match e {
-        synchro_client::store::StorageError::Verification(what) => SeedError::Verification(what),
+        synchro_client::store::StorageError::Verification(what)
+        | synchro_client::store::StorageError::Seed(what) => SeedError::Verification(what),
         other => SeedError::Database(format!("the artifact: {other}")),
     }
 }

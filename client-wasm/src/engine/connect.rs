@@ -31,6 +31,12 @@ impl<T: Transport> Client<T> {
             }
         }
         let reset = self.storage.reset_requested()?;
+        // A seed's receipts go with the first connect under its schema (each once).
+        let seed_receipts = if self.manifest.is_some() {
+            self.storage.seed_receipts()?.into_iter().collect()
+        } else {
+            Default::default()
+        };
         let request = ConnectRequest {
             client_id: self.client_id.clone(),
             client_generation: self.storage.generation()?,
@@ -42,7 +48,7 @@ impl<T: Transport> Client<T> {
                 .into_iter()
                 .filter_map(|(s, (c, _))| c.map(|c| (s, Some(c))))
                 .collect(),
-            seed_receipts: Default::default(),
+            seed_receipts,
         };
         let r = self.post("/sync/connect", &request).await?;
         if r.status == 426 {
@@ -75,6 +81,7 @@ impl<T: Transport> Client<T> {
                 let gone: Vec<String> = removed.iter().cloned().collect();
                 self.storage.release_scopes(&manifest, &gone)?;
                 self.storage.add_scopes(&added)?;
+                self.storage.settle_seed_receipts(&b.scope_cursor_updates)?;
                 Connected::Unchanged
             }
             SchemaActionKind::Replace | SchemaActionKind::RebuildLocal => {
@@ -95,6 +102,8 @@ impl<T: Transport> Client<T> {
                         "rebuild_local without affected_scopes",
                     ));
                 }
+                // A seed of another schema than the target: its scopes rebuild.
+                self.storage.settle_seed_receipts(&Default::default())?;
                 Connected::Migrate(Box::new(Migration {
                     target,
                     affected: affected.clone(),

@@ -42,6 +42,7 @@ use synchro_protocol::wire::Message;
 pub use synchro_protocol::wire::SchemaActionKind;
 
 pub use crate::error::{ClientError, UpgradeReason};
+pub use crate::store::seed::SeedOutcome;
 pub use crate::store::JOURNAL_VERSION;
 use crate::store::{hex, JournalError, LocalWrite, Phase, Storage, StorageError};
 pub use crate::transport::{Response, Transport, TransportError};
@@ -292,6 +293,28 @@ impl<T: Transport> Client<T> {
         };
         client.recover()?;
         Ok(client)
+    }
+
+    /// Opens the database at `database`, created from the portable seed artifact at `seed`
+    /// when it does not exist yet ([`Storage::open_seeded`]: the seed is verified before
+    /// anything of it is used), then the engine over it as [`Client::open_with`] does. The
+    /// first connect presents the seed's receipts; each scope the server accepts continues
+    /// from the seed's boundary with a normal pull, any other rebuilds (push first). A seed
+    /// that fails verification is reported in the outcome and the client starts fresh.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_from_seed(
+        database: &std::path::Path,
+        seed: &std::path::Path,
+        transport: T,
+        random: impl FnMut() -> [u8; 16] + 'static,
+        config: ClientConfig,
+    ) -> Result<(Client<T>, SeedOutcome), ClientError> {
+        config.validate()?;
+        let (storage, outcome) = Storage::open_seeded(database, seed)?;
+        Ok((
+            Client::open_with(storage, transport, random, config)?,
+            outcome,
+        ))
     }
 
     /// The client ID (random, stable for the database's life).

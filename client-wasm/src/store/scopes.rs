@@ -224,6 +224,11 @@ pub(super) fn drop_scope(
         r#"DELETE FROM "_synchro_rebuild_rows" WHERE "scope_id" = ?"#,
         [scope],
     )?;
+    run(
+        tx,
+        r#"DELETE FROM "_synchro_seed_receipts" WHERE "scope_id" = ?"#,
+        [scope],
+    )?;
     Ok(())
 }
 

@@ -5,21 +5,25 @@
 //! stay marked for rebuild, so until connect turns a receipt into a cursor the rows are a
 //! verified cache and nothing is pulled from them; and the database's own check of a seed.
 
+use std::collections::{BTreeMap, HashMap};
+
 use rusqlite::params;
-use synchro_protocol::digest::row_digest;
+use synchro_protocol::digest::{row_digest, row_digest_of_values};
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
+use synchro_protocol::migration::quote_ident;
 use synchro_protocol::seed::SeedReceipt;
 use synchro_protocol::value::TypedValue;
 
 use super::index_load::digest_from_tables;
-use super::rows::{record_server_row, visible_row, wire_row_values, write_row};
-use super::scopes::{add_edge, mark_rebuild};
+use super::rows::{record_server_row, wire_row_values, write_row};
+use super::scopes::{add_edge, install_final, mark_rebuild};
+use super::values::decode_row;
 use super::{run, Storage};
 use crate::error::StorageError;
 
 fn integrity(what: &'static str) -> StorageError {
-    StorageError::Verification(what)
+    StorageError::Seed(what)
 }
 
 /// One row of a seed: table ID, key wire value, complete row and server version.
@@ -129,12 +133,67 @@ impl Storage {
         Ok(out)
     }
 
+    /// Whether this database is a seed no client has opened yet: it holds receipts and no
+    /// client identity (a seed copied in place whose check a crash may have interrupted;
+    /// it is checked again before it is used).
+    pub fn is_unclaimed_seed(&self) -> Result<bool, StorageError> {
+        let conn = self.connection();
+        let has = |table: &str| -> Result<bool, StorageError> {
+            let exists: i64 = conn.query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                [table],
+                |r| r.get(0),
+            )?;
+            if exists == 0 {
+                return Ok(false);
+            }
+            let n: i64 = conn.query_row(&format!("SELECT count(*) FROM \"{table}\""), [], |r| {
+                r.get(0)
+            })?;
+            Ok(n > 0)
+        };
+        Ok(has("_synchro_seed_receipts")? && !has("_synchro_client")?)
+    }
+
+    /// Settles every seed receipt with connect's answer: a scope the server gave a cursor
+    /// (`Some`) installs it and is no longer marked for rebuild, so the next pull continues
+    /// from the seed's boundary; a refused receipt (`None`, or a scope the answer does not
+    /// name: a migration, a receipt the server no longer honours) leaves its scope marked
+    /// for rebuild, its rows a verified cache until the rebuild replaces them. Every receipt
+    /// is dropped, in one transaction: a receipt is presented once.
+    pub fn settle_seed_receipts(
+        &mut self,
+        cursors: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), StorageError> {
+        let receipts = self.seed_receipts()?;
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        self.with_tx(|tx| {
+            for (scope, _) in &receipts {
+                if let Some(Some(cursor)) = cursors.get(scope) {
+                    install_final(tx, scope, Some(cursor))?;
+                }
+            }
+            run(tx, r#"DELETE FROM "_synchro_seed_receipts""#, [])?;
+            Ok(())
+        })
+    }
+
     /// Checks a seed database as its recipient would (spec 001 check 9, without the key):
     /// SQLite's integrity check, the schema record matches its hash, nothing is queued and no cursor is installed;
     /// every row's digest recomputes from its visible values and stored version; each scope
     /// with a receipt digests, from its provenance, to the receipt's cardinality and
     /// digest under the same schema; no scope is left without a receipt.
     pub fn verify_seed(&self) -> Result<SeedSummary, StorageError> {
+        self.check_seed().map_err(|e| match e {
+            StorageError::Seed(_) => e,
+            // A file that is no SQLite database, or no synchro one, is a bad seed too.
+            _ => integrity("the seed is not a readable synchro database"),
+        })
+    }
+
+    fn check_seed(&self) -> Result<SeedSummary, StorageError> {
         let conn = self.connection();
         let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
         if check != "ok" {
@@ -158,25 +217,60 @@ impl Storage {
         if cursors != 0 {
             return Err(integrity("the seed holds a cursor"));
         }
-        // Every row: its digest from the visible values and the stored version.
+        // A seed is no client's database: no identity, no journal, no local writes.
+        for (table, what) in [
+            ("_synchro_client", "the seed holds a client identity"),
+            ("_synchro_journal", "the seed holds a migration journal"),
+            ("_synchro_outcomes", "the seed holds mutation outcomes"),
+        ] {
+            let n: i64 = conn.query_row(&format!("SELECT count(*) FROM \"{table}\""), [], |r| {
+                r.get(0)
+            })?;
+            if n != 0 {
+                return Err(integrity(what));
+            }
+        }
+        // Every row: its digest from the visible values and the stored version (one scan of
+        // each table and of its server layer), and no row without a server version.
+        let hash = manifest.schema_hash();
         for table in &manifest.tables {
+            let mut stored: HashMap<String, (String, Vec<u8>)> = HashMap::new();
             let mut q = conn.prepare(
                 r#"SELECT "pk", "server_version", "digest" FROM "_synchro_rows" WHERE "table_id" = ?"#,
             )?;
-            let rows: Vec<(String, String, Vec<u8>)> = q
-                .query_map([&table.table_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<rusqlite::Result<_>>()?;
-            for (pk_text, version, stored) in rows {
-                let key = TypedValue::from_wire_text(&table.primary_key().spec, &pk_text)
-                    .map_err(|_| integrity("a stored key does not match its type"))?;
-                let row =
-                    visible_row(conn, table, &key)?.ok_or(integrity("a seed row is missing"))?;
-                let row = Json::parse(&row).map_err(|_| integrity("a seed row"))?;
-                let d = row_digest(&manifest, &table.table_id, &key.to_wire(), &row, &version)
+            let mut rows = q.query([&table.table_id])?;
+            while let Some(r) = rows.next()? {
+                stored.insert(r.get(0)?, (r.get(1)?, r.get(2)?));
+            }
+            let columns: Vec<String> = table.fields.iter().map(|f| quote_ident(&f.name)).collect();
+            let pk_index = table
+                .fields
+                .iter()
+                .position(|f| f.field_id == table.primary_key_field_id)
+                .ok_or(integrity("a seed table has no primary key"))?;
+            let mut q = conn.prepare(&format!(
+                "SELECT {} FROM {}",
+                columns.join(", "),
+                quote_ident(&table.name)
+            ))?;
+            let mut rows = q.query([])?;
+            let mut seen = 0usize;
+            while let Some(r) = rows.next()? {
+                let values =
+                    decode_row(table, r).map_err(|_| integrity("a seed row does not decode"))?;
+                let pk = values[pk_index].to_wire_text();
+                let (version, digest) = stored
+                    .get(&pk)
+                    .ok_or(integrity("a seed row has no server version"))?;
+                let d = row_digest_of_values(&hash, table, &values, version)
                     .map_err(|_| integrity("a seed row does not match its table"))?;
-                if d.digest.as_slice() != stored.as_slice() {
+                if d.digest.as_slice() != digest.as_slice() {
                     return Err(integrity("a seed row does not match its digest"));
                 }
+                seen += 1;
+            }
+            if seen != stored.len() {
+                return Err(integrity("a seed row is missing"));
             }
         }
         let mut summary = SeedSummary { scopes: Vec::new() };
@@ -222,4 +316,78 @@ fn count_edges(
         n += c as u64;
     }
     Ok(n)
+}
+
+/// What opening a database with a seed did.
+#[derive(Debug)]
+pub enum SeedOutcome {
+    /// The database was created from the seed, which verified: its scopes and their
+    /// cardinalities, in receipt order.
+    Installed(SeedSummary),
+    /// The database already existed: the seed was not used.
+    Skipped,
+    /// The seed did not verify (or could not be read): nothing of it was installed, the
+    /// database is fresh and its scopes rebuild as usual. The error says why.
+    Refused(StorageError),
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Storage {
+    /// Opens the database at `database`, first creating it from the seed artifact at `seed`
+    /// when it does not exist yet. The seed is copied beside the database, checked there as
+    /// [`Storage::verify_seed`] does (SQLite's integrity check, every row digest, every scope
+    /// digest against its receipt, no identity, queue or cursor) and only then renamed into
+    /// place; a seed that fails is removed and the database starts fresh
+    /// ([`SeedOutcome::Refused`], typed `seed_invalid`). A database that exists is opened as
+    /// it is ([`SeedOutcome::Skipped`]), unless it is a seed whose check was interrupted:
+    /// that is checked again, and removed if it fails.
+    pub fn open_seeded(
+        database: &std::path::Path,
+        seed: &std::path::Path,
+    ) -> Result<(Storage, SeedOutcome), StorageError> {
+        if std::fs::metadata(database).is_ok_and(|m| m.len() > 0) {
+            let storage = Storage::open(database)?;
+            if !storage.is_unclaimed_seed()? {
+                return Ok((storage, SeedOutcome::Skipped));
+            }
+            return match storage.verify_seed() {
+                Ok(summary) => Ok((storage, SeedOutcome::Installed(summary))),
+                Err(e) => {
+                    drop(storage);
+                    remove_database(database);
+                    Ok((Storage::open(database)?, SeedOutcome::Refused(e)))
+                }
+            };
+        }
+        remove_database(database);
+        let mut tmp = database.as_os_str().to_owned();
+        tmp.push(".seed-tmp");
+        let tmp = std::path::PathBuf::from(tmp);
+        remove_database(&tmp);
+        let checked = (|| {
+            std::fs::copy(seed, &tmp).map_err(|_| integrity("the seed cannot be read"))?;
+            let summary = Storage::open_read_only(&tmp)?.verify_seed()?;
+            std::fs::rename(&tmp, database)
+                .map_err(|e| StorageError::Schema(format!("installing the seed: {e}")))?;
+            Ok(summary)
+        })();
+        let outcome = match checked {
+            Ok(summary) => SeedOutcome::Installed(summary),
+            Err(e) => {
+                remove_database(&tmp);
+                SeedOutcome::Refused(e)
+            }
+        };
+        Ok((Storage::open(database)?, outcome))
+    }
+}
+
+/// Removes a database file and its journal sidecars (those that exist).
+#[cfg(not(target_arch = "wasm32"))]
+fn remove_database(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
 }

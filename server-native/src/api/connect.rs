@@ -86,10 +86,16 @@ pub(crate) async fn connect(
                 .difference(&known.previous)
                 .cloned()
                 .collect(),
+            // A scope the client holds from a seed but is not assigned is taken away like
+            // one whose assignment ended (docs/protocol-decisions.md, "Seed receipts").
             removed: known
                 .previous
-                .difference(&known.assigned)
+                .iter()
+                .chain(req.seed_receipts.keys())
+                .filter(|s| !known.assigned.contains(*s))
                 .cloned()
+                .collect::<BTreeSet<String>>()
+                .into_iter()
                 .collect(),
         },
         schema,
