@@ -14,6 +14,14 @@ export interface ClientOptions {
   localMigrations?: string[];
   /** The app's runtime version presented on connect (SemVer 2.0.0). */
   clientVersion?: string;
+  /**
+   * A portable seed (`synchro-server seed export`, served at `/seeds/{name}`), absolute or
+   * relative to the page. Used only when the database is new: it is downloaded into OPFS,
+   * every row and scope digest is checked before anything is used, and the first connect
+   * continues from the seed instead of downloading its scopes again. On the server's
+   * origin it is fetched with the bearer token. See `status.seed` for what happened.
+   */
+  seed?: string;
   /** Live session tuning (milliseconds). */
   live?: { safetyPollMs?: number; backoffMinMs?: number; backoffMaxMs?: number; streamIdleMs?: number };
 }
@@ -53,6 +61,16 @@ export interface Status {
   upgrade: { reason: "client_runtime" | "schema_history"; action: string } | null;
   /** Local writes not yet answered by the server. */
   pendingWrites: number;
+  /**
+   * What opening with `seed` did: installed (with each scope's rows), skipped (the database
+   * existed) or refused (a corrupt, tampered or unreachable seed: nothing of it was used and
+   * the scopes download as usual); null without a seed.
+   */
+  seed:
+    | { status: "installed"; scopes: { scope: string; rows: number }[] }
+    | { status: "skipped" }
+    | { status: "refused"; code: string; message: string }
+    | null;
 }
 
 export interface Mutation {

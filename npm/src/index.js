@@ -65,10 +65,11 @@ function derived(s, leader) {
 
 class SynchroClient {
   constructor(options = {}) {
-    const { url, token, name = "synchro", localMigrations = [], clientVersion, live } = options;
+    const { url, token, name = "synchro", localMigrations = [], clientVersion, live, seed } = options;
     if (typeof url !== "string") throw fail("invalid_request", "createClient: url must be a string");
     if (typeof token !== "function") throw fail("invalid_request", "createClient: token must be a function returning a token (or a promise of one)");
     if (typeof name !== "string" || name === "") throw fail("invalid_request", "createClient: name must be a non-empty string");
+    if (seed !== undefined && seed !== null && typeof seed !== "string") throw fail("invalid_request", "createClient: seed must be the URL of a portable seed");
     if (typeof navigator === "undefined" || !navigator.locks || typeof BroadcastChannel === "undefined") {
       throw fail("unsupported_browser", "this browser lacks Web Locks or BroadcastChannel");
     }
@@ -80,6 +81,8 @@ class SynchroClient {
       localMigrations,
       clientVersion,
       live,
+      // A portable seed for a new database, absolute like the server's URL.
+      seed: seed ? new URL(seed, globalThis.location ? location.href : undefined).href : undefined,
     };
     this._tokenFn = token;
     this._token = null;
@@ -104,6 +107,7 @@ class SynchroClient {
       schema: { state: "fresh", version: 0, action: null },
       upgrade: null,
       pendingWrites: 0,
+      seed: null,
     };
     this._status = derived(this._raw, false);
     this._channel = new BroadcastChannel(`synchro:${name}`);

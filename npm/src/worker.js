@@ -133,6 +133,7 @@ async function open(o) {
       client = await SynchroClient.open(o.name, o.url, token, o.localMigrations || [], {
         clientVersion: o.clientVersion,
         opfsDirectory: o.opfsDirectory,
+        seed: o.seed,
       });
       break;
     } catch (e) {
@@ -145,7 +146,7 @@ async function open(o) {
   client.subscribe((tables) => post({ event: "changed", tables: [...tables] }));
   client.onProgress((p) => publish({ progress: { phase: p.phase, scope: p.scope, pages: p.pages, rows: p.rows } }));
   for (const m of client.mutations()) states.set(m.mutationId, m.state);
-  publish({ schema: client.schema(), pendingWrites: [...states.values()].filter((s) => s === "pending").length });
+  publish({ seed: client.seedOutcome(), schema: client.schema(), pendingWrites: [...states.values()].filter((s) => s === "pending").length });
   if (client.state() === "upgrade_required") {
     publish({
       phase: "upgrade_required",

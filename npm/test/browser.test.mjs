@@ -69,6 +69,38 @@ test("a fresh tab syncs the board and its live query shows it", async () => {
   assert.ok(progress.length > 0, "progress was reported while syncing");
 });
 
+test("a new database opens from a portable seed and continues from it; a tampered seed is refused and the board downloads as usual", async () => {
+  const exported = await stack.command("seed");
+  assert.match(exported, /^seed \d+$/);
+  const rows = Number(exported.slice(5));
+  // Written after the export: the seeded client gets it by pull.
+  await stack.sql(`INSERT INTO app.tasks (id, project_id, title) VALUES ('t900', 'p1', 'after the seed')`);
+  const want = (await stack.rows("SELECT id FROM app.tasks")).length;
+  const rebuiltBoard = (page) =>
+    page.evaluate(() => window.statuses.some((s) => s.progress && s.progress.phase === "rebuild" && s.progress.scope === "board:demo"));
+
+  const seeded = await open("?db=seeded&seed=/seeds/board.seed.sqlite");
+  await until("the seeded board and the later task", async () => (await tasksOf(seeded))?.length === want);
+  const s = await seeded.evaluate(() => window.client.status);
+  assert.deepEqual(s.seed, { status: "installed", scopes: [{ scope: "board:demo", rows }] });
+  assert.equal(await rebuiltBoard(seeded), false, "board:demo continued from the seed, not rebuilt");
+  assert.ok((await tasksOf(seeded)).includes("t900"));
+  // It writes at once, and the write reaches the server.
+  await seeded.evaluate(() => window.client.update("tasks", "t049", { title: "from the seeded tab" }));
+  await until("the seeded tab's write on the server", async () => (await stack.rows("SELECT title FROM app.tasks WHERE id = 't049'"))[0].title === "from the seeded tab");
+  await seeded.close();
+
+  const tampered = await open("?db=tampered&seed=/seeds/tampered.seed.sqlite");
+  await until("the board without the seed", async () => (await tasksOf(tampered))?.length === want);
+  const t = await tampered.evaluate(() => window.client.status.seed);
+  assert.equal(t.status, "refused");
+  assert.equal(t.code, "seed_invalid");
+  assert.equal(await rebuiltBoard(tampered), true, "the board was downloaded as usual");
+  const titles = await tampered.evaluate(() => window.client.query("SELECT title FROM tasks WHERE title = 'forged'"));
+  assert.equal(titles.length, 0, "nothing of the tampered seed is used");
+  await tampered.close();
+});
+
 test("a server commit reaches the live query; a query reading another table is not delivered again", async () => {
   const before = await a.evaluate(() => ({ t: window.taskDeliveries, p: window.projectDeliveries }));
   await stack.sql(`INSERT INTO app.tasks (id, project_id, title) VALUES ('t100', 'p2', 'from the server')`);

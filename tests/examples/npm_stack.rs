@@ -10,7 +10,10 @@
 //! - `token <user> <ttl seconds>`: `token <jwt>` (a negative ttl: expired, but within the
 //!   server's 30 s leeway for that much less);
 //! - `publish`: publishes the registry (after a reconfiguration) and waits until the server
-//!   serves it: `published <version> <class>` or `unchanged <version>`.
+//!   serves it: `published <version> <class>` or `unchanged <version>`;
+//! - `seed`: exports `board:demo` (portable) as the seed the server serves at
+//!   `/seeds/board.seed.sqlite`, and beside it `/seeds/tampered.seed.sqlite`, a copy with one
+//!   title changed (its digest kept): `seed <rows>`, or `error <message>`.
 //!
 //! It stops its server and drops its cluster when its standard input closes.
 
@@ -44,7 +47,16 @@ async fn main() {
         .join("synchro-server-under-test");
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let _server = start_server_binary_with(bin.to_str().unwrap(), &env, port, SECRET, &[]);
+    let seeds = std::env::temp_dir().join(format!("synchro-npm-seeds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&seeds);
+    std::fs::create_dir_all(&seeds).unwrap();
+    let _server = start_server_binary_with(
+        bin.to_str().unwrap(),
+        &env,
+        port,
+        SECRET,
+        &["--seed-dir".to_owned(), seeds.to_str().unwrap().to_owned()],
+    );
     wait_ready(&reqwest::Client::new(), &base).await;
     println!("SYNCHRO_URL={base}");
 
@@ -103,10 +115,52 @@ async fn main() {
                 Ok(PublishOutcome::Unchanged { version }) => format!("unchanged {version}"),
                 Err(e) => format!("error {}", e.to_string().replace('\n', " ")),
             },
+            "seed" => match export_seeds(&env, &seeds).await {
+                Ok(rows) => format!("seed {rows}"),
+                Err(e) => format!("error {}", e.replace('\n', " ")),
+            },
             _ => "error unknown command".to_owned(),
         };
         println!("{answer}");
     }
+}
+
+/// Exports `board:demo` into `dir` (`board.seed.sqlite`) and a tampered copy of it
+/// (`tampered.seed.sqlite`, with its own evidence so that the server serves it); returns the
+/// seed's rows.
+async fn export_seeds(env: &Env, dir: &std::path::Path) -> Result<u64, String> {
+    let mut db = env.login("synchro_dev_seed").await;
+    let verified = synchro_server::seed::export(&mut db, &["board:demo".to_owned()], 1000, |_| {})
+        .await
+        .map_err(|e| e.to_string())?;
+    let out = dir.join("board.seed.sqlite");
+    let evidence =
+        synchro_server::seed::write_artifact(&verified, &out).map_err(|e| e.to_string())?;
+    let tampered = dir.join("tampered.seed.sqlite");
+    std::fs::copy(&out, &tampered).map_err(|e| e.to_string())?;
+    {
+        let conn = rusqlite::Connection::open(&tampered).map_err(|e| e.to_string())?;
+        conn.execute(
+            "UPDATE tasks SET title = 'forged' WHERE rowid = (SELECT min(rowid) FROM tasks)",
+            [],
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    use sha2::Digest as _;
+    let bytes = std::fs::read(&tampered).map_err(|e| e.to_string())?;
+    let mut forged = evidence.to_json();
+    if let serde_json::Value::Object(m) = &mut forged {
+        m.insert(
+            "sha256".into(),
+            hex::encode(sha2::Sha256::digest(&bytes)).into(),
+        );
+    }
+    std::fs::write(
+        synchro_server::seed::evidence_path(&tampered),
+        forged.to_string(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(verified.scopes.iter().map(|s| s.scope.cardinality).sum())
 }
 
 /// Waits until capture activated `version` (the server serves it).

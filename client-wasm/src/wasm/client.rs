@@ -7,9 +7,9 @@ use wasm_bindgen::JsCast;
 
 use super::convert::{client_error, js_error, set, storage_error, strings};
 use super::fetch::FetchTransport;
-use super::opfs::{install_opfs_in, DEFAULT_OPFS_DIRECTORY};
+use super::opfs::{install_opfs_in, open_opfs_seeded, DEFAULT_OPFS_DIRECTORY};
 use super::ops::{clear_resolved, mutations, query, read_tables, schema, write};
-use crate::engine::{Client, ClientConfig};
+use crate::engine::{Client, ClientConfig, SeedOutcome};
 use crate::store::Storage;
 
 /// `options.opfsDirectory` of `SynchroClient.open` (default `.synchro`): the OPFS pool
@@ -30,6 +30,54 @@ fn opfs_directory(options: &Option<Object>) -> Result<String, JsValue> {
             false,
         )),
     }
+}
+
+/// `options.seed` of `SynchroClient.open`: the absolute URL of a portable seed, if any.
+fn seed_url(options: &Option<Object>) -> Result<Option<String>, JsValue> {
+    let v = options
+        .as_ref()
+        .map(|o| Reflect::get(o, &"seed".into()).unwrap_or(JsValue::UNDEFINED))
+        .unwrap_or(JsValue::UNDEFINED);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    match v.as_string() {
+        Some(u) if u.contains("://") => Ok(Some(u)),
+        _ => Err(js_error(
+            "invalid_request",
+            "seed must be the absolute URL of a portable seed",
+            false,
+        )),
+    }
+}
+
+/// What opening with a seed did, as `seedOutcome()` gives it: `{status: "installed",
+/// scopes: [{scope, rows}]}`, `{status: "skipped"}` or `{status: "refused", code, message}`.
+fn seed_outcome(outcome: &SeedOutcome) -> JsValue {
+    let o = Object::new();
+    match outcome {
+        SeedOutcome::Installed(summary) => {
+            set(&o, "status", "installed".into());
+            let scopes: Array = summary
+                .scopes
+                .iter()
+                .map(|(scope, rows, _)| {
+                    let s = Object::new();
+                    set(&s, "scope", scope.as_str().into());
+                    set(&s, "rows", (*rows as f64).into());
+                    JsValue::from(s)
+                })
+                .collect();
+            set(&o, "scopes", scopes.into());
+        }
+        SeedOutcome::Skipped => set(&o, "status", "skipped".into()),
+        SeedOutcome::Refused(e) => {
+            set(&o, "status", "refused".into());
+            set(&o, "code", e.code().into());
+            set(&o, "message", e.to_string().into());
+        }
+    }
+    o.into()
 }
 
 /// The `options` of `SynchroClient.open`: `{ clientVersion?: string }`, checked before
@@ -66,6 +114,8 @@ fn random16() -> [u8; 16] {
 #[wasm_bindgen]
 pub struct SynchroClient {
     pub(super) inner: Client<FetchTransport>,
+    /// What opening with a seed did (`null` without one).
+    pub(super) seed: JsValue,
 }
 
 #[wasm_bindgen]
@@ -73,7 +123,9 @@ impl SynchroClient {
     /// Opens the database `name` on OPFS, evolves the application's local-only tables with
     /// `localMigrations` (SQL per version, 1..N), reads the durable migration journal, and
     /// returns a client for the server at `url` whose bearer tokens come from `tokenProvider`.
-    /// `options.clientVersion` is the runtime version presented on connect (SemVer 2.0.0;
+    /// `options.seed` (an absolute URL) creates a new database from that portable seed
+    /// (verified before it is used; see `seedOutcome()`). `options.clientVersion` is the
+    /// runtime version presented on connect (SemVer 2.0.0;
     /// the default is this package's version); a malformed one throws
     /// `invalid_client_version` before the database is opened. `options.opfsDirectory`
     /// (default `.synchro`) is the OPFS pool directory: workers that run at once need
@@ -86,20 +138,35 @@ impl SynchroClient {
         options: Option<Object>,
     ) -> Result<SynchroClient, JsValue> {
         let directory = opfs_directory(&options)?;
+        let seed = seed_url(&options)?;
         let config = client_config(options)?;
         install_opfs_in(&directory).await.map_err(storage_error)?;
-        let mut storage = Storage::open(&name).map_err(storage_error)?;
+        let transport = FetchTransport::new(&url, token_provider);
+        let (mut storage, seed) = match seed {
+            None => (Storage::open(&name).map_err(storage_error)?, JsValue::NULL),
+            Some(seed) => {
+                let (storage, outcome) = open_opfs_seeded(&name, transport.download_seed(&seed))
+                    .await
+                    .map_err(storage_error)?;
+                (storage, seed_outcome(&outcome))
+            }
+        };
         let ladder = local_migrations.unwrap_or_default();
         let ladder: Vec<&str> = ladder.iter().map(String::as_str).collect();
         storage.migrate_local(&ladder).map_err(storage_error)?;
-        let inner = Client::open_with(
-            storage,
-            FetchTransport::new(&url, token_provider),
-            random16,
-            config,
-        )
-        .map_err(client_error)?;
-        Ok(SynchroClient { inner })
+        let inner =
+            Client::open_with(storage, transport, random16, config).map_err(client_error)?;
+        Ok(SynchroClient { inner, seed })
+    }
+
+    /// What opening with `options.seed` did: `{status: "installed", scopes: [{scope,
+    /// rows}]}` (the database was created from the seed, which verified), `{status:
+    /// "skipped"}` (the database existed) or `{status: "refused", code: "seed_invalid",
+    /// message}` (nothing of it was used; the scopes rebuild as usual); `null` without a
+    /// seed.
+    #[wasm_bindgen(js_name = seedOutcome)]
+    pub fn seed_outcome(&self) -> JsValue {
+        self.seed.clone()
     }
 
     /// The runtime version presented as `client_version` on connect.

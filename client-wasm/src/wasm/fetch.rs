@@ -8,6 +8,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 
+use super::opfs::SeedSource;
+use crate::error::StorageError;
 use crate::transport::{EventStream, EventTransport, Opened, Response, Transport, TransportError};
 
 /// Why a request got no response (the browser tells a network error from a CORS refusal to
@@ -82,13 +84,18 @@ impl FetchTransport {
         }
     }
 
-    async fn fetch(&self, path: &str, body: String) -> Result<web_sys::Response, FetchFailure> {
+    /// A bearer token from the provider.
+    async fn token(&self) -> Result<String, FetchFailure> {
         let token = self
             .token
             .call0(&JsValue::NULL)
             .map_err(|_| FetchFailure::Token)?;
         let token = js_await(token).await.map_err(|_| FetchFailure::Token)?;
-        let token = token.as_string().ok_or(FetchFailure::Token)?;
+        token.as_string().ok_or(FetchFailure::Token)
+    }
+
+    async fn fetch(&self, path: &str, body: String) -> Result<web_sys::Response, FetchFailure> {
+        let token = self.token().await?;
         let request = self
             .request(path, body, &token)
             .map_err(|_| FetchFailure::Build)?;
@@ -109,6 +116,103 @@ impl FetchTransport {
         headers.set("authorization", &format!("Bearer {token}"))?;
         init.set_headers(&headers);
         web_sys::Request::new_with_str_and_init(&format!("{}{path}", self.base), &init)
+    }
+}
+
+/// The scheme, host and port of an absolute URL (`https://example.com:8443`).
+fn origin(url: &str) -> &str {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url;
+    };
+    url[start..]
+        .find('/')
+        .map_or(url, |end| &url[..start + end])
+}
+
+/// A portable seed being downloaded: the response body's reader.
+pub struct SeedDownload {
+    length: Option<u64>,
+    reader: web_sys::ReadableStreamDefaultReader,
+}
+
+impl Drop for SeedDownload {
+    fn drop(&mut self) {
+        let _ = self.reader.cancel();
+    }
+}
+
+impl SeedSource for SeedDownload {
+    fn length(&self) -> Option<u64> {
+        self.length
+    }
+
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, StorageError> {
+        let failed = |_| StorageError::Seed("the seed download failed");
+        let read = JsFuture::from(self.reader.read()).await.map_err(failed)?;
+        if Reflect::get(&read, &"done".into())
+            .map_err(failed)?
+            .is_truthy()
+        {
+            return Ok(None);
+        }
+        let value = Reflect::get(&read, &"value".into()).map_err(failed)?;
+        Ok(Some(
+            value.dyn_into::<Uint8Array>().map_err(failed)?.to_vec(),
+        ))
+    }
+}
+
+impl FetchTransport {
+    /// Starts downloading the seed at `url` (absolute): a GET that carries the bearer token
+    /// only when `url` is on the server's own origin (a seed on a CDN gets no token).
+    pub async fn download_seed(&self, url: &str) -> Result<SeedDownload, StorageError> {
+        let failed = |_| StorageError::Seed("the seed could not be downloaded");
+        let init = web_sys::RequestInit::new();
+        init.set_method("GET");
+        let headers = web_sys::Headers::new().map_err(failed)?;
+        if origin(url) == origin(&self.base) {
+            let token = self
+                .token()
+                .await
+                .map_err(|_| StorageError::Seed("the token provider failed"))?;
+            headers
+                .set("authorization", &format!("Bearer {token}"))
+                .map_err(failed)?;
+        }
+        init.set_headers(&headers);
+        let request = web_sys::Request::new_with_str_and_init(url, &init).map_err(failed)?;
+        let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+        let response: web_sys::Response = JsFuture::from(global.fetch_with_request(&request))
+            .await
+            .map_err(failed)?
+            .unchecked_into();
+        match response.status() {
+            200 => {}
+            401 | 403 => {
+                return Err(StorageError::Seed(
+                    "the seed download was refused (401/403)",
+                ))
+            }
+            404 => return Err(StorageError::Seed("the seed was not found (404)")),
+            _ => {
+                return Err(StorageError::Seed(
+                    "the seed could not be downloaded (HTTP error)",
+                ))
+            }
+        }
+        let length = response
+            .headers()
+            .get("content-length")
+            .ok()
+            .flatten()
+            .and_then(|v| v.parse().ok());
+        let body = response
+            .body()
+            .ok_or(StorageError::Seed("the seed response has no body"))?;
+        Ok(SeedDownload {
+            length,
+            reader: body.get_reader().unchecked_into(),
+        })
     }
 }
 

@@ -131,7 +131,15 @@ impl SynchroClient {
                     set(&o, "error", client_error(e));
                 }
             }
-            set(&o, "client", SynchroClient { inner: client }.into());
+            set(
+                &o,
+                "client",
+                SynchroClient {
+                    inner: client,
+                    seed: JsValue::NULL,
+                }
+                .into(),
+            );
             Ok(o.into())
         });
         Ok(LiveSession { handle, done })

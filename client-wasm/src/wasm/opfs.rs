@@ -1,9 +1,12 @@
 //! Opening the storage: SQLite's default VFS is the OPFS sync-access-handle pool (one
 //! pool directory per worker), on which databases open by name.
 
-use sqlite_wasm_vfs::sahpool::{install, OpfsSAHPoolCfgBuilder, OpfsSAHPoolUtil};
+use sqlite_wasm_rs::vfs::transfer::DbTransfer;
+use sqlite_wasm_rs::vfs::VfsFilesManager;
+use sqlite_wasm_vfs::sahpool::{install, OpfsSAHError, OpfsSAHPoolCfgBuilder, OpfsSAHPoolUtil};
 
 use crate::error::StorageError;
+use crate::store::seed::SeedOutcome;
 use crate::store::Storage;
 
 thread_local! {
@@ -50,10 +53,8 @@ fn opfs_unavailable() -> StorageError {
 /// rollback journal). The pool starts with six.
 pub async fn ensure_opfs_capacity(files: usize) -> Result<(), StorageError> {
     install_opfs().await?;
-    let util = OPFS
-        .with(|o| o.borrow().as_ref().map(|(u, _)| u.clone()))
-        .ok_or_else(opfs_unavailable)?;
-    util.ensure_capacity(files)
+    pool()?
+        .ensure_capacity(files)
         .await
         .map_err(|_| opfs_unavailable())
 }
@@ -62,4 +63,107 @@ pub async fn ensure_opfs_capacity(files: usize) -> Result<(), StorageError> {
 pub async fn open_opfs(name: &str) -> Result<Storage, StorageError> {
     install_opfs().await?;
     Storage::open(name)
+}
+
+/// The installed pool.
+fn pool() -> Result<OpfsSAHPoolUtil, StorageError> {
+    OPFS.with(|o| o.borrow().as_ref().map(|(u, _)| u.clone()))
+        .ok_or_else(opfs_unavailable)
+}
+
+/// Where a seed's bytes come from: its length when known, and its chunks in order.
+pub(super) trait SeedSource {
+    /// The number of bytes (the response's `Content-Length`), when known.
+    fn length(&self) -> Option<u64>;
+    /// The next chunk, `None` at the end.
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, StorageError>;
+}
+
+fn seed_error(what: &'static str) -> impl Fn(OpfsSAHError) -> StorageError {
+    move |_| StorageError::Seed(what)
+}
+
+/// Opens the database `name` on the installed pool, first creating it from the seed
+/// `source` gives when it does not exist yet: the bytes are streamed into OPFS under the
+/// database's name, then the database is checked as [`Storage::verify_seed`] does before
+/// anything else opens it; a seed that fails is removed and the database starts fresh
+/// ([`SeedOutcome::Refused`]). `source` is asked for only when the database is new. A
+/// database that exists is opened as it is, unless it is a seed whose check was interrupted
+/// (the tab closed mid-way): that is checked again, and removed if it fails.
+pub(super) async fn open_opfs_seeded<S: SeedSource>(
+    name: &str,
+    source: impl std::future::Future<Output = Result<S, StorageError>>,
+) -> Result<(Storage, SeedOutcome), StorageError> {
+    let util = pool()?;
+    if util.contains(name).map_err(|_| opfs_unavailable())? {
+        let storage = Storage::open(name)?;
+        if !storage.is_unclaimed_seed()? {
+            return Ok((storage, SeedOutcome::Skipped));
+        }
+        return Ok(match storage.verify_seed() {
+            Ok(summary) => (storage, SeedOutcome::Installed(summary)),
+            Err(e) => {
+                drop(storage);
+                remove(&util, name);
+                (Storage::open(name)?, SeedOutcome::Refused(e))
+            }
+        });
+    }
+    remove(&util, name);
+    let outcome = match import(&util, name, source).await {
+        Err(e) => {
+            remove(&util, name);
+            SeedOutcome::Refused(e)
+        }
+        Ok(()) => {
+            let storage = Storage::open(name)?;
+            match storage.verify_seed() {
+                Ok(summary) => return Ok((storage, SeedOutcome::Installed(summary))),
+                Err(e) => {
+                    drop(storage);
+                    remove(&util, name);
+                    SeedOutcome::Refused(e)
+                }
+            }
+        }
+    };
+    Ok((Storage::open(name)?, outcome))
+}
+
+/// Streams the seed into the pool as `name` (its SQLite header checked on the way).
+async fn import<S: SeedSource>(
+    util: &OpfsSAHPoolUtil,
+    name: &str,
+    source: impl std::future::Future<Output = Result<S, StorageError>>,
+) -> Result<(), StorageError> {
+    let mut source = source.await?;
+    util.ensure_capacity(util.capacity().max(6) + 2)
+        .await
+        .map_err(|_| opfs_unavailable())?;
+    let not_sqlite = "the seed is not a SQLite database, or OPFS could not hold it";
+    match source.length() {
+        Some(length) => {
+            let mut import = util
+                .begin_import(name, length)
+                .map_err(seed_error(not_sqlite))?;
+            while let Some(chunk) = source.next().await? {
+                import.write(&chunk).map_err(seed_error(not_sqlite))?;
+            }
+            import.finish().map_err(seed_error(not_sqlite))
+        }
+        None => {
+            let mut bytes = Vec::new();
+            while let Some(chunk) = source.next().await? {
+                bytes.extend_from_slice(&chunk);
+            }
+            util.import_db(name, &bytes).map_err(seed_error(not_sqlite))
+        }
+    }
+}
+
+/// Removes the database `name` and its journal from the pool (those that exist).
+fn remove(util: &OpfsSAHPoolUtil, name: &str) {
+    for suffix in ["", "-journal", "-wal"] {
+        let _ = util.remove(&format!("{name}{suffix}"));
+    }
 }

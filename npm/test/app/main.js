@@ -13,6 +13,8 @@ const client = createClient({
   },
   // No safety poll within a test: every change must arrive through the events stream.
   clientVersion: q.get("v") || undefined,
+  // ?seed=/seeds/<name>: a new database starts from that portable seed.
+  seed: q.get("seed") || undefined,
   live: { backoffMinMs: 200, backoffMaxMs: 1000, safetyPollMs: 600000 },
 });
 window.client = client;
