@@ -219,15 +219,18 @@ fn error_response(body: &ErrorBody, rid: &str) -> Result<Response> {
         .fixed(body.to_json_string().into_bytes()))
 }
 
-/// A string binding (`[vars]` or a secret); a number in `[vars]` is read as its decimal text.
+/// A string binding (`[vars]` or a secret); a number in `[vars]` is read as its decimal text
+/// and a boolean as `true` or `false`.
 fn binding(env: &Env, name: &str) -> Option<String> {
     let target: &JsValue = env.as_ref();
     let v = js_sys::Reflect::get(target, &JsValue::from_str(name)).ok()?;
-    v.as_string().or_else(|| {
-        v.as_f64()
-            .filter(|n| n.fract() == 0.0 && *n >= 0.0)
-            .map(|n| format!("{n:.0}"))
-    })
+    v.as_string()
+        .or_else(|| {
+            v.as_f64()
+                .filter(|n| n.fract() == 0.0 && *n >= 0.0)
+                .map(|n| format!("{n:.0}"))
+        })
+        .or_else(|| v.as_bool().map(|b| b.to_string()))
 }
 
 fn now_secs() -> u64 {
