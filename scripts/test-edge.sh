@@ -3,9 +3,9 @@
 # network): installs what is missing (scripts/setup-edge.sh), lints the worker crate for
 # wasm32 and the edge tests natively, builds it with worker-build, checks a deployable bundle with
 # `wrangler deploy --dry-run --outdir` and prints its compressed size, then runs
-# tests/edge.rs in front of a real server on real PostgreSQL, and the whole-stack,
-# schema-evolution and live-session scenarios again with every client request through the
-# gateway (SYNCHRO_TEST_VIA_EDGE=1). Ends with each runner's summary lines.
+# tests/edge.rs and tests/edge_seeds.rs (seed files through the edge cache) in front of a
+# real server on real PostgreSQL, and the whole-stack, schema-evolution and live-session
+# scenarios again with every client request through the gateway (SYNCHRO_TEST_VIA_EDGE=1). Ends with each runner's summary lines.
 #   SYNCHRO_TOOLS_ENV  another checkout's .tools/env.sh (a worktree shares the main one's)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -61,7 +61,7 @@ step clippy-edge-tests cargo clippy -p synchro-tests --features edge --all-targe
 step build sh edge-worker/build.sh || finish
 step bundle scripts/edge-bundle.sh "$TARGET/edge-dist"
 export SYNCHRO_TEST_EDGE_LOGS=$LOGS/wrangler SYNCHRO_TEST_SERVER_LOGS=$LOGS/servers
-step test-edge cargo test --no-fail-fast -p synchro-tests --features edge --test edge
+step test-edge cargo test --no-fail-fast -p synchro-tests --features edge --test edge --test edge_seeds
 step test-via-edge env SYNCHRO_TEST_VIA_EDGE=1 \
     cargo test --no-fail-fast -p synchro-tests --test whole_stack --test schema_evolution --test live_session
 finish

@@ -7,6 +7,10 @@ use synchro_protocol::jwt::{Hs256, DEFAULT_MAX_TOKEN_LIFETIME_SECS};
 /// Default largest accepted request body, in bytes (the server's default too).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1_048_576;
 
+/// Default time the edge cache keeps a seed file asked for by name alone (no `?v=`), in
+/// seconds.
+pub const DEFAULT_SEED_CACHE_SECS: u64 = 60;
+
 /// Names of the environment bindings.
 pub mod names {
     /// `[vars]`: the origin's base URL (`https://sync.example.com`), no trailing path.
@@ -18,6 +22,12 @@ pub mod names {
     /// `[vars]`: longest accepted remaining token lifetime in seconds (default 30 days; the
     /// server's `--max-token-lifetime-secs`).
     pub const MAX_TOKEN_LIFETIME_SECS: &str = "MAX_TOKEN_LIFETIME_SECS";
+    /// `[vars]`: `true` when `GET /seeds/{name}` needs no bearer token (the server's
+    /// `--public-seeds`; default `false`).
+    pub const PUBLIC_SEEDS: &str = "PUBLIC_SEEDS";
+    /// `[vars]`: how long the edge cache keeps a seed file asked for without `?v=`, in
+    /// seconds (default 60); one asked for by its SHA-256 (`?v=`) is kept for a year.
+    pub const SEED_CACHE_SECS: &str = "SEED_CACHE_SECS";
 }
 
 /// Why the settings cannot be used. Names the setting, never its value.
@@ -33,6 +43,9 @@ pub enum ConfigError {
     /// A numeric setting is not a positive integer.
     #[error("the setting {0} must be a positive integer")]
     NotPositive(&'static str),
+    /// A switch is neither `true` nor `false`.
+    #[error("the setting {0} must be true or false")]
+    NotBoolean(&'static str),
     /// The JWT secret or lifetime cannot make a verifier.
     #[error("{0}")]
     Key(#[from] synchro_protocol::jwt::KeyError),
@@ -47,6 +60,10 @@ pub struct Config {
     pub verifier: Hs256,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Whether seed files are served without a bearer token.
+    pub public_seeds: bool,
+    /// Seconds the edge cache keeps a seed file asked for without `?v=`.
+    pub seed_cache_secs: u64,
 }
 
 impl Config {
@@ -60,10 +77,19 @@ impl Config {
             .map_err(|_| ConfigError::NotPositive(names::MAX_BODY_BYTES))?;
         let lifetime = positive(&get, names::MAX_TOKEN_LIFETIME_SECS)?
             .unwrap_or(DEFAULT_MAX_TOKEN_LIFETIME_SECS);
+        let public_seeds = match get(names::PUBLIC_SEEDS).as_deref().map(str::trim) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(_) => return Err(ConfigError::NotBoolean(names::PUBLIC_SEEDS)),
+        };
+        let seed_cache_secs =
+            positive(&get, names::SEED_CACHE_SECS)?.unwrap_or(DEFAULT_SEED_CACHE_SECS);
         Ok(Config {
             origin,
             verifier: Hs256::new(secret.as_bytes(), lifetime)?,
             max_body_bytes,
+            public_seeds,
+            seed_cache_secs,
         })
     }
 }
@@ -117,14 +143,27 @@ mod tests {
         let c = read(&[("ORIGIN_URL", "http://127.0.0.1:8787/"), SECRET]).unwrap();
         assert_eq!(c.origin, "http://127.0.0.1:8787");
         assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert!(!c.public_seeds);
+        assert_eq!(c.seed_cache_secs, DEFAULT_SEED_CACHE_SECS);
         let c = read(&[
             ("ORIGIN_URL", "https://sync.example.com"),
             SECRET,
             ("MAX_BODY_BYTES", "4096"),
             ("MAX_TOKEN_LIFETIME_SECS", "600"),
+            ("PUBLIC_SEEDS", "true"),
+            ("SEED_CACHE_SECS", "300"),
         ])
         .unwrap();
         assert_eq!(c.max_body_bytes, 4096);
+        assert!(c.public_seeds);
+        assert_eq!(c.seed_cache_secs, 300);
+        let c = read(&[
+            ("ORIGIN_URL", "http://o"),
+            SECRET,
+            ("PUBLIC_SEEDS", "false"),
+        ])
+        .unwrap();
+        assert!(!c.public_seeds);
     }
 
     #[test]
@@ -153,6 +192,17 @@ mod tests {
         assert_eq!(
             read(&[("ORIGIN_URL", "http://o"), SECRET, ("MAX_BODY_BYTES", "0")]).unwrap_err(),
             ConfigError::NotPositive("MAX_BODY_BYTES")
+        );
+        for bad in ["yes", "1", "TRUE", ""] {
+            assert_eq!(
+                read(&[("ORIGIN_URL", "http://o"), SECRET, ("PUBLIC_SEEDS", bad)]).unwrap_err(),
+                ConfigError::NotBoolean("PUBLIC_SEEDS"),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            read(&[("ORIGIN_URL", "http://o"), SECRET, ("SEED_CACHE_SECS", "0")]).unwrap_err(),
+            ConfigError::NotPositive("SEED_CACHE_SECS")
         );
         assert!(matches!(
             read(&[("ORIGIN_URL", "http://o"), ("JWT_SECRET", "short")]).unwrap_err(),

@@ -1,8 +1,10 @@
 //! What the gateway checks before any origin request, in the server's order
 //! (`synchro_protocol::wire::gate`, the code the server runs): the route, the body size, the
 //! body as a protocol 3 JSON object (426 before anything else), the bearer token (401), then
-//! the request's members through the endpoint's typed wire message (400). A refusal carries
-//! exactly the body the server would send and a bounded reason for the log.
+//! the request's members through the endpoint's typed wire message (400). A seed file
+//! (`GET /seeds/{name}`) has no body: only its token is checked ([`check_seed`]), before the
+//! edge cache is consulted. A refusal carries exactly the body the server would send and a
+//! bounded reason for the log.
 
 use synchro_protocol::jwt::Hs256;
 use synchro_protocol::wire::{
@@ -25,6 +27,8 @@ pub enum Endpoint {
     Events,
     /// `GET /ready`
     Ready,
+    /// `GET /seeds/{name}`: a seed artifact or its evidence, answered from the edge cache.
+    Seed,
 }
 
 /// A request for no endpoint, answered as the server's router answers it (no body).
@@ -48,21 +52,28 @@ impl NoRoute {
 
 impl Endpoint {
     /// Every endpoint.
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::Connect,
         Endpoint::Pull,
         Endpoint::Push,
         Endpoint::Rebuild,
         Endpoint::Events,
         Endpoint::Ready,
+        Endpoint::Seed,
     ];
 
-    /// The endpoint of `method` and `path` (the path without query).
+    /// The endpoint of `method` and `path` (the path without query). A seed path is
+    /// `/seeds/` and one nonempty segment, as the server's router takes it; which names
+    /// exist is the origin's to say.
     pub fn route(method: &str, path: &str) -> Result<Endpoint, NoRoute> {
-        let e = Endpoint::ALL
-            .into_iter()
-            .find(|e| e.path() == path)
-            .ok_or(NoRoute::NotFound)?;
+        let e = match path.strip_prefix(Endpoint::Seed.path()) {
+            Some(name) if !name.is_empty() && !name.contains('/') => Endpoint::Seed,
+            Some(_) => return Err(NoRoute::NotFound),
+            None => Endpoint::ALL
+                .into_iter()
+                .find(|e| e.path() == path)
+                .ok_or(NoRoute::NotFound)?,
+        };
         // The server's router (axum) answers HEAD on a GET route too.
         let ok = match e.method() {
             "GET" => method == "GET" || method == "HEAD",
@@ -71,7 +82,8 @@ impl Endpoint {
         ok.then_some(e).ok_or(NoRoute::MethodNotAllowed(e.allow()))
     }
 
-    /// The path, the same at the edge and at the origin.
+    /// The path, the same at the edge and at the origin; for [`Endpoint::Seed`] the prefix
+    /// before the file name.
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::Connect => "/sync/connect",
@@ -80,20 +92,21 @@ impl Endpoint {
             Endpoint::Rebuild => "/sync/rebuild",
             Endpoint::Events => "/sync/events",
             Endpoint::Ready => "/ready",
+            Endpoint::Seed => "/seeds/",
         }
     }
 
     /// The method.
     pub fn method(self) -> &'static str {
         match self {
-            Endpoint::Ready => "GET",
+            Endpoint::Ready | Endpoint::Seed => "GET",
             _ => "POST",
         }
     }
 
     fn allow(self) -> &'static str {
-        match self {
-            Endpoint::Ready => "GET,HEAD",
+        match self.method() {
+            "GET" => "GET,HEAD",
             _ => "POST",
         }
     }
@@ -107,6 +120,7 @@ impl Endpoint {
             Endpoint::Rebuild => "rebuild",
             Endpoint::Events => "events",
             Endpoint::Ready => "ready",
+            Endpoint::Seed => "seed",
         }
     }
 }
@@ -197,11 +211,29 @@ pub fn check(
             .and_then(|push| gate::PushLimits::default().check(&push)),
         Endpoint::Rebuild => gate::parse_request::<RebuildRequest>(&req).map(drop),
         Endpoint::Events => gate::parse_request::<EventsRequest>(&req).map(drop),
-        Endpoint::Ready => Ok(()),
+        Endpoint::Ready | Endpoint::Seed => Ok(()),
     };
     parsed.map_err(|body| Refusal {
         body,
         reason: Reason::Request,
+    })
+}
+
+/// Checks a seed request's `Authorization` value at `now_secs` as the server's seeds route
+/// does: a valid bearer token (401 otherwise), or nothing when seeds are `public`. It runs
+/// before the edge cache is consulted, so a cached seed is never answered without it.
+pub fn check_seed(
+    authorization: Option<&str>,
+    verifier: &Hs256,
+    public: bool,
+    now_secs: u64,
+) -> Result<(), Refusal> {
+    if public || verifier.user_id(authorization, now_secs).is_some() {
+        return Ok(());
+    }
+    Err(Refusal {
+        body: gate::unauthorized(),
+        reason: Reason::Unauthorized,
     })
 }
 
@@ -241,6 +273,40 @@ mod tests {
             Endpoint::route("POST", "/sync/pull/"),
             Err(NoRoute::NotFound)
         );
+        assert_eq!(
+            Endpoint::route("GET", "/seeds/board.seed.sqlite"),
+            Ok(Endpoint::Seed)
+        );
+        assert_eq!(
+            Endpoint::route("HEAD", "/seeds/..%2Fx.json"),
+            Ok(Endpoint::Seed)
+        );
+        assert_eq!(
+            Endpoint::route("POST", "/seeds/board.seed.sqlite"),
+            Err(NoRoute::MethodNotAllowed("GET,HEAD"))
+        );
+        for path in ["/seeds/", "/seeds", "/seeds/a/b", "/seeds//"] {
+            assert_eq!(
+                Endpoint::route("GET", path),
+                Err(NoRoute::NotFound),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_seed_needs_a_valid_token_unless_public() {
+        let v = Hs256::new(SECRET, 3600).unwrap();
+        let auth = bearer();
+        assert_eq!(check_seed(Some(&auth), &v, false, NOW), Ok(()));
+        for bad in [None, Some("Bearer x.y.z"), Some(&auth[7..])] {
+            let refusal = check_seed(bad, &v, false, NOW).unwrap_err();
+            assert_eq!(refusal.body, gate::unauthorized());
+            assert_eq!(refusal.reason, Reason::Unauthorized);
+            assert_eq!(check_seed(bad, &v, true, NOW), Ok(()), "public");
+        }
+        let expired = check_seed(Some(&auth), &v, false, NOW + 3600);
+        assert!(expired.is_err(), "an expired token");
     }
 
     #[test]

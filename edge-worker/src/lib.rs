@@ -7,7 +7,9 @@
 //! a protocol 3 JSON object (426 `upgrade_required` before anything else), the HS256 bearer
 //! token (401), and the request's members through the endpoint's typed wire message (400).
 //! A refusal is exactly the body the server would send. The server still checks everything
-//! itself: the edge is never the only check.
+//! itself: the edge is never the only check. Seed files (`GET /seeds/{name}`) are answered
+//! from the Workers cache after the token check, the origin asked only on a miss
+//! ([`seeds`]).
 //!
 //! Every request gets a correlation ID (`x-request-id`, sent to the origin and back to the
 //! client). Origin failures become the spec's opaque 503 body. The one log line per request
@@ -18,6 +20,7 @@
 //! | [`config`] | the settings from `wrangler.toml` vars and secrets |
 //! | [`gate`] | routes and the checks before any origin request |
 //! | [`origin`] | what is answered for what the origin answered |
+//! | [`seeds`] | the edge cache of seed files: keys, what is stored for how long, headers |
 //! | [`log`] | the log line |
 //! | `worker` (wasm32 only) | the fetch handler: reading, forwarding, streaming |
 //!
@@ -39,6 +42,7 @@ pub mod config;
 pub mod gate;
 pub mod log;
 pub mod origin;
+pub mod seeds;
 
 #[cfg(target_arch = "wasm32")]
 mod worker;

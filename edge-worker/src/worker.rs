@@ -2,7 +2,10 @@
 //! by the limit as it arrives), runs [`crate::gate::check`], forwards the request to the
 //! origin with the correlation ID, and streams the origin's answer back unbuffered (the
 //! events stream among them); only 4xx and 5xx answers, which are small error bodies, are
-//! read to judge them and to log their code.
+//! read to judge them and to log their code. Seed files go through the edge cache
+//! (`seeds.rs`).
+
+mod seeds;
 
 use futures_util::StreamExt;
 use synchro_protocol::wire::{ErrorBody, ErrorCode, Message};
@@ -26,6 +29,7 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
         status: 0,
         code: None,
         outcome: "forwarded",
+        cache: None,
         origin_ms: None,
     };
     let response = match handle(req, &env, &request_id, &mut line).await {
@@ -64,8 +68,10 @@ async fn handle(mut req: Request, env: &Env, rid: &str, line: &mut Line) -> Resu
             return error_response(&origin::opaque(), rid);
         }
     };
-    if endpoint == Endpoint::Ready {
-        return ready(&config, rid, line).await;
+    match endpoint {
+        Endpoint::Ready => return ready(&config, rid, line).await,
+        Endpoint::Seed => return seeds::serve(&req, &config, rid, line).await,
+        _ => {}
     }
     let declared = req.headers().get("content-length")?;
     if gate::declared_too_large(declared.as_deref(), config.max_body_bytes) {
@@ -129,11 +135,17 @@ async fn forward(
         .with_headers(headers)
         .with_body(Some(js_sys::Uint8Array::from(&body[..]).into()));
     let url = format!("{}{}", config.origin, endpoint.path());
-    let Some(mut resp) = ask_origin(Request::new_with_init(&url, &init)?, line).await else {
+    let Some(resp) = ask_origin(Request::new_with_init(&url, &init)?, line).await else {
         return error_response(&origin::opaque(), rid);
     };
-    let status = resp.status_code();
     let out = passed_headers(&resp, rid)?;
+    relay(resp, out, rid, line).await
+}
+
+/// The origin's answer `resp` to the client with the headers `out`: below 400 streamed
+/// through, a 4xx as it is, a 5xx only as a spec error body of its status.
+async fn relay(mut resp: Response, out: Headers, rid: &str, line: &mut Line) -> Result<Response> {
+    let status = resp.status_code();
     if status < 400 {
         // Streamed through as it arrives (the events stream lasts minutes; its events pass
         // unread).
@@ -219,15 +231,18 @@ fn error_response(body: &ErrorBody, rid: &str) -> Result<Response> {
         .fixed(body.to_json_string().into_bytes()))
 }
 
-/// A string binding (`[vars]` or a secret); a number in `[vars]` is read as its decimal text.
+/// A string binding (`[vars]` or a secret); a number in `[vars]` is read as its decimal text
+/// and a boolean as `true` or `false`.
 fn binding(env: &Env, name: &str) -> Option<String> {
     let target: &JsValue = env.as_ref();
     let v = js_sys::Reflect::get(target, &JsValue::from_str(name)).ok()?;
-    v.as_string().or_else(|| {
-        v.as_f64()
-            .filter(|n| n.fract() == 0.0 && *n >= 0.0)
-            .map(|n| format!("{n:.0}"))
-    })
+    v.as_string()
+        .or_else(|| {
+            v.as_f64()
+                .filter(|n| n.fract() == 0.0 && *n >= 0.0)
+                .map(|n| format!("{n:.0}"))
+        })
+        .or_else(|| v.as_bool().map(|b| b.to_string()))
 }
 
 fn now_secs() -> u64 {
