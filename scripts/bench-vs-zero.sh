@@ -5,7 +5,8 @@
 #                                            PARSE_ONLY=1: print the table from the last run's logs
 # Each run starts ZERO_DIR/run-zero.sh (its own PostgreSQL 15, zero-cache, Zero's node client)
 # and then synchro's items benchmark (tests/examples/items_bench: a throwaway PostgreSQL with
-# the same settings, `synchro-server serve` as its own process, the native client; with
+# the same settings, `synchro-server serve` as its own process, the native client, a client
+# from a portable seed of the same scope; with
 # BROWSER=1 also synchro's client in headless Chromium on OPFS against the same server).
 # With RUNS>1 the two sides alternate and the table shows medians. Prints each figure, the
 # ratio synchro / Zero, resident memory (from /proc), and the goals of issue 15 as met/not met.
@@ -136,6 +137,9 @@ collect() { # name side command...
     if [ "$side" = s ]; then S[$name]=$m; else Z[$name]=$m; fi
 }
 s_fresh() { num "$OUT/synchro-$1.log" '^\(a\) fresh client fully synced and verified: [0-9.]+ s'; }
+s_seed() { num "$OUT/synchro-$1.log" '^\(s\) fresh client from a seed: [0-9.]+ s'; }
+s_bseed() { num "$OUT/synchro-$1.log" '^browser \(s\) fresh client from a seed: [0-9.]+ s'; }
+s_export() { grep -m1 '^seed export:' "$OUT/synchro-$1.log" | grep -oE '= [0-9]+ rows/s' | head -1 | grep -oE '[0-9]+'; }
 s_p50() { grep -m1 '^(b) commit-to-visible' "$OUT/synchro-$1.log" | grep -oE 'p50 [0-9.]+' | grep -oE '[0-9.]+$'; }
 s_p99() { grep -m1 '^(b) commit-to-visible' "$OUT/synchro-$1.log" | grep -oE 'p99 [0-9.]+' | grep -oE '[0-9.]+$'; }
 s_copy() { num "$OUT/synchro-$1.log" 'membership evaluated\): [0-9.]+ s'; }
@@ -154,7 +158,7 @@ z_p99() { z_lat "$1" p99; }
 z_copy() { grep -m1 -oE '^Synced .*total: [0-9.]+ ms' "$OUT/zero-$1.log" | grep -oE '[0-9.]+ ms$' | awk '{ print $1 / 1000 }'; }
 z_srss() { awk '{ printf "%.0f\n", $1 / 1024 }' "$OUT/zero-$1.rss"; }
 z_crss() { awk '{ printf "%.0f\n", $4 / 1024 }' "$OUT/zero-$1.rss"; }
-for f in fresh p50 p99 copy live push srss crss bfresh bp50 bp99 brss; do collect $f s s_$f; done
+for f in fresh seed bseed export p50 p99 copy live push srss crss bfresh bp50 bp99 brss; do collect $f s s_$f; done
 for f in fresh p50 p99 copy srss crss; do collect $f z z_$f; done
 
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "—" }'; else echo "—"; fi; }
@@ -174,15 +178,18 @@ echo
 echo "| figure | synchro | Zero | synchro/Zero |"
 echo "|---|---|---|---|"
 row "fresh client fully synced, $ROWS rows (s; synchro verified; Zero: node, in-memory store)" %.2f "${S[fresh]}" "${Z[fresh]}"
+row "fresh client from a portable seed, $ROWS rows (s; download, verification, install, first connect and pull; Zero: its fresh sync, it has no seed)" %.2f "${S[seed]}" "${Z[fresh]}"
 row "commit → visible in the client, p50 (ms)" %.1f "${S[p50]}" "${Z[p50]}"
 row "commit → visible in the client, p99 (ms)" %.1f "${S[p99]}" "${Z[p99]}"
 row "server initial copy of the $ROWS rows (s; synchro: registration → active; Zero: its \"Synced … total\")" %.2f "${S[copy]}" "${Z[copy]}"
 row "server: registration → its membership rule live (s; synchro.membership_functions.live; Zero: the same \"Synced … total\")" %.2f "${S[live]}" "${Z[copy]}"
 printf '| pushed mutations/s | %s | — | — |\n' "${S[push]:-—}"
+printf '| seed export of the %s rows (rows/s; `seed export` whole: export, artifact, every check) | %s | — | — |\n' "$ROWS" "${S[export]:-—}"
 row "server memory, peak of the process tree's summed PSS (MB; sampled every 0.2 s; synchro: serve; Zero: zero-cache)" %.0f "${S[srss]}" "${Z[srss]}"
 row "client process peak RSS (MB; VmHWM; synchro: native clients + bench driver; Zero: node client)" %.0f "${S[crss]}" "${Z[crss]}"
 if [ "$BROWSER" = 1 ]; then
     row "Chromium/OPFS: fresh client fully synced (s; Zero: its node client, no browser run)" %.2f "${S[bfresh]}" "${Z[fresh]}"
+    row "Chromium/OPFS: fresh client from a portable seed (s; Zero: its node client's fresh sync)" %.2f "${S[bseed]}" "${Z[fresh]}"
     row "Chromium/OPFS: commit → visible p50 (ms; Zero: node client)" %.1f "${S[bp50]}" "${Z[p50]}"
     row "Chromium/OPFS: commit → visible p99 (ms; Zero: node client)" %.1f "${S[bp99]}" "${Z[p99]}"
     printf '| Chromium processes, summed PSS after the fresh sync (MB) | %s | — | — |\n' "${S[brss]:-—}"
@@ -193,4 +200,13 @@ goal "commit → visible p50 ≤ 0.5x Zero" p50 0.5
 goal "commit → visible p99 ≤ 0.5x Zero" p99 0.5
 goal "fresh client ≤ 0.2x Zero" fresh 0.2
 goal "initial copy ≤ 1.0x Zero" copy 1.0
+echo "goals (issue 30):"
+S[bfresh_seed]=${S[bseed]:-}; S[fresh_seed]=${S[seed]:-}; Z[bfresh_seed]=${Z[fresh]:-}; Z[fresh_seed]=${Z[fresh]:-}
+goal "fresh client from a seed, native ≤ 0.1x Zero's fresh sync" fresh_seed 0.1
+goal "fresh client from a seed, Chromium ≤ 0.25x Zero's fresh sync" bfresh_seed 0.25
+if [ -n "${S[export]:-}" ]; then
+    awk -v r="${S[export]}" 'BEGIN { printf "- seed export ≥ 100,000 rows/s: %.0f rows/s → %s\n", r, (r >= 100000 ? "met" : "not met") }'
+else
+    echo "- seed export ≥ 100,000 rows/s: not measured"
+fi
 echo "logs: $OUT"

@@ -1,7 +1,8 @@
 //! The items workload's client in headless Chromium on OPFS (a dedicated worker) against a
 //! real server: `tests/examples/items_bench` (synchro-tests) starts the server and a control
 //! endpoint, then runs this test (`SYNCHRO_BENCH_BROWSER_CMD`, see
-//! `scripts/bench-vs-zero.sh`). It reports (a) a fresh client fully synced and verified and
+//! `scripts/bench-vs-zero.sh`). It reports (a) a fresh client fully synced and verified,
+//! (s) a fresh client from a portable seed (when the control endpoint names one), and
 //! (b) commit-to-visible latency over single-row updates that the control endpoint commits on
 //! PostgreSQL. Needs `--features bench`; the control endpoint's address is compiled in
 //! (`SYNCHRO_ITEMS_CONTROL`, default `http://127.0.0.1:8798`). Chromium must run with
@@ -9,7 +10,7 @@
 #![cfg(all(target_arch = "wasm32", feature = "bench"))]
 
 use js_sys::Function;
-use synchro_client::engine::Client;
+use synchro_client::engine::{Client, SeedOutcome};
 use synchro_client::wasm::FetchTransport;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
@@ -68,17 +69,25 @@ async fn items_against_the_real_server() {
     let name = format!("/items-{}.db", js_sys::Date::now() as u64);
     let storage = synchro_client::wasm::open_opfs(&name).await.unwrap();
     let provider = Function::new_no_args(&format!("return {token:?};"));
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ js_sys::Date::now() as u64;
-    let mut client = Client::open(storage, FetchTransport::new(&base, provider), move || {
-        let mut out = [0u8; 16];
-        for chunk in out.chunks_mut(8) {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    // Each client its own stream (its own client ID).
+    let random = |salt: u64| {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ js_sys::Date::now() as u64 ^ salt;
+        move || {
+            let mut out = [0u8; 16];
+            for chunk in out.chunks_mut(8) {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+            }
+            out
         }
-        out
-    })
+    };
+    let mut client = Client::open(
+        storage,
+        FetchTransport::new(&base, provider.clone()),
+        random(1),
+    )
     .unwrap();
     let count = |c: &Client<FetchTransport>| -> i64 {
         c.storage()
@@ -102,6 +111,47 @@ async fn items_against_the_real_server() {
     ))
     .await;
     let _ = control("POST", "/rss", Some("after (a)")).await;
+
+    // (s) A fresh client from the portable seed the server serves (exported just before
+    // this run, a few rows changed since): downloaded into OPFS, verified, then one connect
+    // and the pull of what changed since its boundary.
+    if let Some(seed_url) = parts.get(4) {
+        let started = now();
+        let transport = FetchTransport::new(&base, provider.clone());
+        let name = format!("/items-seeded-{}.db", js_sys::Date::now() as u64);
+        let (storage, outcome) =
+            synchro_client::wasm::open_opfs_from_seed(&name, &transport, seed_url)
+                .await
+                .unwrap();
+        assert!(
+            matches!(outcome, SeedOutcome::Installed(_)),
+            "the seed was not installed: {outcome:?}"
+        );
+        let opened = now();
+        let mut seeded = Client::open(storage, transport, random(2)).unwrap();
+        let mut pulled = 0;
+        let mut report;
+        loop {
+            report = seeded.sync_once().await.unwrap();
+            pulled += report.pulled_changes;
+            if pulled >= 10 {
+                break;
+            }
+            assert!(
+                now() - started < 120_000.0,
+                "the later changes never arrived"
+            );
+        }
+        let secs = (now() - started) / 1000.0;
+        assert!(!report.rebuilt.contains("items") && report.verified.contains("items"));
+        assert_eq!(count(&seeded), rows, "the seeded client is incomplete");
+        say(&format!(
+            "browser (s) fresh client from a seed: {secs:.2} s for {rows} rows (download into OPFS and verification {:.2} s, connect and pull of the {pulled} later changes {:.2} s)",
+            (opened - started) / 1000.0,
+            secs - (opened - started) / 1000.0
+        ))
+        .await;
+    }
 
     // (b) Commit-to-visible latency: the control endpoint commits, then the client syncs in
     // a loop until its SQLite shows the value.

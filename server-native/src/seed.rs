@@ -572,7 +572,8 @@ pub fn write_artifact(
                 receipt: &s.receipt,
             })
             .collect();
-        let mut storage = synchro_client::store::Storage::open(&tmp).map_err(artifact_error)?;
+        let mut storage =
+            synchro_client::store::Storage::create_artifact(&tmp).map_err(artifact_error)?;
         storage
             .install_seed(&export.manifest, &scopes)
             .map_err(artifact_error)?;

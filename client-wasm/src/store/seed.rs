@@ -107,9 +107,26 @@ impl Storage {
         })
     }
 
+    /// Creates the database at `path` to be written as a seed artifact: without a journal and
+    /// without syncing each write, since the file is a scratch copy until
+    /// [`Storage::close_as_artifact`] and its checks succeed (a failure or a crash leaves a
+    /// file that is discarded, never one that is used).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn create_artifact(path: impl AsRef<std::path::Path>) -> Result<Storage, StorageError> {
+        let conn = rusqlite::Connection::open(path)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; PRAGMA cache_size = -65536;",
+        )?;
+        Ok(Storage {
+            conn,
+            index: super::ScopeIndex::default(),
+        })
+    }
+
     /// Closes a database written to be a seed artifact: its write-ahead log folded in and
     /// switched off, so that the file alone is the database (spec 001 check 10: no WAL or
     /// shared-memory sidecar).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn close_as_artifact(self) -> Result<(), StorageError> {
         let conn = self.conn;
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
@@ -119,7 +136,15 @@ impl Storage {
                 "the seed's journal mode cannot be switched off WAL",
             ));
         }
-        conn.close().map_err(|(_, e)| StorageError::from(e))
+        // Written without syncing (create_artifact): on disk once, before it is published.
+        let path = conn.path().map(std::path::PathBuf::from);
+        conn.close().map_err(|(_, e)| StorageError::from(e))?;
+        if let Some(path) = path.filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::File::open(path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StorageError::Schema(format!("syncing the seed: {e}")))?;
+        }
+        Ok(())
     }
 
     /// The receipts a seed installed and connect has not yet answered: (scope, receipt).

@@ -7,7 +7,7 @@ use wasm_bindgen::JsCast;
 
 use super::convert::{client_error, js_error, set, storage_error, strings};
 use super::fetch::FetchTransport;
-use super::opfs::{install_opfs_in, open_opfs_seeded, DEFAULT_OPFS_DIRECTORY};
+use super::opfs::{install_opfs_in, open_opfs_from_seed, DEFAULT_OPFS_DIRECTORY};
 use super::ops::{clear_resolved, mutations, query, read_tables, schema, write};
 use crate::engine::{Client, ClientConfig, SeedOutcome};
 use crate::store::Storage;
@@ -145,7 +145,7 @@ impl SynchroClient {
         let (mut storage, seed) = match seed {
             None => (Storage::open(&name).map_err(storage_error)?, JsValue::NULL),
             Some(seed) => {
-                let (storage, outcome) = open_opfs_seeded(&name, transport.download_seed(&seed))
+                let (storage, outcome) = open_opfs_from_seed(&name, &transport, &seed)
                     .await
                     .map_err(storage_error)?;
                 (storage, seed_outcome(&outcome))

@@ -42,4 +42,6 @@ mod ops;
 pub use client::SynchroClient;
 pub use fetch::{FetchEventStream, FetchTransport};
 pub use live::LiveSession;
-pub use opfs::{ensure_opfs_capacity, install_opfs, install_opfs_in, open_opfs};
+pub use opfs::{
+    ensure_opfs_capacity, install_opfs, install_opfs_in, open_opfs, open_opfs_from_seed,
+};

@@ -130,6 +130,17 @@ pub(super) async fn open_opfs_seeded<S: SeedSource>(
     Ok((Storage::open(name)?, outcome))
 }
 
+/// Opens (or creates) the database `name` on OPFS, a new one from the portable seed at
+/// `url` (absolute), downloaded with `transport`'s token when it is on the server's origin:
+/// see [`open_opfs_seeded`]. The OPFS pool must be installed.
+pub async fn open_opfs_from_seed(
+    name: &str,
+    transport: &super::FetchTransport,
+    url: &str,
+) -> Result<(Storage, SeedOutcome), StorageError> {
+    open_opfs_seeded(name, transport.download_seed(url)).await
+}
+
 /// Streams the seed into the pool as `name` (its SQLite header checked on the way).
 async fn import<S: SeedSource>(
     util: &OpfsSAHPoolUtil,

@@ -31,9 +31,11 @@
 
 mod browser;
 mod rss;
+mod seed;
 mod server;
 
 use std::cell::Cell;
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -180,6 +182,9 @@ async fn main() -> Result<()> {
 
     let dir = std::env::temp_dir().join(format!("synchro-items-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    // Where the portable seed of (s) is exported and served from.
+    let seeds = dir.join("seeds");
+    std::fs::create_dir_all(&seeds)?;
     let server_process = match std::env::var_os("SYNCHRO_BENCH_SERVER_BIN") {
         Some(bin) => Some(server::ServerProcess::start(
             std::path::Path::new(&bin),
@@ -187,6 +192,7 @@ async fn main() -> Result<()> {
             &url("synchro_dev_worker"),
             SECRET,
             &dir.join("server.log"),
+            &seeds,
         )?),
         None => None,
     };
@@ -200,7 +206,7 @@ async fn main() -> Result<()> {
         }
         None => {
             println!("server: in this process, with the client");
-            serve_in_process(&url).await?
+            serve_in_process(&url, &seeds).await?
         }
     };
     let transport = || {
@@ -312,6 +318,22 @@ async fn main() -> Result<()> {
         "idle round (connect + terminal pull of the {rows}-row scope, nothing changed): median {:.1} ms",
         idle[2]
     );
+
+    // (s) A fresh client from a portable seed of the same scope.
+    let seed_token = mint(SECRET, "bench", 3600);
+    let seed_login = url("synchro_dev_seed");
+    let seed_setup = seed::Setup {
+        rows,
+        dir: &dir,
+        seeds: &seeds,
+        base: &base,
+        token: &seed_token,
+        operator: &op,
+        admin: &admin,
+        seed_login: &seed_login,
+        transport: &transport,
+    };
+    seed::fresh_from_seed(&seed_setup).await?;
 
     // (b) Commit-to-visible latency over single-row updates: a client syncing in a loop.
     let mut latencies = Vec::with_capacity(updates);
@@ -575,10 +597,13 @@ async fn main() -> Result<()> {
         let token = mint(SECRET, "bench", 3600);
         let log = dir.join("browser.log");
         println!("browser: synchro-client (wasm32) in headless Chromium, dedicated worker, OPFS, against the same server");
+        // A seed of now for the browser's (s): the one of the native run is behind every
+        // change made since.
+        let seed_url = seed::export(&seed_setup).await?;
         let ok = browser::run(
             &cmd,
             listen,
-            format!("{base} {token} {rows} {updates}"),
+            format!("{base} {token} {rows} {updates} {seed_url}"),
             rows,
             connect_db(&url("postgres")).await?,
             &log,
@@ -641,7 +666,7 @@ impl Transport for Timed {
 
 /// The server in this process: the HTTP API and the capture worker polling every 25 ms, as
 /// `serve` does. Returns its base URL.
-async fn serve_in_process(url: &dyn Fn(&str) -> String) -> Result<String> {
+async fn serve_in_process(url: &dyn Fn(&str) -> String, seeds: &Path) -> Result<String> {
     tokio::spawn(synchro_server::capture::worker::run_forever(
         url("synchro_dev_worker"),
         Duration::from_millis(25),
@@ -656,7 +681,10 @@ async fn serve_in_process(url: &dyn Fn(&str) -> String) -> Result<String> {
         assignment_db: None,
         auth: Authenticator::hs256(SECRET)?,
         cursor_keys: Keyring::new("k1", &[7; 32])?,
-        config: Config::default(),
+        config: Config {
+            seed_dir: Some(seeds.to_owned()),
+            ..Config::default()
+        },
         // As `serve` does: a LISTEN session wakes the events streams after each capture commit.
         events: synchro_server::api::Notifier::listen(url("synchro_dev_adapter")),
         membership_db: Some(synchro_server::api::ConnectionPool::new(vec![

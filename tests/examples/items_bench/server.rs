@@ -24,6 +24,7 @@ impl ServerProcess {
         worker_url: &str,
         secret: &[u8],
         log: &Path,
+        seeds: &Path,
     ) -> Result<ServerProcess> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -32,6 +33,8 @@ impl ServerProcess {
         let child = Command::new(bin)
             .arg("serve")
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--seed-dir")
+            .arg(seeds)
             .env("DATABASE_URL", adapter_url)
             .env("SYNCHRO_WORKER_DATABASE_URL", worker_url)
             .env(
