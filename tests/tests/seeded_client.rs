@@ -324,7 +324,11 @@ async fn a_seeded_client_continues_from_the_boundary_and_ends_as_a_rebuilt_one()
     assert!(paths(&t).is_empty());
     assert_eq!(local_rows(&seeded).len(), 600);
 
+    // The scope index the seed's check built is the opened database's: the first terminal
+    // digests do not load it from the tables again.
+    let builds = seeded.storage().scope_index_builds();
     let reports = s.converge(&mut seeded).await;
+    assert_eq!(seeded.storage().scope_index_builds(), builds, "{reports:?}");
     // The first connect presented both receipts and took both cursors: only board:c was
     // rebuilt, and the changes after the boundary came by pull.
     let first_connect: serde_json::Value = serde_json::from_str(&t.seen.borrow()[0].1).unwrap();

@@ -152,6 +152,16 @@ impl ScopeIndex {
         self.stamp.set(None);
     }
 
+    /// Takes the index as current at `now`, the stamp of the connection it now serves (an
+    /// index built from a database by another connection of the same file, with nothing
+    /// written since: a seed checked before it was opened).
+    pub(super) fn adopt(&mut self, now: Stamp) {
+        if self.built.is_some() {
+            self.open = false;
+            self.stamp.set(Some(now));
+        }
+    }
+
     /// How many times the index was built from the tables.
     pub(super) fn builds(&self) -> u64 {
         self.builds

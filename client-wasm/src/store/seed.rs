@@ -7,18 +7,22 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+/// A map keyed by a key's wire text (foldhash: these maps hold every row of a seed).
+type Map<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 use rusqlite::params;
-use synchro_protocol::digest::{row_digest, row_digest_of_values};
+use synchro_protocol::digest::{row_digest, row_digest_of_values, scope_digest};
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::migration::quote_ident;
 use synchro_protocol::seed::SeedReceipt;
 use synchro_protocol::value::TypedValue;
 
-use super::index_load::digest_from_tables;
+use super::index::{Loading, ScopeIndex};
+use super::index_load::stamp;
 use super::rows::{record_server_row, wire_row_values, write_row};
-use super::scopes::{add_edge, install_final, mark_rebuild};
-use super::values::decode_row;
+use super::scopes::{add_edge, install_final, mark_rebuild, provenance};
+use super::values::{decode_row, from_sql};
 use super::{run, Storage};
 use crate::error::StorageError;
 
@@ -72,7 +76,7 @@ impl Storage {
                 digests.push(d.digest);
                 entries.push((d.identity, d.digest));
             }
-            let digest = synchro_protocol::digest::scope_digest(
+            let digest = scope_digest(
                 &manifest.schema_hash(),
                 &receipt.binding.scope_id,
                 &mut entries,
@@ -211,6 +215,11 @@ impl Storage {
     /// with a receipt digests, from its provenance, to the receipt's cardinality and
     /// digest under the same schema; no scope is left without a receipt.
     pub fn verify_seed(&self) -> Result<SeedSummary, StorageError> {
+        self.verify_seed_indexed().map(|(summary, _)| summary)
+    }
+
+    /// [`Storage::verify_seed`], also giving the scope index its check built.
+    fn verify_seed_indexed(&self) -> Result<(SeedSummary, ScopeIndex), StorageError> {
         self.check_seed().map_err(|e| match e {
             StorageError::Seed(_) => e,
             // A file that is no SQLite database, or no synchro one, is a bad seed too.
@@ -218,7 +227,24 @@ impl Storage {
         })
     }
 
-    fn check_seed(&self) -> Result<SeedSummary, StorageError> {
+    /// Takes `index`, built by [`Storage::verify_seed_indexed`] over this database's file
+    /// (by this or another connection) with nothing written since, as this storage's scope
+    /// index: the first terminal digest does not load it from the tables again.
+    fn adopt_index(&mut self, mut index: ScopeIndex) -> Result<(), StorageError> {
+        index.adopt(stamp(&self.conn)?);
+        self.index = index;
+        Ok(())
+    }
+
+    /// [`Storage::verify_seed`] of this database, keeping the scope index its check built
+    /// (a seed about to be used where it lies).
+    pub(crate) fn verify_seed_in_place(&mut self) -> Result<SeedSummary, StorageError> {
+        let (summary, index) = self.verify_seed_indexed()?;
+        self.adopt_index(index)?;
+        Ok(summary)
+    }
+
+    fn check_seed(&self) -> Result<(SeedSummary, ScopeIndex), StorageError> {
         let conn = self.connection();
         let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
         if check != "ok" {
@@ -256,10 +282,12 @@ impl Storage {
             }
         }
         // Every row: its digest from the visible values and the stored version (one scan of
-        // each table and of its server layer), and no row without a server version.
+        // each table and of its server layer), and no row without a server version; what
+        // verified is kept for the scope digests below.
         let hash = manifest.schema_hash();
+        let mut verified: Vec<Map<[u8; 32]>> = Vec::with_capacity(manifest.tables.len());
         for table in &manifest.tables {
-            let mut stored: HashMap<String, (String, Vec<u8>)> = HashMap::new();
+            let mut stored: Map<(String, Vec<u8>)> = Map::default();
             let mut q = conn.prepare(
                 r#"SELECT "pk", "server_version", "digest" FROM "_synchro_rows" WHERE "table_id" = ?"#,
             )?;
@@ -279,38 +307,73 @@ impl Storage {
                 quote_ident(&table.name)
             ))?;
             let mut rows = q.query([])?;
-            let mut seen = 0usize;
+            let mut digests = Map::with_capacity_and_hasher(stored.len(), Default::default());
             while let Some(r) = rows.next()? {
                 let values =
                     decode_row(table, r).map_err(|_| integrity("a seed row does not decode"))?;
                 let pk = values[pk_index].to_wire_text();
                 let (version, digest) = stored
-                    .get(&pk)
+                    .remove(&pk)
                     .ok_or(integrity("a seed row has no server version"))?;
-                let d = row_digest_of_values(&hash, table, &values, version)
+                let d = row_digest_of_values(&hash, table, &values, &version)
                     .map_err(|_| integrity("a seed row does not match its table"))?;
                 if d.digest.as_slice() != digest.as_slice() {
                     return Err(integrity("a seed row does not match its digest"));
                 }
-                seen += 1;
+                digests.insert(pk, d.digest);
             }
-            if seen != stored.len() {
+            if !stored.is_empty() {
                 return Err(integrity("a seed row is missing"));
             }
+            verified.push(digests);
         }
+        // Each scope with a receipt: its provenance edges (one scan of each table's) with the
+        // digests just verified, loaded as the scope index (which the first terminal digest
+        // of the opened database then uses), each scope digested and compared with its
+        // receipt.
+        let receipts = self.seed_receipts()?;
+        let mut edges: BTreeMap<&str, u64> = receipts
+            .iter()
+            .map(|(scope, _)| (scope.as_str(), 0))
+            .collect();
+        let mut loading = Loading::new(&manifest, false);
+        for (table, digests) in manifest.tables.iter().zip(&verified) {
+            let mut q = conn.prepare(&format!(
+                "SELECT \"scope_id\", \"pk\" FROM {}",
+                provenance(table)
+            ))?;
+            let mut rows = q.query([])?;
+            while let Some(r) = rows.next()? {
+                let scope: String = r.get(0)?;
+                *edges
+                    .get_mut(scope.as_str())
+                    .ok_or(integrity("a seed scope has no receipt"))? += 1;
+                let pk = from_sql(&table.primary_key().spec, r.get_ref(1)?)
+                    .ok_or(integrity("a stored key does not match its type"))?;
+                let digest = *digests
+                    .get(&pk.to_wire_text())
+                    .ok_or(integrity("a provenance edge without its row"))?;
+                loading
+                    .edge(table, &pk, scope, || Some(digest))
+                    .map_err(|_| integrity("a key cannot form a row identity"))?;
+            }
+        }
+        let mut index = ScopeIndex::default();
+        index.install(loading);
         let mut summary = SeedSummary { scopes: Vec::new() };
-        for (scope, receipt) in self.seed_receipts()? {
-            let r = SeedReceipt::read_unverified(&receipt)
+        for (scope, receipt) in &receipts {
+            let r = SeedReceipt::read_unverified(receipt)
                 .map_err(|_| integrity("a seed receipt does not read"))?;
-            if r.binding.scope_id != scope || r.binding.schema_hash != manifest.schema_hash() {
+            if &r.binding.scope_id != scope || r.binding.schema_hash != hash {
                 return Err(integrity("a seed receipt does not match its scope"));
             }
-            let digest = digest_from_tables(conn, &manifest, &scope)?;
-            let edges = count_edges(conn, &manifest, &scope)?;
-            if digest != r.checksum.0 || edges != r.cardinality {
+            let digest = index
+                .scope_digest(scope)
+                .map_err(|_| integrity("a seed scope cannot be digested"))?;
+            if digest != r.checksum.0 || edges[scope.as_str()] != r.cardinality {
                 return Err(integrity("a seed scope does not match its receipt"));
             }
-            summary.scopes.push((scope, r.cardinality, digest));
+            summary.scopes.push((scope.clone(), r.cardinality, digest));
         }
         let scopes: i64 = conn.query_row(r#"SELECT count(*) FROM "_synchro_scopes""#, [], |r| {
             r.get(0)
@@ -318,29 +381,8 @@ impl Storage {
         if scopes as usize != summary.scopes.len() {
             return Err(integrity("a seed scope has no receipt"));
         }
-        Ok(summary)
+        Ok((summary, index))
     }
-}
-
-/// The provenance edges of `scope` in all tables.
-fn count_edges(
-    conn: &rusqlite::Connection,
-    manifest: &Manifest,
-    scope: &str,
-) -> Result<u64, StorageError> {
-    let mut n = 0;
-    for table in &manifest.tables {
-        let c: i64 = conn.query_row(
-            &format!(
-                "SELECT count(*) FROM {} WHERE \"scope_id\" = ?",
-                super::scopes::provenance(table)
-            ),
-            [scope],
-            |r| r.get(0),
-        )?;
-        n += c as u64;
-    }
-    Ok(n)
 }
 
 /// What opening a database with a seed did.
@@ -371,11 +413,11 @@ impl Storage {
         seed: &std::path::Path,
     ) -> Result<(Storage, SeedOutcome), StorageError> {
         if std::fs::metadata(database).is_ok_and(|m| m.len() > 0) {
-            let storage = Storage::open(database)?;
+            let mut storage = Storage::open(database)?;
             if !storage.is_unclaimed_seed()? {
                 return Ok((storage, SeedOutcome::Skipped));
             }
-            return match storage.verify_seed() {
+            return match storage.verify_seed_in_place() {
                 Ok(summary) => Ok((storage, SeedOutcome::Installed(summary))),
                 Err(e) => {
                     drop(storage);
@@ -391,19 +433,22 @@ impl Storage {
         remove_database(&tmp);
         let checked = (|| {
             std::fs::copy(seed, &tmp).map_err(|_| integrity("the seed cannot be read"))?;
-            let summary = Storage::open_read_only(&tmp)?.verify_seed()?;
+            let checked = Storage::open_read_only(&tmp)?.verify_seed_indexed()?;
             std::fs::rename(&tmp, database)
                 .map_err(|e| StorageError::Schema(format!("installing the seed: {e}")))?;
-            Ok(summary)
+            Ok(checked)
         })();
-        let outcome = match checked {
-            Ok(summary) => SeedOutcome::Installed(summary),
+        match checked {
+            Ok((summary, index)) => {
+                let mut storage = Storage::open(database)?;
+                storage.adopt_index(index)?;
+                Ok((storage, SeedOutcome::Installed(summary)))
+            }
             Err(e) => {
                 remove_database(&tmp);
-                SeedOutcome::Refused(e)
+                Ok((Storage::open(database)?, SeedOutcome::Refused(e)))
             }
-        };
-        Ok((Storage::open(database)?, outcome))
+        }
     }
 }
 

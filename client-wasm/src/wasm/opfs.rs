@@ -96,11 +96,11 @@ pub(super) async fn open_opfs_seeded<S: SeedSource>(
 ) -> Result<(Storage, SeedOutcome), StorageError> {
     let util = pool()?;
     if util.contains(name).map_err(|_| opfs_unavailable())? {
-        let storage = Storage::open(name)?;
+        let mut storage = Storage::open(name)?;
         if !storage.is_unclaimed_seed()? {
             return Ok((storage, SeedOutcome::Skipped));
         }
-        return Ok(match storage.verify_seed() {
+        return Ok(match storage.verify_seed_in_place() {
             Ok(summary) => (storage, SeedOutcome::Installed(summary)),
             Err(e) => {
                 drop(storage);
@@ -116,8 +116,8 @@ pub(super) async fn open_opfs_seeded<S: SeedSource>(
             SeedOutcome::Refused(e)
         }
         Ok(()) => {
-            let storage = Storage::open(name)?;
-            match storage.verify_seed() {
+            let mut storage = Storage::open(name)?;
+            match storage.verify_seed_in_place() {
                 Ok(summary) => return Ok((storage, SeedOutcome::Installed(summary))),
                 Err(e) => {
                     drop(storage);
