@@ -19,7 +19,9 @@ use synchro_protocol::checksum::Checksum;
 use synchro_protocol::digest::{row_digest, scope_digest, RowIdentity, ScopeDigester};
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
-use synchro_protocol::seed::{ExportManifest, ExportScope, SeedPage, SeedReceipt};
+use synchro_protocol::seed::{
+    ExportManifest, ExportScope, SeedPage, SeedReceipt, SnapshotBoundary,
+};
 use tokio_postgres::{Client, IsolationLevel};
 
 /// Why an export produced nothing.
@@ -509,18 +511,29 @@ pub struct Evidence {
     pub schema_hash: String,
     /// (scope, cardinality, digest hex), in byte order of the scopes.
     pub scopes: Vec<(String, u64, String)>,
+    /// The export the receipts name (one per artifact).
+    pub export_id: String,
+    /// The stream generation of the export.
+    pub stream_generation: u64,
+    /// Where the export's snapshot ends (every scope's receipt names it).
+    pub boundary: SnapshotBoundary,
 }
 
 impl Evidence {
-    /// The evidence as JSON (`boundary` and the export's identity come from the receipts,
-    /// which the artifact holds).
+    /// The evidence as JSON (the export's identity and boundary as its receipts name them).
     pub fn to_json(&self) -> serde_json::Value {
+        let boundary: serde_json::Value = serde_json::from_str(
+            &synchro_protocol::jcs::to_output_string(&self.boundary.to_json()),
+        )
+        .expect("a boundary is JSON");
         serde_json::json!({
             "sha256": self.sha256,
             "bytes": self.bytes,
             "schema": {"version": self.schema_version, "hash": self.schema_hash},
+            "export_id": self.export_id,
+            "stream_generation": self.stream_generation,
             "scopes": self.scopes.iter().map(|(s, n, d)| serde_json::json!({
-                "scope_id": s, "cardinality": n, "digest": d,
+                "scope_id": s, "cardinality": n, "digest": d, "boundary": boundary,
             })).collect::<Vec<_>>(),
         })
     }
@@ -616,7 +629,7 @@ pub fn verify_artifact(path: &std::path::Path) -> Result<Evidence, SeedError> {
         }
     }
     let bytes = std::fs::read(path).map_err(|e| SeedError::Database(format!("reading: {e}")))?;
-    let (summary, manifest) = {
+    let (summary, manifest, binding) = {
         let storage =
             synchro_client::store::Storage::open_read_only(path).map_err(artifact_error)?;
         let summary = storage.verify_seed().map_err(artifact_error)?;
@@ -624,7 +637,33 @@ pub fn verify_artifact(path: &std::path::Path) -> Result<Evidence, SeedError> {
             .active_schema()
             .map_err(artifact_error)?
             .ok_or(unverified("the artifact has no schema"))?;
-        (summary, manifest)
+        // The export's identity and boundary, as its receipts (all of one export) name them.
+        let mut bindings = storage
+            .seed_receipts()
+            .map_err(artifact_error)?
+            .into_iter()
+            .map(|(_, r)| {
+                SeedReceipt::read_unverified(&r)
+                    .map(|r| r.binding)
+                    .map_err(|_| unverified("a receipt does not read"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let binding = bindings
+            .pop()
+            .ok_or(unverified("the artifact has no scope"))?;
+        if bindings.iter().any(|b| {
+            (&b.export_id, b.stream_generation, &b.snapshot_boundary)
+                != (
+                    &binding.export_id,
+                    binding.stream_generation,
+                    &binding.snapshot_boundary,
+                )
+        }) {
+            return Err(unverified(
+                "the artifact's receipts are of different exports",
+            ));
+        }
+        (summary, manifest, binding)
     };
     for suffix in ["-wal", "-shm"] {
         if sidecar(path, suffix).exists() {
@@ -642,6 +681,9 @@ pub fn verify_artifact(path: &std::path::Path) -> Result<Evidence, SeedError> {
             .into_iter()
             .map(|(s, n, d)| (s, n, hex::encode(d)))
             .collect(),
+        export_id: binding.export_id,
+        stream_generation: binding.stream_generation,
+        boundary: binding.snapshot_boundary,
     })
 }
 

@@ -1105,6 +1105,21 @@ async fn the_export_command_publishes_a_verified_artifact_and_nothing_on_failure
     let summary = storage.verify_seed().unwrap();
     assert_eq!(summary.scopes.len(), 2);
     assert_eq!(storage.seed_receipts().unwrap().len(), 2);
+    // The evidence names the export and, for each scope, the boundary its receipt binds.
+    for (i, (_, receipt)) in storage.seed_receipts().unwrap().iter().enumerate() {
+        let binding = SeedReceipt::read_unverified(receipt).unwrap().binding;
+        assert_eq!(evidence["export_id"], json!(binding.export_id));
+        assert_eq!(
+            evidence["stream_generation"],
+            json!(binding.stream_generation)
+        );
+        let boundary: Value = serde_json::from_str(&synchro_protocol::jcs::to_output_string(
+            &binding.snapshot_boundary.to_json(),
+        ))
+        .unwrap();
+        assert_eq!(evidence["scopes"][i]["boundary"], boundary);
+        assert_eq!(boundary["kind"], json!("transaction_end"), "{boundary}");
+    }
     let count = |sql: &str| -> i64 {
         storage
             .connection()
