@@ -493,3 +493,81 @@ async fn a_receipt_no_longer_honoured_rebuilds_and_an_unassigned_scope_is_taken_
     let a = local_rows(&c).iter().filter(|(_, t, _)| t == "a").count();
     assert_eq!(a, 300);
 }
+
+/// Schema evolution meets a seed: a client opened from a seed of schema v1 and holding an
+/// offline write, and a client already on v2 holding one too, sync after the server moved to
+/// v2. The seed's receipts are answered null (not the current schema): the seeded client
+/// migrates as any v1 client does, its seeded scopes rebuild under v2, and both writes apply.
+#[tokio::test]
+async fn a_seed_of_an_older_schema_follows_connect_dispatch_beside_a_newer_client() {
+    use synchro_client::engine::SchemaActionKind;
+    use synchro_server::publish::publish;
+    use synchro_server::registry::{register, RegisterRequest};
+    let s = Stack::start().await;
+    // The old app: opened from the v1 seed, writes offline before the server changes.
+    let (mut old, outcome, t_old) = s.seeded("old.db", &s.seed);
+    assert!(matches!(outcome, SeedOutcome::Installed(_)), "{outcome:?}");
+    let v1 = old.manifest().unwrap().schema_version;
+    let old_write = set_title(&mut old, 10, "offline on v1 from the seed");
+
+    // The server moves to v2 (a new table: Class 2).
+    s.env
+        .as_app_owner("CREATE TABLE app.tags (id text PRIMARY KEY, label text)")
+        .await;
+    let mut op = s.env.login("synchro_dev_operator").await;
+    register(&op, &RegisterRequest::synced("app", "tags", "multi_scope"))
+        .await
+        .unwrap();
+    publish(&mut op).await.unwrap();
+
+    // The new app: a plain client on v2, which then writes offline too.
+    let (mut new, _) = s.plain("new.db");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while new.manifest().map(|m| m.schema_version) != Some(v1 + 1) {
+        assert!(Instant::now() < deadline, "v2 was never served");
+        new.sync_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let new_write = set_title(&mut new, 11, "offline on v2");
+
+    // Both sync: the seeded client migrates (its receipts refused, its boards rebuilt).
+    let reports = s.converge(&mut old).await;
+    assert_eq!(reports[0].action, SchemaActionKind::Replace, "{reports:?}");
+    assert_eq!(old.manifest().unwrap().schema_version, v1 + 1);
+    let connect: serde_json::Value = serde_json::from_str(&t_old.seen.borrow()[0].1).unwrap();
+    assert_eq!(connect["seed_receipts"].as_object().unwrap().len(), 2);
+    assert!(old.storage().seed_receipts().unwrap().is_empty());
+    assert_eq!(
+        rebuilt_scopes(&t_old),
+        BTreeSet::from(["board:a", "board:b", "board:c", "user:alice"].map(String::from))
+    );
+    s.converge(&mut new).await;
+    assert_eq!(state_of(&old, &old_write), "applied");
+    assert_eq!(state_of(&new, &new_write), "applied");
+    // Both end with the same rows, versions and digests (the writes' own changes come back
+    // by pull once captured).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        old.sync_once().await.unwrap();
+        new.sync_once().await.unwrap();
+        if local_rows(&old) == local_rows(&new) && server_layer(&old) == server_layer(&new) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the two clients never agreed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(local_rows(&old), s.source_rows().await);
+    let titles: Vec<String> = s
+        .env
+        .admin
+        .query(
+            "SELECT title FROM app.docs WHERE id IN (10, 11) ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(titles, ["offline on v1 from the seed", "offline on v2"]);
+}
