@@ -559,19 +559,20 @@ pub fn write_artifact(
     let tmp = sidecar(out, ".tmp");
     remove_with_sidecars(&tmp);
     let result = (|| {
-        let rows: Vec<Vec<synchro_client::store::seed::SeedRow>> = export
+        // The exporter checked every row digest (check 4): the install reuses them, and the
+        // artifact is checked again from its values below (check 9).
+        let rows: Vec<Vec<synchro_client::store::seed::SeedRow<'_>>> = export
             .scopes
             .iter()
             .map(|s| {
                 s.records
                     .iter()
-                    .map(|r| {
-                        (
-                            r.table_id.clone(),
-                            r.pk.clone(),
-                            r.row.clone(),
-                            r.server_version.clone(),
-                        )
+                    .map(|r| synchro_client::store::seed::SeedRow {
+                        table_id: &r.table_id,
+                        pk: &r.pk,
+                        row: &r.row,
+                        server_version: &r.server_version,
+                        digest: Some(r.digest),
                     })
                     .collect()
             })

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 type Map<V> = HashMap<String, V, foldhash::fast::RandomState>;
 
 use rusqlite::params;
-use synchro_protocol::digest::{row_digest, row_digest_of_values, scope_digest};
+use synchro_protocol::digest::{row_digest, row_digest_of_values, scope_digest, RowIdentity};
 use synchro_protocol::json::Json;
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::migration::quote_ident;
@@ -30,14 +30,28 @@ fn integrity(what: &'static str) -> StorageError {
     StorageError::Seed(what)
 }
 
-/// One row of a seed: table ID, key wire value, complete row and server version.
-pub type SeedRow = (String, Json, Json, String);
+/// One row of a seed.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedRow<'a> {
+    /// Its table's ID.
+    pub table_id: &'a str,
+    /// The key's wire value.
+    pub pk: &'a Json,
+    /// The complete row, keyed by field ID.
+    pub row: &'a Json,
+    /// Its server version.
+    pub server_version: &'a str,
+    /// Its digest when the caller recomputed and checked it already (the exporter's check
+    /// 4); otherwise it is computed here. Either way the scope digest is checked against the
+    /// receipt, and an artifact is checked again from its values (check 9).
+    pub digest: Option<[u8; 32]>,
+}
 
 /// One scope of a seed to install.
 #[derive(Debug, Clone, Copy)]
 pub struct SeedScope<'a> {
     /// Its rows, in any order.
-    pub rows: &'a [SeedRow],
+    pub rows: &'a [SeedRow<'a>],
     /// Its `sc1.` continuation receipt (names the scope, its cardinality and its digest).
     pub receipt: &'a str,
 }
@@ -70,11 +84,26 @@ impl Storage {
             // Each row digested once: for the scope digest here, and kept for the rows below.
             let mut digests = Vec::with_capacity(s.rows.len());
             let mut entries = Vec::with_capacity(s.rows.len());
-            for (table_id, pk, row, version) in s.rows {
-                let d = row_digest(manifest, table_id, pk, row, version)
-                    .map_err(|_| integrity("a seed row does not match its table"))?;
-                digests.push(d.digest);
-                entries.push((d.identity, d.digest));
+            for r in s.rows {
+                let (identity, digest) = match r.digest {
+                    Some(digest) => {
+                        let table = manifest
+                            .table(r.table_id)
+                            .ok_or(integrity("a seed row does not match its table"))?;
+                        let key = TypedValue::from_wire(&table.primary_key().spec, r.pk)
+                            .map_err(|_| integrity("a seed key does not match its type"))?;
+                        let identity = RowIdentity::new(table, &key)
+                            .map_err(|_| integrity("a key cannot form a row identity"))?;
+                        (identity, digest)
+                    }
+                    None => {
+                        let d = row_digest(manifest, r.table_id, r.pk, r.row, r.server_version)
+                            .map_err(|_| integrity("a seed row does not match its table"))?;
+                        (d.identity, d.digest)
+                    }
+                };
+                digests.push(digest);
+                entries.push((identity, digest));
             }
             let digest = scope_digest(
                 &manifest.schema_hash(),
@@ -92,12 +121,13 @@ impl Storage {
         self.with_index_tx(|tx, ix| {
             ix.for_manifest(manifest);
             for (scope_id, s, digests) in &checked {
-                for ((table_id, pk, row, version), digest) in s.rows.iter().zip(digests) {
-                    let table = manifest.table(table_id).expect("checked above");
-                    let key = TypedValue::from_wire(&table.primary_key().spec, pk)
+                for (r, digest) in s.rows.iter().zip(digests) {
+                    let table = manifest.table(r.table_id).expect("checked above");
+                    let key = TypedValue::from_wire(&table.primary_key().spec, r.pk)
                         .map_err(|_| integrity("a seed key does not match its type"))?;
-                    write_row(tx, table, wire_row_values(table, row, "a seed row")?)?;
-                    record_server_row(tx, ix, table, &key, &key.to_wire_text(), version, digest)?;
+                    write_row(tx, table, wire_row_values(table, r.row, "a seed row")?)?;
+                    let text = key.to_wire_text();
+                    record_server_row(tx, ix, table, &key, &text, r.server_version, digest)?;
                     add_edge(tx, ix, table, &key, scope_id)?;
                 }
                 mark_rebuild(tx, scope_id)?;
