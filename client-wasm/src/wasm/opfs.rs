@@ -141,6 +141,9 @@ pub async fn open_opfs_from_seed(
     open_opfs_seeded(name, transport.download_seed(url)).await
 }
 
+/// The largest seed downloaded without a `Content-Length` (it is held in memory).
+const MAX_UNSIZED_SEED: usize = 1 << 30;
+
 /// Streams the seed into the pool as `name` (its SQLite header checked on the way).
 async fn import<S: SeedSource>(
     util: &OpfsSAHPoolUtil,
@@ -163,8 +166,15 @@ async fn import<S: SeedSource>(
             import.finish().map_err(seed_error(not_sqlite))
         }
         None => {
+            // Without a length the bytes are held in memory first: bounded, so that a
+            // misconfigured server cannot exhaust the worker's memory.
             let mut bytes = Vec::new();
             while let Some(chunk) = source.next().await? {
+                if bytes.len() + chunk.len() > MAX_UNSIZED_SEED {
+                    return Err(StorageError::Seed(
+                        "the seed is larger than 1 GiB and its size was not announced",
+                    ));
+                }
                 bytes.extend_from_slice(&chunk);
             }
             util.import_db(name, &bytes).map_err(seed_error(not_sqlite))
