@@ -1,5 +1,6 @@
 //! `synchro-server dev` end to end: throwaway PostgreSQL, install, demo schema, serving, a
-//! printed development token that works, and a clean stop on SIGINT.
+//! printed development token that works, the printed seed export command that works and its
+//! seed served, and a clean stop on SIGINT.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -12,8 +13,12 @@ async fn dev_serves_the_demo_schema_and_stops_cleanly() {
         .local_addr()
         .unwrap()
         .port();
+    let seeds = std::env::temp_dir().join(format!("synchro-dev-seeds-{port}"));
+    let _ = std::fs::remove_dir_all(&seeds);
     let mut child = Command::new(env!("CARGO_BIN_EXE_synchro-server"))
         .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--seed-dir")
+        .arg(&seeds)
         .env_remove("DATABASE_URL")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -48,6 +53,15 @@ async fn dev_serves_the_demo_schema_and_stops_cleanly() {
         }
     }
     let token = token.expect("dev printed a development token");
+    let mut export = None;
+    while export.is_none() && Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) {
+            if let Some(command) = line.trim().strip_prefix("export a seed: ") {
+                export = Some(command.to_owned());
+            }
+        }
+    }
+    let export = export.expect("dev printed how to export a seed");
     let body = r#"{"protocol_version":3,"client_id":"c1","schema":{"version":0,"hash":""}}"#;
     let resp = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{port}/sync/connect"))
@@ -67,6 +81,41 @@ async fn dev_serves_the_demo_schema_and_stops_cleanly() {
         .collect();
     assert_eq!(tables.len(), 3, "projects, notes and the board's tasks");
     assert!(tables.contains(&"multi_scope") && tables.contains(&"single_scope"));
+
+    // The printed seed export, run as printed (DATABASE_URL='...' synchro-server seed export
+    // ...), writes into the --seed-dir, which dev serves behind the token.
+    let (url, rest) = export
+        .strip_prefix("DATABASE_URL='")
+        .and_then(|r| r.split_once("' synchro-server "))
+        .expect("the printed export command");
+    let out = Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args(rest.split_whitespace())
+        .env("DATABASE_URL", url)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let evidence: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(evidence["scopes"][0]["scope_id"], "board:demo");
+    let seed_url = format!("http://127.0.0.1:{port}/seeds/board.seed.sqlite");
+    let http = reqwest::Client::new();
+    let served = http
+        .get(&seed_url)
+        .header("authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status().as_u16(), 200);
+    use sha2::Digest as _;
+    let bytes = served.bytes().await.unwrap();
+    assert_eq!(
+        evidence["sha256"],
+        serde_json::json!(hex::encode(sha2::Sha256::digest(&bytes)))
+    );
+    assert_eq!(
+        http.get(&seed_url).send().await.unwrap().status().as_u16(),
+        401
+    );
+    let _ = std::fs::remove_dir_all(&seeds);
 
     // SIGINT: graceful shutdown, which also stops and deletes the throwaway cluster.
     Command::new("kill")

@@ -115,6 +115,10 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
         listen: SocketAddr,
+        /// Serve the portable seeds in this directory at GET /seeds/{name} (with a token);
+        /// dev prints the command that exports `board:demo` into it.
+        #[arg(long, env = "SYNCHRO_SEED_DIR")]
+        seed_dir: Option<std::path::PathBuf>,
     },
 }
 
@@ -672,7 +676,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Dev {
             database_url,
             listen,
-        } => serve::run_dev(database_url, listen)
+            seed_dir,
+        } => serve::run_dev(database_url, listen, seed_dir)
             .await
             .map(|()| ExitCode::SUCCESS),
     }

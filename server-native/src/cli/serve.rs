@@ -165,7 +165,11 @@ async fn serve(
     Ok(())
 }
 
-pub(super) async fn run_dev(database_url: Option<String>, listen: SocketAddr) -> Result<()> {
+pub(super) async fn run_dev(
+    database_url: Option<String>,
+    listen: SocketAddr,
+    seed_dir: Option<std::path::PathBuf>,
+) -> Result<()> {
     // Keep the cluster alive for the whole run; dropping it stops and deletes it.
     let (_cluster, admin_url, url_for) = match database_url {
         Some(url) => (
@@ -218,6 +222,24 @@ pub(super) async fn run_dev(database_url: Option<String>, listen: SocketAddr) ->
         "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
     );
     println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
+    // The portable seed of the demo board (README "Portable seeds"), as the seed login.
+    if let Some(dir) = &seed_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("creating the seed directory: {e}"))?;
+    }
+    let out = seed_dir.as_deref().map_or_else(
+        || "board.seed.sqlite".into(),
+        |d| d.join("board.seed.sqlite"),
+    );
+    println!(
+        "  export a seed: DATABASE_URL='{}' synchro-server seed export --scope board:demo --out {}",
+        url_for("synchro_dev_seed"),
+        out.display()
+    );
+    match &seed_dir {
+        Some(_) => println!("  served at: http://{listen}/seeds/board.seed.sqlite (with a token)"),
+        None => println!("  (start dev with --seed-dir DIR to serve the seeds in DIR at /seeds/)"),
+    }
     let snapshot = vec![
         connect_db(&adapter_url).await?,
         connect_db(&adapter_url).await?,
@@ -236,7 +258,10 @@ pub(super) async fn run_dev(database_url: Option<String>, listen: SocketAddr) ->
         crate::api::Notifier::listen(url_for("synchro_dev_adapter")),
         Authenticator::hs256(secret.as_bytes())?,
         secret.as_bytes(),
-        Config::default(),
+        Config {
+            seed_dir,
+            ..Config::default()
+        },
         listener,
     )
     .await
