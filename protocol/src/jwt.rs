@@ -24,8 +24,10 @@ use hmac::{Hmac, Mac};
 
 use crate::json::Json;
 
-/// Longest accepted user id (`sub`), in bytes (the same bound as a client id).
-pub const MAX_USER_ID_BYTES: usize = 256;
+/// Longest accepted user id (`sub`), in bytes: its default scope `user:{sub}` must fit the
+/// protocol's bound on an ID ([`crate::wire::MAX_ID_BYTES`], 256), or that user could never
+/// rebuild or pull it.
+pub const MAX_USER_ID_BYTES: usize = crate::wire::MAX_ID_BYTES - "user:".len();
 
 /// Clock skew tolerated for `exp` and `nbf`, in seconds.
 pub const LEEWAY_SECS: u64 = 30;
@@ -36,7 +38,7 @@ pub const DEFAULT_MAX_TOKEN_LIFETIME_SECS: u64 = 30 * 24 * 3600;
 /// Shortest accepted shared secret, in bytes.
 pub const MIN_SECRET_BYTES: usize = 16;
 
-/// Whether `sub` can be a canonical user id: 1..=256 bytes, not blank, no control
+/// Whether `sub` can be a canonical user id: 1..=251 bytes, not blank, no control
 /// characters (NUL among them: PostgreSQL text cannot hold it).
 pub fn valid_user_id(sub: &str) -> bool {
     !sub.trim().is_empty() && sub.len() <= MAX_USER_ID_BYTES && !sub.chars().any(char::is_control)
@@ -180,6 +182,23 @@ mod tests {
             "{message}.{}",
             URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
         )
+    }
+
+    #[test]
+    fn a_sub_whose_default_scope_would_exceed_the_id_bound_is_refused() {
+        let exp = NOW + 60;
+        let token = |sub: &str| {
+            mint(
+                SECRET,
+                &claims(&format!(r#"{{"sub":"{sub}","exp":{exp}}}"#)),
+            )
+        };
+        let longest = "a".repeat(251);
+        assert_eq!(check(&token(&longest)).as_deref(), Some(longest.as_str()));
+        assert!(format!("user:{longest}").len() <= crate::wire::MAX_ID_BYTES);
+        for len in [252, 256] {
+            assert_eq!(check(&token(&"a".repeat(len))), None, "{len}");
+        }
     }
 
     #[test]
