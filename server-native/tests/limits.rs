@@ -926,3 +926,25 @@ async fn rebuild_sessions_are_capped_per_client_and_a_repeated_rebuild_replaces(
     let (st, v, _) = rebuild("c1", generation, "team:blue", None).await;
     assert_eq!(st, 200, "{v}");
 }
+
+/// A body limit no push batch could fit (a client seals up to 512 KiB of mutations for the
+/// default 1 MiB) is refused before the server starts, with the option named; it used to
+/// start and answer every request 400.
+#[test]
+fn serve_refuses_a_body_limit_below_what_clients_send() {
+    for bad in ["0", "1000", "1048575", "67108865", "x"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args([
+                "serve",
+                "--database-url",
+                "host=127.0.0.1 port=1 user=nobody",
+            ])
+            .args(["--max-body-bytes", bad])
+            .env("SYNCHRO_JWT_SECRET", "limits-test-secret-0123456789abcdef")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--max-body-bytes"), "{bad}: {stderr}");
+    }
+}

@@ -29,8 +29,8 @@ use synchro_server::auth::{mint, mint_claims};
 use synchro_testkit::edge::Edge;
 
 const SECRET: &str = "edge-gateway-secret-0123456789abcd";
-/// The body limit of both the server and the edge in these tests.
-const MAX_BODY: usize = 4096;
+/// The body limit of both the server and the edge in these tests (the server's least, its default).
+const MAX_BODY: usize = 1_048_576;
 
 struct Stack {
     env: Env,

@@ -166,8 +166,15 @@ struct ServeArgs {
         default_value_t = crate::auth::DEFAULT_MAX_TOKEN_LIFETIME_SECS
     )]
     max_token_lifetime_secs: u64,
-    /// Largest accepted request body in bytes.
-    #[arg(long, env = "SYNCHRO_MAX_BODY_BYTES", default_value_t = 1_048_576)]
+    /// Largest accepted request body in bytes: 1 MiB (the default) to 64 MiB. Not less: a
+    /// client seals push batches of up to 512 KiB of mutations for a server with the
+    /// default, and a server that refused them would hold its queue for ever.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_BODY_BYTES",
+        default_value_t = 1_048_576,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1_048_576..=67_108_864)
+    )]
     max_body_bytes: usize,
     /// Minimum client runtime version (SemVer 2.0.0): a connect whose `client_version` is
     /// absent or of lower precedence is answered 426 `upgrade_required`. A malformed
