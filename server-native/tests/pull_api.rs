@@ -1496,3 +1496,66 @@ async fn while_capture_is_blocked_pull_and_rebuild_answer_capture_blocked() {
         .unwrap();
     assert_eq!(s.post("/sync/pull", &token, pull).await.0, 200);
 }
+
+/// A scope revoked while its rebuild is under way gets no page after the revocation: the
+/// continuation and a new rebuild are both 409 `rebuild_restart_required` (they used to
+/// serve rows written after it until the client's next connect), and the next connect
+/// takes the scope away.
+#[tokio::test]
+async fn a_revoked_scope_gets_no_rebuild_page_after_the_revocation() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs SELECT g, 'alice', 'v1' FROM generate_series(1, 5) g")
+        .await
+        .unwrap();
+    s.capture().await;
+    let schema = s.schema().await;
+    let req = |continuation: Option<&Value>| {
+        let mut b = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation, "schema": schema,
+                           "scope_id": "user:alice", "limit": 2});
+        if let Some(c) = continuation {
+            b["continuation"] = c.clone();
+        }
+        b
+    };
+    let (st, first) = s.post("/sync/rebuild", &token, req(None)).await;
+    assert_eq!((st, &first["has_more"]), (200, &json!(true)), "{first}");
+
+    // The operator revokes alice's default scope; a row is written after it.
+    s.env
+        .admin
+        .batch_execute(
+            "SELECT synchro.synchro_revoke_user_scope('alice', 'user:alice');
+             INSERT INTO app.docs VALUES (6, 'alice', 'after the revocation');",
+        )
+        .await
+        .unwrap();
+    s.capture().await;
+    for (what, body) in [
+        ("the continuation", req(Some(&first["continuation"]))),
+        ("a new rebuild", req(None)),
+    ] {
+        let (st, v) = s.post("/sync/rebuild", &token, body).await;
+        assert_eq!(st, 409, "{what}: {v}");
+        assert_eq!(
+            v["error"]["code"],
+            json!("rebuild_restart_required"),
+            "{what}"
+        );
+        assert_eq!(v["error"]["scope_id"], json!("user:alice"), "{what}");
+    }
+    // The next connect takes it away.
+    let (st, v) = s
+        .post(
+            "/sync/connect",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                   "schema": schema}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["scope_updates"]["removed"], json!(["user:alice"]), "{v}");
+}

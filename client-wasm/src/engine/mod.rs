@@ -186,10 +186,13 @@ fn schema_json(r: Option<SchemaRef>) -> Json {
     }
 }
 
-/// Whether an error means "connect again, then retry" (422 schema_mismatch or
-/// 409 client_generation_expired).
+/// Whether an error means "connect again, then retry" (422 schema_mismatch, 409
+/// client_generation_expired, or 409 rebuild_restart_required that restarting did not clear:
+/// a scope revoked since the last connect, which connect takes away).
 fn needs_reconnect(e: &ClientError) -> bool {
-    e.is_server("schema_mismatch") || e.is_server("client_generation_expired")
+    e.is_server("schema_mismatch")
+        || e.is_server("client_generation_expired")
+        || e.is_server("rebuild_restart_required")
 }
 
 /// Whether a round that failed with `e` leaves nothing to repair locally: a retryable

@@ -7,8 +7,11 @@
 //! stream watermark of that snapshot) in a session; continuation tokens (HMAC, purpose
 //! `rebuild`) name the session and the next ordinal. A session invalidated by a schema,
 //! stream, membership or client-generation change, or by the scope's removal, answers
-//! 409 `rebuild_restart_required`. Rebuild does not reconcile the assignment: it checks the
-//! stored set (a new request for an unassigned scope is 400).
+//! 409 `rebuild_restart_required`. Rebuild does not reconcile the assignment: a new request
+//! for a scope outside the stored set is 400; a scope the user's current assignment no longer
+//! holds (revoked since the client's last connect or pull) is 409 `rebuild_restart_required`
+//! for a new request and a continuation alike, so no page of it is served after the
+//! revocation, and the client connects again (which takes the scope away).
 //!
 //! Sessions are bounded per client (migration 25): a new rebuild of a scope replaces the
 //! client's earlier session of it, and a client may have at most
@@ -42,18 +45,26 @@ pub(crate) async fn rebuild(
     user_id: &str,
     req: RebuildRequest,
 ) -> Result<String, ApiError> {
+    // The current assignment is read alongside the gates (both only read): access ends
+    // when the assignment does, not at the client's next connect.
+    let (gated, assigned) = futures_util::join!(
+        gates(
+            state,
+            user_id,
+            &req.client_id,
+            req.client_generation,
+            &req.schema,
+        ),
+        super::assigned_scopes(state, user_id),
+    );
     let Gates {
         lineage,
         stored_assigned,
         stream,
-    } = gates(
-        state,
-        user_id,
-        &req.client_id,
-        req.client_generation,
-        &req.schema,
-    )
-    .await?;
+    } = gated?;
+    // Revoked since the client's last connect or pull: no new page of it (409: the client
+    // connects again, which takes the scope away).
+    let revoked = !assigned?.contains(&req.scope_id);
     let current = lineage
         .current()
         .expect("gates checked the current manifest");
@@ -67,12 +78,15 @@ pub(crate) async fn rebuild(
                     "the scope is not assigned to this client",
                 ));
             }
+            if revoked {
+                return Err(restart(&req.scope_id));
+            }
             let session = new_session(state, db, user_id, &req, &stream, current).await?;
             (session, 0)
         }
         Some(t) => {
             let resumed = resume(state, user_id, &req, t)?;
-            if !stored_assigned.contains(&req.scope_id) {
+            if revoked || !stored_assigned.contains(&req.scope_id) {
                 return Err(restart(&req.scope_id));
             }
             resumed
