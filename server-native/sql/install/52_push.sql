@@ -50,17 +50,27 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcomes(text, text, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_mutation_outcomes(text, text, text[]) TO synchro_adapter;
 
--- Records a completed batch (in the transaction of its writes).
+-- Records a completed batch (in the transaction of its writes); false when the same batch
+-- was recorded first by a concurrent request (the caller then rolls its writes back and
+-- answers that batch's stored outcomes). ON CONFLICT waits for the other request's
+-- transaction instead of failing, so the race writes no error into the server's log.
 CREATE FUNCTION synchro.synchro_push_record(p_user_id text, p_client_id text, p_batch_id text,
     p_fingerprint text, p_outcomes text, p_mutation_ids text[], p_mutation_outcomes text[])
-RETURNS void
+RETURNS boolean
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    INSERT INTO synchro.push_batches (user_id, client_id, batch_id, fingerprint, outcomes)
-    VALUES (p_user_id, p_client_id, p_batch_id, p_fingerprint, p_outcomes);
-    INSERT INTO synchro.push_mutations
-    SELECT p_user_id, p_client_id, m.id, p_batch_id, m.outcome
-      FROM unnest(p_mutation_ids, p_mutation_outcomes) AS m(id, outcome)
-    ON CONFLICT DO NOTHING;
+    WITH batch AS (
+        INSERT INTO synchro.push_batches (user_id, client_id, batch_id, fingerprint, outcomes)
+        VALUES (p_user_id, p_client_id, p_batch_id, p_fingerprint, p_outcomes)
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    ), mutations AS (
+        INSERT INTO synchro.push_mutations
+        SELECT p_user_id, p_client_id, m.id, p_batch_id, m.outcome
+          FROM unnest(p_mutation_ids, p_mutation_outcomes) AS m(id, outcome)
+         WHERE EXISTS (SELECT 1 FROM batch)
+        ON CONFLICT DO NOTHING
+    )
+    SELECT EXISTS (SELECT 1 FROM batch);
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_record(text, text, text, text, text, text[], text[]) TO synchro_adapter;

@@ -180,7 +180,23 @@ pub(crate) async fn push(
         outcomes,
     };
     let text = body.to_json_string();
-    record(&tx, user_id, &r, &fingerprint, &body, &text).await?;
+    if !record(&tx, user_id, &r, &fingerprint, &body, &text).await? {
+        // The same batch, sent twice at once, was recorded first by the other request:
+        // this one's writes are rolled back and it answers as an exact replay.
+        tx.rollback().await?;
+        let row = db
+            .query_one(
+                "SELECT fingerprint, outcomes FROM synchro.synchro_push_lookup($1, $2, $3)",
+                &batch,
+            )
+            .await?;
+        let (stored, body): (String, String) = (row.get(0), row.get(1));
+        if stored != fingerprint {
+            return Err(bad("batch_id was already used for a different batch"));
+        }
+        tracing::info!(status = 200, replay = true, "push");
+        return Ok(json_text_response(body));
+    }
     tx.commit().await?;
     tracing::info!(status = 200, mutations = ids.len(), "push");
     Ok(json_text_response(text))
@@ -219,7 +235,7 @@ fn decided_early<'a>(
 
 /// Records the batch in its transaction: the ledger (fingerprint, response, each
 /// mutation's outcome) and the rollout advisor's record of the authored schemas, in one
-/// round trip.
+/// round trip. False: a concurrent request recorded the same batch first.
 async fn record(
     tx: &tokio_postgres::Transaction<'_>,
     user_id: &str,
@@ -227,7 +243,7 @@ async fn record(
     fingerprint: &str,
     body: &PushResponse,
     text: &str,
-) -> Result<(), ApiError> {
+) -> Result<bool, ApiError> {
     let ids: Vec<&str> = r.mutations.iter().map(|m| m.mutation_id.as_str()).collect();
     let authored = authored_versions(r);
     let texts: Vec<String> = body
@@ -260,9 +276,12 @@ async fn record(
             &seen
         )
     );
-    record?;
+    let recorded: bool = record?
+        .first()
+        .ok_or_else(|| ApiError::integrity(Integrity::Answer))?
+        .get(0);
     seen?;
-    Ok(())
+    Ok(recorded)
 }
 
 /// Each mutation's authored schema version, in request order.
