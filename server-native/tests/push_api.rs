@@ -1198,3 +1198,79 @@ async fn one_batch_sent_several_times_at_once_executes_once_and_logs_nothing() {
         "{log}"
     );
 }
+
+/// A write whose row the table's membership rule fails on (here it divides by zero for one
+/// title) is refused for good, as a CHECK constraint would refuse it, and the batch's other
+/// writes apply (the whole batch used to answer 503 for ever, holding the client's queue).
+#[tokio::test]
+async fn a_write_its_tables_rule_fails_on_is_refused_and_the_rest_of_the_batch_applies() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text NOT NULL, title text);
+         INSERT INTO app.docs VALUES (1, 'alice', 'red', 'one'), (2, 'alice', 'red', 'two');",
+    )
+    .await;
+    common::register_with_rule(
+        &env,
+        "docs",
+        "CREATE FUNCTION rules.doc_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner
+                  || CASE WHEN title = 'boom' THEN (length(title) / (length(title) - 4))::text ELSE '' END
+             FROM synchro_projection.\"app.docs\" WHERE id = p_id;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.doc_scopes(bigint) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.doc_scopes(bigint) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)');",
+    )
+    .await;
+    let port = free_port();
+    let server = start_server(&env, port, SECRET);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    wait_ready(&http, &base).await;
+    let s = Stack {
+        env,
+        base,
+        http,
+        _server: server,
+    };
+    let m = s.manifest().await;
+    let a = s.session("alice", "phone").await;
+    let (v1, v2) = (s.version(1).await, s.version(2).await);
+    let batch = vec![
+        mutation(
+            &m,
+            "boom",
+            "update",
+            1,
+            Some(&v1),
+            &[("title", json!("boom"))],
+        ),
+        mutation(
+            &m,
+            "fine",
+            "update",
+            2,
+            Some(&v2),
+            &[("title", json!("fine"))],
+        ),
+    ];
+    let (st, body) = s.push(&a, "b1", batch.clone()).await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        body["outcomes"][0]["status"],
+        json!("rejected_terminal"),
+        "{body}"
+    );
+    assert_eq!(
+        body["outcomes"][0]["code"],
+        json!("constraint_violation"),
+        "{body}"
+    );
+    assert_eq!(body["outcomes"][1]["status"], json!("applied"), "{body}");
+    assert_eq!(s.source(1).await.unwrap().2.as_deref(), Some("one"));
+    assert_eq!(s.source(2).await.unwrap().2.as_deref(), Some("fine"));
+    // The answer is final: the same batch again is its exact replay.
+    assert_eq!(s.push(&a, "b1", batch).await, (200, body));
+}

@@ -237,7 +237,11 @@ async fn run(
             }
         }
     }
-    let evaluated = evaluate(membership, &probes).await?;
+    // A rule that fails on one of the rows: the batch runs one mutation at a time, which
+    // finds which (the caller falls back to it on any error of a run).
+    let evaluated = evaluate(membership, &probes)
+        .await?
+        .ok_or_else(|| ApiError::unavailable_because("rule_failed"))?;
     scopes.extend(probed.into_iter().zip(evaluated));
     for (after, before) in alike {
         let same = scopes
@@ -294,19 +298,41 @@ async fn sequential(
         }
         let pre = w.pre.as_ref().map(|i| row(p.table, f, i)).transpose()?;
         let mut pre_scopes = None;
+        let mut failed = false;
         if let Some(r) = &pre {
-            pre_scopes = evaluate(membership, &[probe(p, r)]).await?.pop();
+            match evaluate(membership, &[probe(p, r)]).await? {
+                Some(mut s) => pre_scopes = s.pop(),
+                None => failed = true,
+            }
         }
         let mut post = None;
         let mut post_scopes = None;
-        if verdict(cx.assigned, pre_scopes.as_ref(), None) == Verdict::Allowed
+        if !failed
+            && verdict(cx.assigned, pre_scopes.as_ref(), None) == Verdict::Allowed
             && w.status == "applied"
         {
             if let Some(i) = &w.post {
                 let r = row(p.table, f, i)?;
-                post_scopes = evaluate(membership, &[probe(p, &r)]).await?.pop();
+                match evaluate(membership, &[probe(p, &r)]).await? {
+                    Some(mut s) => post_scopes = s.pop(),
+                    None => failed = true,
+                }
                 post = Some(r);
             }
+        }
+        if failed {
+            // The table's membership rule fails on this row (as a CHECK constraint would):
+            // this write is refused for good and the rest of the batch goes on.
+            tx.batch_execute(
+                "ROLLBACK TO SAVEPOINT synchro_mutation; RELEASE SAVEPOINT synchro_mutation",
+            )
+            .await?;
+            outcomes.push(super::rejected(
+                &p.m.mutation_id,
+                "constraint_violation",
+                "the table's membership rule failed on this row",
+            ));
+            continue;
         }
         let verdict = verdict(cx.assigned, pre_scopes.as_ref(), post_scopes.as_ref());
         let kept = w.status == "applied" && verdict == Verdict::Allowed;

@@ -22,13 +22,14 @@ pub(super) struct Probe<'a> {
     pub(super) row: &'a str,
 }
 
-/// The scopes of each probe, in order.
+/// The scopes of each probe, in order; `None` when the rule failed on one of them (see
+/// [`rule_failed`]: the caller then finds which, one at a time).
 pub(super) async fn evaluate(
     db: &mut Client,
     probes: &[Probe<'_>],
-) -> Result<Vec<BTreeSet<String>>, ApiError> {
+) -> Result<Option<Vec<BTreeSet<String>>>, ApiError> {
     if probes.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let relations: Vec<&str> = probes.iter().map(|p| p.relation_id).collect();
     let pk_wires: Vec<&str> = probes.iter().map(|p| p.pk_wire).collect();
@@ -49,7 +50,11 @@ pub(super) async fn evaluate(
         )
     );
     role?;
-    let scopes = scopes?;
+    let scopes = match scopes {
+        Ok(scopes) => scopes,
+        Err(e) if rule_failed(&e) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     tx.rollback().await?;
     // One result per probe, by its 1-based ordinal.
     let mut out: Vec<Option<BTreeSet<String>>> = vec![None; probes.len()];
@@ -66,5 +71,19 @@ pub(super) async fn evaluate(
     }
     out.into_iter()
         .map(|s| s.ok_or_else(|| ApiError::integrity(Integrity::Answer)))
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+/// Whether evaluating the rule failed because of the row (the function raised, divided by
+/// zero, cast a value it could not, ...): an error the same row would raise again, not one
+/// of the connection, the server's resources or a cancellation, which a retry can clear.
+fn rule_failed(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return false;
+    };
+    let class = &db.code().code()[..2];
+    // 08 connection, 40 rollback (serialization, deadlock), 53 resources, 57 operator
+    // intervention (cancel, shutdown), 58 system, XX internal.
+    !matches!(class, "08" | "40" | "53" | "57" | "58" | "XX")
 }
