@@ -90,6 +90,12 @@ impl Hs256 {
     /// The canonical user id of one `Authorization` header value at `now_secs` (Unix
     /// seconds), or `None` for any refusal.
     pub fn user_id(&self, authorization: Option<&str>, now_secs: u64) -> Option<String> {
+        self.verify(authorization, now_secs).map(|(sub, _)| sub)
+    }
+
+    /// [`Hs256::user_id`] with the token's `exp` (Unix seconds): what a long-lived
+    /// response (an events stream) must not outlive.
+    pub fn verify(&self, authorization: Option<&str>, now_secs: u64) -> Option<(String, u64)> {
         let token = authorization?.strip_prefix("Bearer ")?.trim();
         let (message, signature) = token.rsplit_once('.')?;
         let (header, payload) = message.rsplit_once('.')?;
@@ -120,7 +126,7 @@ impl Hs256 {
                 <= now_secs
                     .saturating_add(self.max_lifetime_secs)
                     .saturating_add(LEEWAY_SECS);
-        (fresh && valid_user_id(sub)).then(|| sub.to_owned())
+        (fresh && valid_user_id(sub)).then(|| (sub.to_owned(), exp))
     }
 }
 

@@ -57,6 +57,15 @@ impl Authenticator {
     pub fn user_id_of(&self, authorization: Option<&str>) -> Option<String> {
         self.verifier.user_id(authorization, now_secs())
     }
+
+    /// [`Authenticator::user_id`] with the token's `exp` (Unix seconds).
+    pub fn verify(&self, headers: &HeaderMap) -> Option<(String, u64)> {
+        let mut values = headers.get_all("authorization").iter();
+        let (Some(value), None) = (values.next(), values.next()) else {
+            return None;
+        };
+        self.verifier.verify(value.to_str().ok(), now_secs())
+    }
 }
 
 /// Mints an HS256 token for `user_id` valid for `ttl_secs` (development and tests).

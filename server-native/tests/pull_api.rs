@@ -1559,3 +1559,44 @@ async fn a_revoked_scope_gets_no_rebuild_page_after_the_revocation() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["scope_updates"]["removed"], json!(["user:alice"]), "{v}");
 }
+
+/// No events stream outlives its bearer token: it ends with `token_expired` when the
+/// token's `exp` passes (it used to run on for its whole 5-minute lifetime, 40 s and more
+/// after the token expired).
+#[tokio::test]
+async fn an_events_stream_ends_when_its_token_expires() {
+    let s = stack().await;
+    let long = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&long, "c1").await;
+    let short = mint(SECRET, "alice", 3);
+    let opened = std::time::Instant::now();
+    let mut resp = s
+        .http
+        .post(format!("{}/sync/events", s.base))
+        .header("authorization", format!("Bearer {short}"))
+        .body(
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut buffer = String::new();
+    assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
+    let (name, data) = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        next_event(&mut resp, &mut buffer),
+    )
+    .await
+    .expect("the stream outlived its token");
+    assert_eq!(
+        (name.as_str(), &data),
+        ("end", &json!({"reason": "token_expired"}))
+    );
+    let after = opened.elapsed();
+    assert!(
+        after >= std::time::Duration::from_secs(1) && after <= std::time::Duration::from_secs(5),
+        "{after:?}"
+    );
+}

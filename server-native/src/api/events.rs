@@ -19,8 +19,9 @@
 //! - `ready` `{}`: subscribed; pull once now to cover anything committed before it.
 //! - `changed` `{"scopes": [...]}`: these assigned scopes have new effects; pull them.
 //! - `end` `{"reason": "client_generation_expired" | "schema_changed" | "lifetime" |
-//!   "shutdown"}`: the stream closes; reconnect (after `connect` for an expired generation
-//!   or a changed schema). `shutdown`: the server is stopping ([`Notifier::stop`], at
+//!   "token_expired" | "shutdown"}`: the stream closes; reconnect (after `connect` for an
+//!   expired generation or a changed schema; with a fresh token after `token_expired`, sent
+//!   when the bearer token's `exp` passes, so no stream outlives its token). `shutdown`: the server is stopping ([`Notifier::stop`], at
 //!   SIGTERM), so its graceful shutdown need not wait for the streams' lifetime.
 //!
 //! Comment lines (`: keepalive`) are sent when the stream has been quiet for a while.
@@ -80,6 +81,7 @@ fn event(e: &StreamEvent) -> Bytes {
 pub(crate) async fn events(
     state: Arc<AppState>,
     user_id: String,
+    expires_at: u64,
     req: EventsRequest,
 ) -> Result<Response, ApiError> {
     let client_id = req.client_id;
@@ -119,6 +121,9 @@ pub(crate) async fn events(
     tokio::spawn(async move {
         let _slot = slot;
         let deadline = tokio::time::Instant::now() + LIFETIME;
+        // The stream ends when its token does (`token_expired`): the client opens the next
+        // one with a fresh token, or not at all.
+        let expiry = tokio::time::Instant::now() + until(expires_at);
         let mut after = first.watermark;
         let mut assigned: std::collections::HashSet<String> = first.assigned.into_iter().collect();
         let mut last_sent = tokio::time::Instant::now();
@@ -150,8 +155,12 @@ pub(crate) async fn events(
                     last_sent = tokio::time::Instant::now();
                     continue;
                 }
-                _ = tokio::time::sleep_until(deadline) => {
+                _ = tokio::time::sleep_until(deadline), if deadline <= expiry => {
                     let _ = tx.send(end("lifetime")).await;
+                    break;
+                }
+                _ = tokio::time::sleep_until(expiry), if expiry < deadline => {
+                    let _ = tx.send(end("token_expired")).await;
                     break;
                 }
                 _ = stopped(&mut stopping) => {
@@ -212,6 +221,14 @@ pub(crate) async fn events(
     headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
     headers.insert(header::CACHE_CONTROL, "no-store".parse().unwrap());
     Ok((StatusCode::OK, headers, body).into_response())
+}
+
+/// How long until the Unix time `secs` (zero once it passed).
+fn until(secs: u64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Duration::from_secs(secs).saturating_sub(now)
 }
 
 /// Completes at the next change of `rx`.

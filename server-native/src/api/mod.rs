@@ -156,7 +156,7 @@ async fn rebuild(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
 async fn events(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     async {
         let r = preamble::preamble(&state, &headers, body).await?;
-        events::events(state.clone(), r.user_id, r.request).await
+        events::events(state.clone(), r.user_id, r.expires_at, r.request).await
     }
     .await
     .unwrap_or_else(IntoResponse::into_response)

@@ -17,6 +17,8 @@ pub(crate) struct Authenticated<R> {
     pub request: R,
     /// The canonical user ID of its bearer token.
     pub user_id: String,
+    /// The token's `exp` (Unix seconds): a long-lived response ends by then.
+    pub expires_at: u64,
 }
 
 /// Runs the preamble for a request of type `R`: the body's size and arrival here, the rest
@@ -28,11 +30,15 @@ pub(crate) async fn preamble<R: Message>(
 ) -> Result<Authenticated<R>, ApiError> {
     let bytes = read_body(headers, body, &state.config).await?;
     let req = wire::gate::read_request(&bytes)?;
-    let Some(user_id) = state.auth.user_id(headers) else {
+    let Some((user_id, expires_at)) = state.auth.verify(headers) else {
         return Err(ApiError::unauthorized());
     };
     let request = wire::gate::parse_request(&req)?;
-    Ok(Authenticated { request, user_id })
+    Ok(Authenticated {
+        request,
+        user_id,
+        expires_at,
+    })
 }
 
 /// The request body: at most `config.max_body_bytes`, all of it within
