@@ -346,10 +346,15 @@ async fn a_slow_body_is_answered_503_and_closed_after_the_body_timeout() {
     let a = read_answer(&mut s, Duration::from_secs(5)).await.unwrap();
     assert_eq!(a.status, 401, "{}", a.body);
 
-    // A body that trickles in, a byte every 100 ms, is refused once the bound has passed.
+    // A body that trickles in, a byte every 100 ms, is refused once the bound has passed
+    // (with a valid token: without one the shorter unauthenticated bound applies, below).
+    let token = mint(SECRET.as_bytes(), "alice", 600);
+    let authed = format!(
+        "POST /sync/connect HTTP/1.1\r\nhost: synchro\r\nauthorization: Bearer {token}\r\ncontent-length: 100\r\n\r\n"
+    );
     let mut s = TcpStream::connect(addr).await.unwrap();
     let started = Instant::now();
-    s.write_all(head).await.unwrap();
+    s.write_all(authed.as_bytes()).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
     let trickle = tokio::spawn(async move {
         for _ in 0..100 {
@@ -377,6 +382,56 @@ async fn a_slow_body_is_answered_503_and_closed_after_the_body_timeout() {
         waited >= Duration::from_millis(500) && waited < Duration::from_secs(10),
         "answered and closed after {waited:?}"
     );
+}
+
+/// A request without a valid token holds its connection no longer than the unauthenticated
+/// body bound (2 s by default, 500 ms here): its trickling body is answered 401 and the
+/// connection closed, long before the body timeout of an authenticated request (it used to
+/// hold one of the connection slots for the whole 30 s).
+#[tokio::test]
+async fn an_unauthenticated_slow_body_is_answered_401_after_the_short_bound() {
+    let env = env().await;
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--body-timeout-ms",
+            "30000",
+            "--unauthenticated-body-timeout-ms",
+            "500",
+        ],
+    );
+    wait_ready(addr).await;
+    for authorization in ["", "authorization: Bearer not-a-token\r\n"] {
+        let head = format!(
+            "POST /sync/pull HTTP/1.1\r\nhost: synchro\r\n{authorization}content-length: 100\r\n\r\n"
+        );
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        let trickle = tokio::spawn(async move {
+            for _ in 0..100 {
+                if wr.write_all(b" ").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(8), rd.read_to_end(&mut buf)).await;
+        let waited = started.elapsed();
+        trickle.abort();
+        let text = String::from_utf8_lossy(&buf);
+        assert!(
+            text.starts_with("HTTP/1.1 401"),
+            "{authorization:?}: {text}"
+        );
+        assert!(text.contains(r#""code":"unauthorized""#), "{text}");
+        assert!(
+            waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+            "{authorization:?}: answered and closed after {waited:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -28,9 +28,13 @@ pub(crate) async fn preamble<R: Message>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Authenticated<R>, ApiError> {
-    let bytes = read_body(headers, body, &state.config).await?;
+    // The token is checked before the body is read, only to bound the wait: a request
+    // without a valid one gets the short body bound and 401 past it. Its body, when it
+    // arrives in time, is still checked first (a wrong protocol version is 426 before 401).
+    let verified = state.auth.verify(headers);
+    let bytes = read_body(headers, body, &state.config, verified.is_some()).await?;
     let req = wire::gate::read_request(&bytes)?;
-    let Some((user_id, expires_at)) = state.auth.verify(headers) else {
+    let Some((user_id, expires_at)) = verified else {
         return Err(ApiError::unauthorized());
     };
     let request = wire::gate::parse_request(&req)?;
@@ -42,11 +46,13 @@ pub(crate) async fn preamble<R: Message>(
 }
 
 /// The request body: at most `config.max_body_bytes`, all of it within
-/// `config.body_timeout`.
+/// `config.body_timeout` (`config.unauthenticated_body_timeout` when the request has no
+/// valid token: then 401 past it).
 async fn read_body(
     headers: &HeaderMap,
     body: Body,
     config: &Config,
+    authenticated: bool,
 ) -> Result<axum::body::Bytes, ApiError> {
     let limit = config.max_body_bytes;
     let declared = headers
@@ -56,10 +62,16 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(wire::gate::body_too_large().into());
     }
-    let Ok(read) =
-        tokio::time::timeout(config.body_timeout, axum::body::to_bytes(body, limit)).await
-    else {
+    let bound = if authenticated {
+        config.body_timeout
+    } else {
+        config.unauthenticated_body_timeout.min(config.body_timeout)
+    };
+    let Ok(read) = tokio::time::timeout(bound, axum::body::to_bytes(body, limit)).await else {
         // The rest of the body may still be on its way: answer, then close.
+        if !authenticated {
+            return Err(ApiError::unauthorized().closing());
+        }
         return Err(
             ApiError::overloaded("request_body_timeout", config.retry_after_seconds).closing(),
         );

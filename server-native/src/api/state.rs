@@ -22,6 +22,10 @@ pub struct Config {
     /// The whole request body must arrive within this once the head is in; otherwise 503
     /// `temporary_unavailable`, reason `request_body_timeout`, and the connection closes.
     pub body_timeout: std::time::Duration,
+    /// The body bound of a request without a valid bearer token (at most `body_timeout`):
+    /// such a request is answered 401 once it passed, so an unauthenticated slow body holds
+    /// a connection no longer than this.
+    pub unauthenticated_body_timeout: std::time::Duration,
     /// Open `POST /sync/events` streams at most, server-wide.
     pub max_event_streams: usize,
     /// Open `POST /sync/events` streams per (user, client ID) at most.
@@ -49,6 +53,7 @@ impl Default for Config {
             push_limits: synchro_protocol::wire::gate::PushLimits::default(),
             connections: ConnectionLimits::default(),
             body_timeout: std::time::Duration::from_secs(30),
+            unauthenticated_body_timeout: std::time::Duration::from_secs(2),
             max_event_streams: 2048,
             max_event_streams_per_client: 4,
             max_rebuild_sessions_per_client: 8,

@@ -327,6 +327,16 @@ struct LimitArgs {
         value_parser = positive::<u64>()
     )]
     body_timeout_ms: u64,
+    /// Milliseconds within which the body of a request without a valid bearer token must
+    /// arrive (then 401 and the connection closes): how long an unauthenticated client can
+    /// hold a connection with a slow body.
+    #[arg(
+        long,
+        env = "SYNCHRO_UNAUTHENTICATED_BODY_TIMEOUT_MS",
+        default_value_t = millis(Config::default().unauthenticated_body_timeout),
+        value_parser = positive::<u64>()
+    )]
+    unauthenticated_body_timeout_ms: u64,
     /// Milliseconds a kept-alive connection may wait for its next request.
     #[arg(
         long,
@@ -393,6 +403,10 @@ impl LimitArgs {
                 idle_timeout: Duration::from_millis(self.idle_timeout_ms),
             },
             body_timeout: Duration::from_millis(self.body_timeout_ms),
+            unauthenticated_body_timeout: Duration::from_millis(
+                self.unauthenticated_body_timeout_ms
+                    .min(self.body_timeout_ms),
+            ),
             max_event_streams: self.max_event_streams,
             max_event_streams_per_client: self.max_event_streams_per_client,
             max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
