@@ -1003,3 +1003,70 @@ fn serve_refuses_a_body_limit_below_what_clients_send() {
         assert!(stderr.contains("--max-body-bytes"), "{bad}: {stderr}");
     }
 }
+
+/// A pull page is bounded in bytes as well as in changes: with `--max-page-bytes 100000`,
+/// ten 30 KB rows come in pages of at most four (the page that passes the bound ends it),
+/// every page but the last says `has_more`, and all ten arrive (a page used to hold up to
+/// `limit` rows whatever their size: sixty 2 MB rows made one 126 MB response).
+#[tokio::test]
+async fn pull_pages_are_bounded_in_bytes() {
+    let env = env().await;
+    let (_server, addr) = start(&env, &["--max-page-bytes", "100000"]);
+    wait_ready(addr).await;
+    let (token, generation, schema) = connect(addr, "alice", "c1").await;
+    let post = |path: &'static str, body: Value| {
+        let token = token.clone();
+        async move {
+            let r = http()
+                .post(format!("http://{addr}{path}"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    // The scope's cursor from its (empty) rebuild.
+    let (st, rebuilt) = post(
+        "/sync/rebuild",
+        json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+               "schema": schema, "scope_id": "user:alice", "limit": 1000}),
+    )
+    .await;
+    assert_eq!(st, 200, "{rebuilt}");
+    let mut cursor = rebuilt["final_scope_cursor"].clone();
+    env.admin
+        .batch_execute(
+            "INSERT INTO app.docs SELECT g, 'alice', 'blue', repeat('x', 30000) FROM generate_series(1, 10) g",
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut pages = Vec::new();
+    let mut received = 0;
+    while received < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "only {received} arrived: {pages:?}"
+        );
+        let (st, page) = post(
+            "/sync/pull",
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                   "schema": schema, "scope_cursors": {"user:alice": cursor}, "limit": 1000}),
+        )
+        .await;
+        assert_eq!(st, 200, "{page}");
+        let n = page["changes"].as_array().unwrap().len();
+        if n == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        pages.push((n, page["has_more"].as_bool().unwrap()));
+        received += n;
+        cursor = page["scope_cursor_updates"]["user:alice"].clone();
+    }
+    assert_eq!(received, 10, "{pages:?}");
+    assert!(pages.iter().all(|(n, _)| *n <= 4), "{pages:?}");
+    assert!(pages.len() >= 3, "{pages:?}");
+}

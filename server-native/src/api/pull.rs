@@ -306,7 +306,8 @@ struct Page {
     high: BTreeMap<String, u64>,
 }
 
-/// Reads up to `limit` changes after `positions`, each upsert with its row checksum (the
+/// Reads up to `limit` changes after `positions` (fewer when their rows pass
+/// `Config::max_page_bytes`), each upsert with its row checksum (the
 /// row digests are kept in the cache for the terminal digest that follows: a scope index
 /// brought forward, or built again, looks them up by row version instead of digesting).
 async fn read_page(
@@ -316,24 +317,43 @@ async fn read_page(
     positions: &BTreeMap<String, u64>,
     limit: u64,
 ) -> Result<Page, ApiError> {
-    let rows = snap
-        .query(
+    let scopes: Vec<String> = positions.keys().cloned().collect();
+    let after: Vec<i64> = positions.values().map(|p| *p as i64).collect();
+    let fetch = (limit + 1) as i32;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&scopes, &after, &fetch];
+    // Rows are taken as they arrive, up to `limit` of them and, past the first, until the
+    // page's rows reach `max_page_bytes`: a page of large rows is cut short (has_more) and
+    // the rest of the answer is dropped unread, so memory follows the bound, not the rows.
+    let stream = snap
+        .query_raw(
             "SELECT * FROM synchro.synchro_pull_page($1, $2, $3)",
-            &[
-                &positions.keys().cloned().collect::<Vec<_>>(),
-                &positions.values().map(|p| *p as i64).collect::<Vec<_>>(),
-                &((limit + 1) as i32),
-            ],
+            params,
         )
         .await?;
+    futures_util::pin_mut!(stream);
+    let mut rows = Vec::new();
+    let mut bytes = 0usize;
+    let mut has_more = false;
+    while let Some(r) = futures_util::TryStreamExt::try_next(&mut stream).await? {
+        if rows.len() as u64 == limit || (!rows.is_empty() && bytes >= state.config.max_page_bytes)
+        {
+            has_more = true;
+            break;
+        }
+        bytes += r
+            .get::<_, Option<&str>>(6)
+            .map_or(0, str::len)
+            .saturating_add(r.get::<_, &str>(3).len());
+        rows.push(r);
+    }
     let schema_hash = current.schema_hash();
     let mut digested = Vec::new();
     let mut page = Page {
         changes: Vec::new(),
-        has_more: rows.len() as u64 > limit,
+        has_more,
         high: positions.clone(),
     };
-    for r in rows.iter().take(limit as usize) {
+    for r in &rows {
         let (position, scope, table_id, pk, kind, version, row_json): (
             i64,
             String,

@@ -26,6 +26,10 @@ pub struct Config {
     /// such a request is answered 401 once it passed, so an unauthenticated slow body holds
     /// a connection no longer than this.
     pub unauthenticated_body_timeout: std::time::Duration,
+    /// A pull page holds changes until their rows reach this many bytes (at least one
+    /// change, at most the request's limit): a page of large rows is cut short, so a
+    /// response and the memory it takes follow this bound rather than the rows' size.
+    pub max_page_bytes: usize,
     /// Open `POST /sync/events` streams at most, server-wide.
     pub max_event_streams: usize,
     /// Open `POST /sync/events` streams per (user, client ID) at most.
@@ -54,6 +58,7 @@ impl Default for Config {
             connections: ConnectionLimits::default(),
             body_timeout: std::time::Duration::from_secs(30),
             unauthenticated_body_timeout: std::time::Duration::from_secs(2),
+            max_page_bytes: 4 * 1024 * 1024,
             max_event_streams: 2048,
             max_event_streams_per_client: 4,
             max_rebuild_sessions_per_client: 8,

@@ -337,6 +337,15 @@ struct LimitArgs {
         value_parser = positive::<u64>()
     )]
     unauthenticated_body_timeout_ms: u64,
+    /// Bytes of row data after which a pull page is cut short (it still holds at least one
+    /// change): bounds a response and the memory it takes when rows are large.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_PAGE_BYTES",
+        default_value_t = Config::default().max_page_bytes,
+        value_parser = positive::<usize>()
+    )]
+    max_page_bytes: usize,
     /// Milliseconds a kept-alive connection may wait for its next request.
     #[arg(
         long,
@@ -407,6 +416,7 @@ impl LimitArgs {
                 self.unauthenticated_body_timeout_ms
                     .min(self.body_timeout_ms),
             ),
+            max_page_bytes: self.max_page_bytes,
             max_event_streams: self.max_event_streams,
             max_event_streams_per_client: self.max_event_streams_per_client,
             max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
