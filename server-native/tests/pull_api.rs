@@ -1560,15 +1560,21 @@ async fn a_revoked_scope_gets_no_rebuild_page_after_the_revocation() {
     assert_eq!(v["scope_updates"]["removed"], json!(["user:alice"]), "{v}");
 }
 
-/// No events stream outlives its bearer token: it ends with `token_expired` when the
-/// token's `exp` passes (it used to run on for its whole 5-minute lifetime, 40 s and more
-/// after the token expired).
+/// No events stream outlives its bearer token: it ends with `token_expired` once the token
+/// is no longer accepted (its `exp` plus the 30 s clock-skew leeway every request gets; it
+/// used to run on for its whole 5-minute lifetime). Here the token's `exp` is 27 s ago, so
+/// it is accepted for about 3 s more.
 #[tokio::test]
 async fn an_events_stream_ends_when_its_token_expires() {
     let s = stack().await;
     let long = mint(SECRET, "alice", 3600);
     let generation = s.connect(&long, "c1").await;
-    let short = mint(SECRET, "alice", 3);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let short =
+        synchro_server::auth::mint_claims(SECRET, &json!({"sub": "alice", "exp": now - 27}));
     let opened = std::time::Instant::now();
     let mut resp = s
         .http

@@ -21,7 +21,8 @@
 //! - `end` `{"reason": "client_generation_expired" | "schema_changed" | "lifetime" |
 //!   "token_expired" | "shutdown"}`: the stream closes; reconnect (after `connect` for an
 //!   expired generation or a changed schema; with a fresh token after `token_expired`, sent
-//!   when the bearer token's `exp` passes, so no stream outlives its token). `shutdown`: the server is stopping ([`Notifier::stop`], at
+//!   when the bearer token is no longer accepted (its `exp` plus the 30 s clock-skew
+//!   leeway), so no stream outlives its token). `shutdown`: the server is stopping ([`Notifier::stop`], at
 //!   SIGTERM), so its graceful shutdown need not wait for the streams' lifetime.
 //!
 //! Comment lines (`: keepalive`) are sent when the stream has been quiet for a while.
@@ -121,9 +122,11 @@ pub(crate) async fn events(
     tokio::spawn(async move {
         let _slot = slot;
         let deadline = tokio::time::Instant::now() + LIFETIME;
-        // The stream ends when its token does (`token_expired`): the client opens the next
-        // one with a fresh token, or not at all.
-        let expiry = tokio::time::Instant::now() + until(expires_at);
+        // The stream ends when its token is no longer accepted (`token_expired`: its `exp`
+        // plus the clock-skew leeway every request gets): the client opens the next one
+        // with a fresh token, or not at all.
+        let expiry = tokio::time::Instant::now()
+            + until(expires_at.saturating_add(synchro_protocol::jwt::LEEWAY_SECS));
         let mut after = first.watermark;
         let mut assigned: std::collections::HashSet<String> = first.assigned.into_iter().collect();
         let mut last_sent = tokio::time::Instant::now();
