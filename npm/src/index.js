@@ -86,6 +86,7 @@ class SynchroClient {
     };
     this._tokenFn = token;
     this._token = null;
+    this._tokenAt = 0; // when the cached token was asked for
     this._tab = crypto.randomUUID();
     this._leader = null; // the leader tab's ID, once known
     this._worker = null; // ours, while we lead
@@ -369,6 +370,7 @@ class SynchroClient {
       const t = await this._tokenFn();
       if (typeof t !== "string") throw fail("invalid_token", "the token function must return a string");
       this._token = t;
+      this._tokenAt = Date.now();
     }
     return this._token;
   }
@@ -416,7 +418,9 @@ class SynchroClient {
   _setStatus(raw) {
     const before = this._raw;
     this._raw = { ...before, ...raw };
-    if (raw.lastError && raw.lastError.status === 401) this._token = null; // ask again
+    // Ask again after a 401, but at most once per 5 s: the other requests in flight with the
+    // old token are refused too, and each would otherwise ask once more.
+    if (raw.lastError && raw.lastError.status === 401 && !(Date.now() - this._tokenAt < 5000)) this._token = null;
     if (before.schema.version !== this._raw.schema.version) {
       for (const w of this._watches) w.tables = undefined; // tables may have changed shape
       this._changed(null);

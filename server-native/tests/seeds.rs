@@ -1159,7 +1159,10 @@ async fn the_export_command_publishes_a_verified_artifact_and_nothing_on_failure
          INSERT INTO \"_synchro_mutations\" (\"mutation_id\", \"batch_id\", \"local_order\", \"table_id\", \"pk\", \"operation\",
              \"client_version\", \"columns\", \"authored_version\", \"authored_hash\") VALUES ('m', 'b', 1, 't', '1', 'delete', 1, '[]', 1, 'h')",
     ));
-    assert_eq!(e["reason"], json!("the seed holds queued mutations"));
+    assert_eq!(
+        e["reason"],
+        json!("the seed holds a client's state (identity, queue or cursor)")
+    );
     let e = tampered(
         "altered.sqlite",
         &with_sql("UPDATE \"docs\" SET \"title\" = 'forged' WHERE \"id\" = 3"),
@@ -1169,7 +1172,10 @@ async fn the_export_command_publishes_a_verified_artifact_and_nothing_on_failure
         "cursor.sqlite",
         &with_sql("UPDATE \"_synchro_scopes\" SET \"cursor\" = 'c1.x'"),
     );
-    assert_eq!(e["reason"], json!("the seed holds a cursor"));
+    assert_eq!(
+        e["reason"],
+        json!("the seed holds a client's state (identity, queue or cursor)")
+    );
     let e = tampered("sidecar.sqlite", &|p| {
         let mut wal = p.as_os_str().to_owned();
         wal.push("-wal");

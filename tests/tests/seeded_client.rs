@@ -414,6 +414,23 @@ async fn a_tampered_or_corrupt_seed_is_refused_and_the_client_rebuilds() {
         conn.execute("UPDATE docs SET title = 'forged' WHERE id = 1", [])
             .unwrap();
     }
+    // Valid rows and digests, but a trigger that would rewrite the client's queued writes
+    // (no digest covers the schema), or an application version that would skip the app's
+    // local tables.
+    let trigger = s.dir.join("trigger.seed.sqlite");
+    std::fs::copy(&s.seed, &trigger).unwrap();
+    rusqlite::Connection::open(&trigger)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER forge AFTER INSERT ON _synchro_mutations BEGIN SELECT 1; END;",
+        )
+        .unwrap();
+    let versioned = s.dir.join("versioned.seed.sqlite");
+    std::fs::copy(&s.seed, &versioned).unwrap();
+    rusqlite::Connection::open(&versioned)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 7;")
+        .unwrap();
     // Half a file.
     let truncated = s.dir.join("truncated.seed.sqlite");
     let bytes = std::fs::read(&s.seed).unwrap();
@@ -428,6 +445,8 @@ async fn a_tampered_or_corrupt_seed_is_refused_and_the_client_rebuilds() {
     for (file, seed) in [
         ("placed.db", &s.seed),
         ("altered.db", &altered),
+        ("trigger.db", &trigger),
+        ("versioned.db", &versioned),
         ("truncated.db", &truncated),
         ("missing.db", &missing),
     ] {

@@ -283,33 +283,33 @@ impl Storage {
         let manifest = self
             .active_schema()?
             .ok_or(integrity("the seed has no schema"))?;
-        let queued: i64 =
-            conn.query_row(r#"SELECT count(*) FROM "_synchro_mutations""#, [], |r| {
-                r.get(0)
-            })?;
-        let cursors: i64 = conn.query_row(
-            r#"SELECT count(*) FROM "_synchro_scopes" WHERE "cursor" IS NOT NULL OR "pending_cursor" IS NOT NULL OR "rebuild" = 0"#,
+        // Its database schema is exactly the one this store writes for the manifest: no
+        // trigger, view, extra table, index or altered definition (one would act on the
+        // client's later writes or queue, which no digest covers), and no application
+        // version (`user_version` is the app's local-table ladder).
+        let expected = {
+            let mut fresh = Storage::open(":memory:")?;
+            fresh.install(&manifest)?;
+            database_schema(fresh.connection())?
+        };
+        if database_schema(conn)? != expected {
+            return Err(integrity(
+                "the seed's database schema is not the one synchro writes",
+            ));
+        }
+        // A seed is no client's database: no identity, journal, queued mutation or outcome,
+        // and no scope with a cursor.
+        let local: i64 = conn.query_row(
+            r#"SELECT (SELECT count(*) FROM "_synchro_client") + (SELECT count(*) FROM "_synchro_journal")
+                    + (SELECT count(*) FROM "_synchro_mutations") + (SELECT count(*) FROM "_synchro_outcomes")
+                    + (SELECT count(*) FROM "_synchro_scopes" WHERE "cursor" IS NOT NULL OR "pending_cursor" IS NOT NULL OR "rebuild" = 0)"#,
             [],
             |r| r.get(0),
         )?;
-        if queued != 0 {
-            return Err(integrity("the seed holds queued mutations"));
-        }
-        if cursors != 0 {
-            return Err(integrity("the seed holds a cursor"));
-        }
-        // A seed is no client's database: no identity, no journal, no local writes.
-        for (table, what) in [
-            ("_synchro_client", "the seed holds a client identity"),
-            ("_synchro_journal", "the seed holds a migration journal"),
-            ("_synchro_outcomes", "the seed holds mutation outcomes"),
-        ] {
-            let n: i64 = conn.query_row(&format!("SELECT count(*) FROM \"{table}\""), [], |r| {
-                r.get(0)
-            })?;
-            if n != 0 {
-                return Err(integrity(what));
-            }
+        if local != 0 {
+            return Err(integrity(
+                "the seed holds a client's state (identity, queue or cursor)",
+            ));
         }
         // Every row: its digest from the visible values and the stored version (one scan of
         // each table and of its server layer), and no row without a server version; what
@@ -413,6 +413,18 @@ impl Storage {
         }
         Ok((summary, index))
     }
+}
+
+/// Every entry of `sqlite_master` (type, name, table, SQL) in name order, with the
+/// application's `user_version`, as one text.
+fn database_schema(conn: &rusqlite::Connection) -> Result<String, StorageError> {
+    Ok(conn.query_row(
+        "SELECT coalesce(group_concat(e, char(30)), '') || char(29) || (SELECT user_version FROM pragma_user_version)
+           FROM (SELECT type || char(31) || name || char(31) || tbl_name || char(31) || coalesce(sql, '') AS e
+                   FROM sqlite_master ORDER BY type, name, tbl_name)",
+        [],
+        |r| r.get(0),
+    )?)
 }
 
 /// What opening a database with a seed did.

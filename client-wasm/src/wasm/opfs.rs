@@ -141,9 +141,6 @@ pub async fn open_opfs_from_seed(
     open_opfs_seeded(name, transport.download_seed(url)).await
 }
 
-/// The largest seed downloaded without a `Content-Length` (it is held in memory).
-const MAX_UNSIZED_SEED: usize = 1 << 30;
-
 /// Streams the seed into the pool as `name` (its SQLite header checked on the way).
 async fn import<S: SeedSource>(
     util: &OpfsSAHPoolUtil,
@@ -155,31 +152,18 @@ async fn import<S: SeedSource>(
         .await
         .map_err(|_| opfs_unavailable())?;
     let not_sqlite = "the seed is not a SQLite database, or OPFS could not hold it";
-    match source.length() {
-        Some(length) => {
-            let mut import = util
-                .begin_import(name, length)
-                .map_err(seed_error(not_sqlite))?;
-            while let Some(chunk) = source.next().await? {
-                import.write(&chunk).map_err(seed_error(not_sqlite))?;
-            }
-            import.finish().map_err(seed_error(not_sqlite))
-        }
-        None => {
-            // Without a length the bytes are held in memory first: bounded, so that a
-            // misconfigured server cannot exhaust the worker's memory.
-            let mut bytes = Vec::new();
-            while let Some(chunk) = source.next().await? {
-                if bytes.len() + chunk.len() > MAX_UNSIZED_SEED {
-                    return Err(StorageError::Seed(
-                        "the seed is larger than 1 GiB and its size was not announced",
-                    ));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-            util.import_db(name, &bytes).map_err(seed_error(not_sqlite))
-        }
+    // The size is needed to import into OPFS as the bytes arrive (the servers and the edge
+    // always send it for a seed).
+    let length = source.length().ok_or(StorageError::Seed(
+        "the seed's size was not announced (no Content-Length)",
+    ))?;
+    let mut import = util
+        .begin_import(name, length)
+        .map_err(seed_error(not_sqlite))?;
+    while let Some(chunk) = source.next().await? {
+        import.write(&chunk).map_err(seed_error(not_sqlite))?;
     }
+    import.finish().map_err(seed_error(not_sqlite))
 }
 
 /// Removes the database `name` and its journal from the pool (those that exist).
