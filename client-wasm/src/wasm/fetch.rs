@@ -129,6 +129,21 @@ fn origin(url: &str) -> &str {
         .map_or(url, |end| &url[..start + end])
 }
 
+/// A body reader's `read()` result: the chunk, or `None` at the end of the body.
+fn chunk(read: Result<JsValue, JsValue>) -> Result<Option<Vec<u8>>, ()> {
+    let read = read.map_err(|_| ())?;
+    if Reflect::get(&read, &"done".into())
+        .map_err(|_| ())?
+        .is_truthy()
+    {
+        return Ok(None);
+    }
+    let value = Reflect::get(&read, &"value".into()).map_err(|_| ())?;
+    Ok(Some(
+        value.dyn_into::<Uint8Array>().map_err(|_| ())?.to_vec(),
+    ))
+}
+
 /// A portable seed being downloaded: the response body's reader.
 pub struct SeedDownload {
     length: Option<u64>,
@@ -147,18 +162,8 @@ impl SeedSource for SeedDownload {
     }
 
     async fn next(&mut self) -> Result<Option<Vec<u8>>, StorageError> {
-        let failed = |_| StorageError::Seed("the seed download failed");
-        let read = JsFuture::from(self.reader.read()).await.map_err(failed)?;
-        if Reflect::get(&read, &"done".into())
-            .map_err(failed)?
-            .is_truthy()
-        {
-            return Ok(None);
-        }
-        let value = Reflect::get(&read, &"value".into()).map_err(failed)?;
-        Ok(Some(
-            value.dyn_into::<Uint8Array>().map_err(failed)?.to_vec(),
-        ))
+        let read = JsFuture::from(self.reader.read()).await;
+        chunk(read).map_err(|()| StorageError::Seed("the seed download failed"))
     }
 }
 
@@ -251,24 +256,14 @@ impl Drop for FetchEventStream {
 
 impl EventStream for FetchEventStream {
     async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, TransportError> {
-        let failed = |_| TransportError("the events stream failed".into());
+        let failed = |()| TransportError("the events stream failed".into());
         let reader = &self.reader;
         let read = self
             .pending
             .get_or_insert_with(|| JsFuture::from(reader.read()))
             .await;
         self.pending = None;
-        let read = read.map_err(failed)?;
-        if Reflect::get(&read, &"done".into())
-            .map_err(failed)?
-            .is_truthy()
-        {
-            return Ok(None);
-        }
-        let value = Reflect::get(&read, &"value".into()).map_err(failed)?;
-        Ok(Some(
-            value.dyn_into::<Uint8Array>().map_err(failed)?.to_vec(),
-        ))
+        chunk(read).map_err(failed)
     }
 }
 

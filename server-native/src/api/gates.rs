@@ -19,6 +19,21 @@ pub(crate) struct Gates {
     pub stream: ScopeStreamState,
 }
 
+/// [`gates`] and the user's current [`assigned_scopes`], read at once (both only read);
+/// the caller checks the gates first and uses the assignment only after them.
+pub(crate) async fn gates_and_assignment(
+    state: &AppState,
+    user_id: &str,
+    client_id: &str,
+    client_generation: u64,
+    schema: &Json,
+) -> (Result<Gates, ApiError>, Result<BTreeSet<String>, ApiError>) {
+    futures_util::join!(
+        gates(state, user_id, client_id, client_generation, schema),
+        assigned_scopes(state, user_id),
+    )
+}
+
 /// Exact current schema (422), current client generation (409), and capture not blocked
 /// (503 `temporary_unavailable`, reason `capture_blocked`).
 pub(crate) async fn gates(

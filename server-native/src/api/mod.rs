@@ -54,7 +54,7 @@ pub use state::{
     SnapshotPool,
 };
 
-pub(crate) use gates::{assigned_scopes, gates, still_current, Gates};
+pub(crate) use gates::{assigned_scopes, gates, gates_and_assignment, still_current, Gates};
 pub(crate) use preamble::has_nul;
 
 /// The router.

@@ -21,7 +21,7 @@ use synchro_protocol::wire::{Change, ChangeOp, PullRequest, PullResponse, ScopeU
 
 use super::checksums::scope_checksum;
 use super::rows::now_datetime;
-use super::{gates, still_current, ApiError, AppState, Gates, Integrity};
+use super::{still_current, ApiError, AppState, Gates, Integrity};
 
 /// Runs a pull for an authenticated user. Returns the 200 body or the wire error.
 pub(crate) async fn pull(
@@ -33,16 +33,14 @@ pub(crate) async fn pull(
     let db = &*db;
     // The assignment is read alongside the gates (both only read); it is used only once
     // the gates and every presented cursor passed.
-    let (gated, assigned) = futures_util::join!(
-        gates(
-            state,
-            user_id,
-            &req.client_id,
-            req.client_generation,
-            &req.schema,
-        ),
-        super::assigned_scopes(state, user_id),
-    );
+    let (gated, assigned) = super::gates_and_assignment(
+        state,
+        user_id,
+        &req.client_id,
+        req.client_generation,
+        &req.schema,
+    )
+    .await;
     let Gates {
         lineage,
         stored_assigned: previous,

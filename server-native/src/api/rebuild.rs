@@ -29,7 +29,7 @@ use synchro_protocol::wire::{RebuildEnd, RebuildRecord, RebuildRequest, Rendered
 
 use tokio_postgres::types::ToSql;
 
-use super::{gates, still_current, ApiError, AppState, Gates, Integrity};
+use super::{still_current, ApiError, AppState, Gates, Integrity};
 
 fn restart(scope: &str) -> ApiError {
     ApiError::rebuild_restart(scope)
@@ -47,16 +47,14 @@ pub(crate) async fn rebuild(
 ) -> Result<String, ApiError> {
     // The current assignment is read alongside the gates (both only read): access ends
     // when the assignment does, not at the client's next connect.
-    let (gated, assigned) = futures_util::join!(
-        gates(
-            state,
-            user_id,
-            &req.client_id,
-            req.client_generation,
-            &req.schema,
-        ),
-        super::assigned_scopes(state, user_id),
-    );
+    let (gated, assigned) = super::gates_and_assignment(
+        state,
+        user_id,
+        &req.client_id,
+        req.client_generation,
+        &req.schema,
+    )
+    .await;
     let Gates {
         lineage,
         stored_assigned,
