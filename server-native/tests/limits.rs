@@ -739,12 +739,14 @@ async fn connect(addr: SocketAddr, user: &str, client: &str) -> (String, u64, Va
 }
 
 #[tokio::test]
-async fn event_streams_are_capped_per_client_and_in_all() {
+async fn event_streams_are_capped_per_client_per_user_and_in_all() {
     let env = env().await;
     let (_server, addr) = start(
         &env,
         &[
             "--max-event-streams",
+            "4",
+            "--max-event-streams-per-user",
             "3",
             "--max-event-streams-per-client",
             "2",
@@ -765,6 +767,8 @@ async fn event_streams_are_capped_per_client_and_in_all() {
     let (token, g1, _) = connect(addr, "alice", "c1").await;
     let (_, g2, _) = connect(addr, "alice", "c2").await;
     let (_, g3, _) = connect(addr, "alice", "c3").await;
+    let (bob, b1, _) = connect(addr, "bob", "c1").await;
+    let (_, b2, _) = connect(addr, "bob", "c2").await;
     let mut first = open(token.clone(), "c1", g1).await.unwrap();
     assert_eq!(first.status(), 200);
     assert!(first.chunk().await.unwrap().is_some(), "ready");
@@ -793,8 +797,13 @@ async fn event_streams_are_capped_per_client_and_in_all() {
     refused(open(token.clone(), "c1", g1).await.unwrap()).await;
     let third = open(token.clone(), "c2", g2).await.unwrap();
     assert_eq!(third.status(), 200);
-    // ...until the server-wide cap.
+    // ...until the user's cap (another client ID does not help: one token cannot take every
+    // slot of the server with made-up client IDs)...
     refused(open(token.clone(), "c3", g3).await.unwrap()).await;
+    // ...while another user still gets one, until the server-wide cap.
+    let fourth = open(bob.clone(), "c1", b1).await.unwrap();
+    assert_eq!(fourth.status(), 200);
+    refused(open(bob.clone(), "c2", b2).await.unwrap()).await;
 
     // A stream whose client went away frees its slot.
     drop(first);
@@ -807,7 +816,7 @@ async fn event_streams_are_capped_per_client_and_in_all() {
         assert!(Instant::now() < deadline, "the slot was never freed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    drop((second, third));
+    drop((second, third, fourth));
 }
 
 /// Long on purpose: each cap is reached with the sessions the steps before opened.

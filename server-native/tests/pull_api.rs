@@ -29,6 +29,10 @@ struct Stack {
 }
 
 async fn stack() -> Stack {
+    stack_with(Config::default()).await
+}
+
+async fn stack_with(config: Config) -> Stack {
     let env = Env::installed().await;
     env.as_app_owner(
         "CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, title text)",
@@ -65,7 +69,7 @@ async fn stack() -> Stack {
         assignment_db: None,
         auth: Authenticator::hs256(SECRET).unwrap(),
         cursor_keys: Keyring::new("k1", &[3; 32]).unwrap(),
-        config: Config::default(),
+        config,
         events: synchro_server::api::Notifier::listen(
             env.cluster.url("synchro_dev_adapter", "app"),
         ),
@@ -871,6 +875,79 @@ async fn events_stream_names_changed_scopes_right_after_the_commit_without_data(
     .unwrap();
     assert_eq!(name, "end");
     assert_eq!(data, json!({"reason": "client_generation_expired"}));
+}
+
+/// Access ends when it ends, for events streams too: once a scope is revoked no `changed`
+/// names it (a commit in it wakes the stream and is not named; it used to be, from the
+/// client's stored assignment), the stream has the client pull (`changed` naming no scope)
+/// so the pull takes the scope away, and a stream whose generation was replaced ends within
+/// the recheck bound with no change at all (it used to run on until the next change of one
+/// of its scopes). The bound is 1 s (plus up to as much again) here, 30 s by default.
+#[tokio::test]
+async fn an_events_stream_stops_naming_a_revoked_scope_and_ends_when_its_generation_is_replaced() {
+    let mut s = stack_with(Config {
+        events_recheck: std::time::Duration::from_secs(1),
+        ..Config::default()
+    })
+    .await;
+    s.env
+        .admin
+        .batch_execute("SELECT synchro.synchro_grant_user_scope('alice', 'user:bob')")
+        .await
+        .unwrap();
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    let mut resp = s
+        .http
+        .post(format!("{}/sync/events", s.base))
+        .header("authorization", format!("Bearer {token}"))
+        .body(
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut buffer = String::new();
+    assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
+    let within = |secs| std::time::Duration::from_secs(secs);
+    let insert = |id: i64| format!("INSERT INTO app.docs VALUES ({id}, 'bob', 'b')");
+
+    s.env.admin.batch_execute(&insert(20)).await.unwrap();
+    s.capture().await;
+    let heard = tokio::time::timeout(within(4), next_event(&mut resp, &mut buffer)).await;
+    assert_eq!(
+        heard.unwrap(),
+        ("changed".into(), json!({"scopes": ["user:bob"]}))
+    );
+
+    // Revoked: the next commit in the scope is not named; the client is told to pull.
+    s.env
+        .admin
+        .batch_execute("SELECT synchro.synchro_revoke_user_scope('alice', 'user:bob')")
+        .await
+        .unwrap();
+    s.env.admin.batch_execute(&insert(21)).await.unwrap();
+    s.capture().await;
+    let heard = tokio::time::timeout(within(4), next_event(&mut resp, &mut buffer)).await;
+    assert_eq!(heard.unwrap(), ("changed".into(), json!({"scopes": []})));
+    s.env.admin.batch_execute(&insert(22)).await.unwrap();
+    s.capture().await;
+    let heard = tokio::time::timeout(within(3), next_event(&mut resp, &mut buffer)).await;
+    assert!(heard.is_err(), "{heard:?}");
+
+    // A replaced generation ends the stream with no change of its scopes.
+    s.env
+        .admin
+        .batch_execute("UPDATE synchro.clients SET client_generation = client_generation + 1 WHERE client_id = 'c1'")
+        .await
+        .unwrap();
+    let heard = tokio::time::timeout(within(4), next_event(&mut resp, &mut buffer)).await;
+    assert_eq!(
+        heard.unwrap(),
+        ("end".into(), json!({"reason": "client_generation_expired"}))
+    );
 }
 
 #[tokio::test]

@@ -5,9 +5,15 @@
 //!
 //! The [`Notifier`] (one per server, in the state) learns of commits and of changes of the
 //! served manifest. A stream takes the dispatcher's answer when it continues where the stream
-//! is; a stream that missed an answer, or whose dispatcher has been silent for 30–60 s, runs
-//! its own query (`synchro_changed_scopes`, also run to confirm an answer naming one of its
-//! scopes), which names its scopes, re-reads its assigned scopes and checks its generation.
+//! is; a stream that missed an answer runs its own query (`synchro_changed_scopes` and the
+//! user's current assignment, also run to confirm an answer naming one of its scopes, and at
+//! least every `Config::events_recheck` plus a random part of as much again, 30–60 s by
+//! default, whatever the dispatcher says), which names its scopes of the *current* assignment
+//! (a revoked scope is never named once the revocation committed), notices an assignment
+//! change (then `changed` naming the scopes gained, possibly none: the client pulls, and the
+//! pull takes a revoked scope away) and checks its generation (a replaced one ends the
+//! stream within that bound). The per-stream random part keeps 10,000 streams from querying
+//! at once (a 5 s tick restarted at every dispatcher answer fired for all of them together).
 //! When the served manifest changes, every stream ends with `schema_changed`, each after a
 //! random delay below [`schema_spread`] (the larger of 2 s and 1 ms per open stream of this
 //! server, at most 30 s, so that the connects that follow do not all arrive at once), and its
@@ -27,8 +33,9 @@
 //!
 //! Comment lines (`: keepalive`) are sent when the stream has been quiet for a while.
 //!
-//! Open streams are capped server-wide (`Config::max_event_streams`) and per (user, client
-//! ID) (`Config::max_event_streams_per_client`); over a cap the request is answered 503
+//! Open streams are capped server-wide (`Config::max_event_streams`), per user
+//! (`Config::max_event_streams_per_user`: one token cannot take every slot with many client
+//! IDs) and per (user, client ID) (`Config::max_event_streams_per_client`); over a cap the request is answered 503
 //! `temporary_unavailable`, reason `too_many_event_streams`, before any database work. A
 //! stream's slot is freed as soon as its client goes away.
 
@@ -47,12 +54,6 @@ use synchro_protocol::wire::{EventsRequest, StreamEvent};
 use super::Notifier;
 use super::{ApiError, AppState};
 
-/// How long a stream waits for a dispatcher answer (one comes at least every
-/// 5 s (the fallback tick) while the database answers) before it runs its own query; each stream
-/// adds a random part of as much again, so 10,000 streams never query at once. (A 5 s
-/// per-stream tick restarted at every dispatcher answer fired for all of them together:
-/// ~N/10 queries/s, ahead of the queries commits needed.)
-const DISPATCHER_SILENCE: Duration = Duration::from_secs(30);
 /// Quiet time after which a keepalive comment is sent.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A stream's lifetime; the client reconnects (and re-authenticates) after it.
@@ -88,12 +89,12 @@ pub(crate) async fn events(
     let client_id = req.client_id;
     let generation = req.client_generation as i64;
     let config = &state.config;
-    let Some(slot) = state.events.open_stream(
-        &user_id,
-        &client_id,
-        config.max_event_streams,
-        config.max_event_streams_per_client,
-    ) else {
+    let caps = super::notifier::StreamCaps {
+        total: config.max_event_streams,
+        per_user: config.max_event_streams_per_user,
+        per_client: config.max_event_streams_per_client,
+    };
+    let Some(slot) = state.events.open_stream(&user_id, &client_id, &caps) else {
         return Err(ApiError::overloaded(
             "too_many_event_streams",
             config.retry_after_seconds,
@@ -130,8 +131,8 @@ pub(crate) async fn events(
         let mut after = first.watermark;
         let mut assigned: std::collections::HashSet<String> = first.assigned.into_iter().collect();
         let mut last_sent = tokio::time::Instant::now();
-        let silence = DISPATCHER_SILENCE + jitter(DISPATCHER_SILENCE);
-        let mut heard = last_sent;
+        let recheck = state.config.events_recheck + jitter(state.config.events_recheck);
+        let mut checked = last_sent;
         // Set when the served manifest changed: the stream ends then.
         let mut schema_end: Option<tokio::time::Instant> = None;
         if tx.send(event(&StreamEvent::Ready)).await.is_err() {
@@ -143,14 +144,10 @@ pub(crate) async fn events(
             let shared = tokio::select! {
                 r = updates.changed() => {
                     if r.is_err() { break }
-                    heard = tokio::time::Instant::now();
                     let u = updates.borrow_and_update().clone();
                     (u.from <= after && u.to != i64::MAX).then_some(u)
                 }
-                _ = tokio::time::sleep_until(heard + silence) => {
-                    heard = tokio::time::Instant::now();
-                    None
-                }
+                _ = tokio::time::sleep_until(checked + recheck) => None,
                 _ = tokio::time::sleep_until(last_sent + KEEPALIVE) => {
                     if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
                         break;
@@ -191,7 +188,8 @@ pub(crate) async fn events(
                     continue;
                 }
                 _ => {
-                    let Ok(c) = changed(&state, &user_id, &client_id, generation, after).await
+                    checked = tokio::time::Instant::now();
+                    let Ok(mut c) = changed(&state, &user_id, &client_id, generation, after).await
                     else {
                         continue; // the database is unavailable: try again on the next wake
                     };
@@ -199,12 +197,24 @@ pub(crate) async fn events(
                         let _ = tx.send(end("client_generation_expired")).await;
                         break;
                     }
-                    assigned = c.assigned.iter().cloned().collect();
+                    // The user's assignment changed since the last look: the client pulls
+                    // (`changed` naming the scopes it gained, possibly none), and the pull
+                    // takes a revoked scope away.
+                    let now: std::collections::HashSet<String> = c.assigned.drain(..).collect();
+                    let gained: Vec<String> = now.difference(&assigned).cloned().collect();
+                    let reassigned = now != assigned;
+                    assigned = now;
+                    if reassigned {
+                        c.scopes.extend(gained);
+                        c.scopes.sort();
+                        c.scopes.dedup();
+                        c.reassigned = true;
+                    }
                     c
                 }
             };
             after = c.watermark;
-            if !c.scopes.is_empty() {
+            if !c.scopes.is_empty() || c.reassigned {
                 if tx
                     .send(event(&StreamEvent::Changed { scopes: c.scopes }))
                     .await
@@ -256,10 +266,15 @@ fn end(reason: &str) -> Bytes {
 
 struct Changed {
     watermark: i64,
+    /// Scopes of the user's current assignment with effects past `after`.
     scopes: Vec<String>,
     current: bool,
-    /// The client's assigned scopes.
+    /// The user's current assignment (grants, shared scopes, the assignment function's):
+    /// never the client's stored one, so a revoked scope is not named once the revocation
+    /// committed.
     assigned: Vec<String>,
+    /// Set by the stream when the assignment differs from its last look.
+    reassigned: bool,
 }
 
 async fn changed(
@@ -269,21 +284,28 @@ async fn changed(
     generation: i64,
     after: i64,
 ) -> Result<Changed, ApiError> {
-    let r = state
-        .db
-        .get()
-        .await?
-        .query_one(
-            "SELECT watermark, scopes, current_generation, assigned FROM synchro.synchro_changed_scopes($1, $2, $3, $4)",
-            &[&user_id, &client_id, &generation, &after],
-        )
-        .await
-        ?;
+    // The changes and the current assignment go out together (one round trip).
+    let db = state.db.get().await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+        [&user_id, &client_id, &generation, &after];
+    let (r, assigned) = futures_util::join!(
+        db.query_one(
+            "SELECT watermark, scopes, current_generation FROM synchro.synchro_changed_scopes($1, $2, $3, $4)",
+            &params,
+        ),
+        super::assigned_scopes(state, user_id)
+    );
+    let (r, assigned) = (r?, assigned?);
+    let scopes: Vec<String> = r.get(1);
     Ok(Changed {
         watermark: r.get(0),
-        scopes: r.get(1),
+        scopes: scopes
+            .into_iter()
+            .filter(|s| assigned.contains(s))
+            .collect(),
         current: r.get(2),
-        assigned: r.get(3),
+        assigned: assigned.into_iter().collect(),
+        reassigned: false,
     })
 }
 

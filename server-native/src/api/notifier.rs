@@ -70,11 +70,19 @@ pub(super) struct Update {
     pub(super) scopes: HashSet<String>,
 }
 
-/// Open streams, in all and per (user, client ID).
+/// Open streams, in all, per user and per (user, client ID).
 #[derive(Default)]
 struct OpenStreams {
     total: usize,
+    per_user: HashMap<String, usize>,
     per_client: HashMap<(String, String), usize>,
+}
+
+/// The caps [`Notifier::open_stream`] holds a new stream to.
+pub(super) struct StreamCaps {
+    pub total: usize,
+    pub per_user: usize,
+    pub per_client: usize,
 }
 
 /// One open stream, counted until dropped.
@@ -91,6 +99,12 @@ impl Drop for StreamSlot {
             *n -= 1;
             if *n == 0 {
                 open.per_client.remove(&self.key);
+            }
+        }
+        if let Some(n) = open.per_user.get_mut(&self.key.0) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_user.remove(&self.key.0);
             }
         }
     }
@@ -169,21 +183,22 @@ impl Notifier {
         self.streams.lock().expect("open streams").total
     }
 
-    /// A slot for one more stream of (user, client), or `None` over either cap.
+    /// A slot for one more stream of (user, client), or `None` over any of the caps.
     pub(super) fn open_stream(
         &self,
         user_id: &str,
         client_id: &str,
-        max_total: usize,
-        max_per_client: usize,
+        caps: &StreamCaps,
     ) -> Option<StreamSlot> {
         let mut open = self.streams.lock().expect("open streams");
         let key = (user_id.to_owned(), client_id.to_owned());
         let of_client = open.per_client.get(&key).copied().unwrap_or(0);
-        if open.total >= max_total || of_client >= max_per_client {
+        let of_user = open.per_user.get(user_id).copied().unwrap_or(0);
+        if open.total >= caps.total || of_user >= caps.per_user || of_client >= caps.per_client {
             return None;
         }
         open.total += 1;
+        open.per_user.insert(key.0.clone(), of_user + 1);
         open.per_client.insert(key.clone(), of_client + 1);
         Some(StreamSlot {
             streams: self.streams.clone(),

@@ -32,8 +32,14 @@ pub struct Config {
     pub max_page_bytes: usize,
     /// Open `POST /sync/events` streams at most, server-wide.
     pub max_event_streams: usize,
+    /// Open `POST /sync/events` streams per user (all of their client IDs) at most.
+    pub max_event_streams_per_user: usize,
     /// Open `POST /sync/events` streams per (user, client ID) at most.
     pub max_event_streams_per_client: usize,
+    /// How often an events stream reads its client's state itself (generation, current
+    /// assignment) at most, whatever the notifications say; a random part of as much again
+    /// is added per stream. Bounds how long a stream of a replaced generation runs on.
+    pub events_recheck: std::time::Duration,
     /// Rebuild sessions in progress per (user, client ID) at most; a new rebuild of a scope
     /// replaces the client's earlier session of that scope.
     pub max_rebuild_sessions_per_client: u32,
@@ -60,7 +66,9 @@ impl Default for Config {
             unauthenticated_body_timeout: std::time::Duration::from_secs(2),
             max_page_bytes: 4 * 1024 * 1024,
             max_event_streams: 2048,
+            max_event_streams_per_user: 16,
             max_event_streams_per_client: 4,
+            events_recheck: std::time::Duration::from_secs(30),
             max_rebuild_sessions_per_client: 8,
             retry_after_seconds: 2,
             push_pool_wait: std::time::Duration::from_secs(5),

@@ -355,13 +355,27 @@ struct LimitArgs {
     )]
     idle_timeout_ms: u64,
     /// Open `POST /sync/events` streams at most, server-wide.
-    #[arg(long, env = "SYNCHRO_MAX_EVENT_STREAMS", default_value_t = Config::default().max_event_streams)]
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_EVENT_STREAMS",
+        default_value_t = Config::default().max_event_streams,
+        value_parser = positive::<usize>()
+    )]
     max_event_streams: usize,
+    /// Open `POST /sync/events` streams per user (all of their client IDs) at most.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_EVENT_STREAMS_PER_USER",
+        default_value_t = Config::default().max_event_streams_per_user,
+        value_parser = positive::<usize>()
+    )]
+    max_event_streams_per_user: usize,
     /// Open `POST /sync/events` streams per user and client ID at most.
     #[arg(
         long,
         env = "SYNCHRO_MAX_EVENT_STREAMS_PER_CLIENT",
-        default_value_t = Config::default().max_event_streams_per_client
+        default_value_t = Config::default().max_event_streams_per_client,
+        value_parser = positive::<usize>()
     )]
     max_event_streams_per_client: usize,
     /// Rebuild sessions in progress per user and client ID at most.
@@ -418,6 +432,7 @@ impl LimitArgs {
             ),
             max_page_bytes: self.max_page_bytes,
             max_event_streams: self.max_event_streams,
+            max_event_streams_per_user: self.max_event_streams_per_user,
             max_event_streams_per_client: self.max_event_streams_per_client,
             max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
             retry_after_seconds: self.retry_after_seconds,
