@@ -3,8 +3,12 @@
 //!
 //! TCP connections arrive before any authentication, so the only "client" at this level is
 //! the peer address (IPv6 peers are grouped by /64, which one host usually holds whole). A
-//! connection over a cap is answered at once with 503 `temporary_unavailable`, reason
-//! `too_many_connections`, and closed; nothing is read from it or parsed.
+//! connection over a cap is answered with 503 `temporary_unavailable`, reason
+//! `too_many_connections`, and closed as soon as its request line is in (a silent one after
+//! [`PROBE_HEAD_WAIT`]); only the request line is parsed, and `GET /ready` is answered as
+//! usual, so a load balancer's or orchestrator's readiness probe still gets the truth when
+//! idle or slow connections hold every slot. At most [`PROBE_SLOTS`] such connections are
+//! read at once; beyond them a connection is refused without reading anything.
 //!
 //! Timeouts per connection (hyper 1.x has one `header_read_timeout` that also bounds the
 //! idle wait between requests, so both are kept here instead, from the bytes read and the
@@ -57,6 +61,7 @@ pub async fn serve(
     let retry_after = config.retry_after_seconds;
     let max = fit_open_file_limit(limits.max_connections.max(1));
     let permits = Arc::new(Semaphore::new(max));
+    let probes = Arc::new(Semaphore::new(PROBE_SLOTS));
     let peers = Arc::new(PeerCounts::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let limits = Arc::new(limits);
@@ -89,12 +94,12 @@ pub async fn serve(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             refusals.count("global");
-            refuse(tcp, retry_after);
+            over_cap(tcp, &app, &probes, retry_after);
             continue;
         };
         let Some(peer_slot) = peers.enter(&peer, limits.max_connections_per_peer) else {
             refusals.count("peer");
-            refuse(tcp, retry_after);
+            over_cap(tcp, &app, &probes, retry_after);
             continue;
         };
         // Small responses must not wait for delayed ACKs.
@@ -184,6 +189,91 @@ fn fit_open_file_limit(max: usize) -> usize {
         return fits;
     }
     max
+}
+
+/// Connections over a cap read at once, to answer a readiness probe among them.
+const PROBE_SLOTS: usize = 16;
+/// How long the request line of a connection over a cap may take to arrive.
+const PROBE_HEAD_WAIT: Duration = Duration::from_millis(250);
+/// The longest request line looked at (`GET /ready HTTP/1.1` is 20 bytes).
+const PROBE_LINE: usize = 256;
+
+/// A connection over a cap: answered `GET /ready` as usual when a probe slot is free and its
+/// request line says so, otherwise refused (at once when no probe slot is free).
+fn over_cap(tcp: TcpStream, app: &Router, probes: &Arc<Semaphore>, retry_after_seconds: u64) {
+    let Ok(slot) = probes.clone().try_acquire_owned() else {
+        refuse(tcp, retry_after_seconds);
+        return;
+    };
+    let app = app.clone();
+    tokio::spawn(async move {
+        let _slot = slot;
+        let mut tcp = tcp;
+        if is_ready_probe(&mut tcp).await {
+            answer_ready(tcp, app).await;
+        } else {
+            refuse(tcp, retry_after_seconds);
+        }
+    });
+}
+
+/// Reads the request line (within [`PROBE_HEAD_WAIT`]): whether it is `GET /ready`.
+async fn is_ready_probe(tcp: &mut TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::with_capacity(PROBE_LINE);
+    let deadline = Instant::now() + PROBE_HEAD_WAIT;
+    let mut buf = [0u8; PROBE_LINE];
+    while !line.contains(&b'\n') && line.len() < PROBE_LINE {
+        let want = PROBE_LINE - line.len();
+        match tokio::time::timeout_at(deadline, tcp.read(&mut buf[..want])).await {
+            Ok(Ok(n)) if n > 0 => line.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+    }
+    line.starts_with(b"GET /ready ") || line.starts_with(b"GET /ready?")
+}
+
+/// Answers `GET /ready` from the router on a connection that holds no slot, then closes.
+async fn answer_ready(mut tcp: TcpStream, mut app: Router) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower_service::Service;
+    let request = Request::get("/ready")
+        .body(Body::empty())
+        .expect("a valid request");
+    let answered = tokio::time::timeout(Duration::from_secs(5), async {
+        futures_util::future::poll_fn(|cx| {
+            <Router as Service<Request<Body>>>::poll_ready(&mut app, cx)
+        })
+        .await
+        .ok()?;
+        let response = app.call(request).await.ok()?;
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+            .await
+            .ok()?;
+        Some((status, body))
+    })
+    .await;
+    let Ok(Some((status, body))) = answered else {
+        return; // closed unanswered: the probe counts it as a failure
+    };
+    let head = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    );
+    let mut answer = head.into_bytes();
+    answer.extend_from_slice(&body);
+    if tcp.write_all(&answer).await.is_ok() && tcp.shutdown().await.is_ok() {
+        // The rest of the request is read (briefly) so the close is not a reset that could
+        // destroy the answer before the prober reads it.
+        let mut scratch = [0u8; 1024];
+        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+            while matches!(tcp.read(&mut scratch).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
 }
 
 /// Answers 503 without reading the request and closes. Whatever already arrived is

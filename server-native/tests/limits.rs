@@ -140,12 +140,17 @@ fn ready_request() -> &'static [u8] {
     b"GET /ready HTTP/1.1\r\nhost: synchro\r\n\r\n"
 }
 
+/// A request other than `GET /ready` (which is answered over a cap too).
+fn connect_request() -> &'static [u8] {
+    b"POST /sync/connect HTTP/1.1\r\nhost: synchro\r\ncontent-length: 2\r\n\r\n{}"
+}
+
 /// Asserts that a fresh connection from `from` (or 127.0.0.1) is refused at once with 503
 /// `too_many_connections`.
 async fn assert_refused(addr: SocketAddr, from: Option<&str>) {
     let started = Instant::now();
     let mut s = connect_from(addr, from).await;
-    let _ = s.write_all(ready_request()).await;
+    let _ = s.write_all(connect_request()).await;
     let a = read_answer(&mut s, Duration::from_secs(2))
         .await
         .expect("a refused connection is answered");
@@ -171,7 +176,8 @@ async fn connect_from(addr: SocketAddr, from: Option<&str>) -> TcpStream {
 }
 
 /// `n` silent connections the server has accepted and counted: a connection it refused is
-/// answered at once (a 503 arrives), so such a one is dropped and made again — the
+/// answered within its 250 ms wait for a request line (a 503 arrives), so such a one is
+/// dropped and made again — the
 /// readiness check's own connection may be counted for a moment after it closes.
 async fn held_sockets(addr: SocketAddr, from: Option<&str>, n: usize) -> Vec<TcpStream> {
     let mut v = Vec::new();
@@ -184,7 +190,7 @@ async fn held_sockets(addr: SocketAddr, from: Option<&str>, n: usize) -> Vec<Tcp
         );
         let s = connect_from(addr, from).await;
         let mut probe = [0u8; 1];
-        match tokio::time::timeout(Duration::from_millis(100), s.peek(&mut probe)).await {
+        match tokio::time::timeout(Duration::from_millis(400), s.peek(&mut probe)).await {
             Err(_) => v.push(s), // nothing arrived: accepted and waiting for a request
             Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
@@ -472,6 +478,46 @@ async fn connections_over_the_global_cap_are_refused_at_once_and_served_again_af
     assert_eq!(r.status(), 200);
 }
 
+/// Idle connections holding every slot (3,000 from one address made a fresh `GET /ready`
+/// answer 503, taking a healthy server out of its load balancer): over the cap a readiness
+/// probe is still answered with the truth, and every other request is refused.
+#[tokio::test]
+async fn a_readiness_probe_is_answered_when_idle_connections_hold_every_slot() {
+    let env = env().await;
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--max-connections",
+            "4",
+            "--max-connections-per-peer",
+            "0",
+            "--header-timeout-ms",
+            "60000",
+            "--retry-after-seconds",
+            "1",
+        ],
+    );
+    wait_ready(addr).await;
+    let _held = held_sockets(addr, None, 4).await;
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(ready_request()).await.unwrap();
+        let a = read_answer(&mut s, Duration::from_secs(5))
+            .await
+            .expect("the probe is answered");
+        assert_eq!(a.status, 200, "{}", a.head);
+        assert_eq!(a.json(), json!({"status": "ready"}));
+        assert!(closed_within(&mut s, Duration::from_secs(5)).await);
+    }
+    assert_refused(addr, None).await;
+    // A silent connection over the cap is refused after the short wait for its request.
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let a = read_answer(&mut silent, Duration::from_secs(3))
+        .await
+        .expect("answered");
+    assert_eq!(a.status, 503, "{}", a.head);
+}
+
 #[tokio::test]
 async fn a_cap_beyond_the_open_file_limit_is_lowered_so_the_server_stays_reachable() {
     let env = env().await;
@@ -492,6 +538,8 @@ async fn a_cap_beyond_the_open_file_limit_is_lowered_so_the_server_stays_reachab
     );
     wait_ready(addr).await;
     let mut sockets = idle_sockets(addr, None, 300).await;
+    // A refused silent connection is closed once its wait for a request line ends.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let mut closed = 0;
     for s in &mut sockets {
         if closed_within(s, Duration::from_millis(2)).await {
