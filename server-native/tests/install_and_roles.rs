@@ -353,7 +353,7 @@ async fn each_role_can_do_only_its_own_capability() {
         ("history", "SELECT * FROM synchro.synchro_manifest_history()"),
         ("register", "SELECT synchro.synchro_register_relation('app', 'items')"),
         ("client", "SELECT * FROM synchro.synchro_client_state('u', 'c')"),
-        ("connect", "SELECT * FROM synchro.synchro_client_connect('u', 'c', true, '{}', NULL, NULL)"),
+        ("connect", "SELECT * FROM synchro.synchro_client_connect('u', 'c', true, '{}', NULL, NULL, 64)"),
         ("assigned", "SELECT synchro.synchro_assigned_scopes('u')"),
         ("grant", "SELECT synchro.synchro_grant_user_scope('u', 's')"),
         ("ready", "SELECT synchro.synchro_readiness()"),

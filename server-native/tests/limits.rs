@@ -786,6 +786,61 @@ async fn connect(addr: SocketAddr, user: &str, client: &str) -> (String, u64, Va
     (token, v["client_generation"].as_u64().unwrap(), schema)
 }
 
+/// Made-up client IDs cannot grow the clients table without bound (each connect used to
+/// leave a durable record): at the cap a new client ID replaces the user's least recently
+/// active client, whose next request is 409 client_generation_expired and whose connect
+/// starts it again; other users are untouched.
+#[tokio::test]
+async fn client_records_are_capped_per_user_and_the_least_recent_is_replaced() {
+    let env = env().await;
+    let (_server, addr) = start(&env, &["--max-clients-per-user", "3"]);
+    wait_ready(addr).await;
+    let records = |user: &'static str| {
+        let admin = &env.admin;
+        async move {
+            let rows = admin
+                .query(
+                    "SELECT client_id FROM synchro.clients WHERE user_id = $1 ORDER BY client_id",
+                    &[&user],
+                )
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+        }
+    };
+    let (bob, _, _) = connect(addr, "bob", "b1").await;
+    drop(bob);
+    let (token, g1, schema) = connect(addr, "alice", "c1").await;
+    for c in ["c2", "c3"] {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        connect(addr, "alice", c).await;
+    }
+    assert_eq!(records("alice").await, ["c1", "c2", "c3"]);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    connect(addr, "alice", "c4").await;
+    assert_eq!(records("alice").await, ["c2", "c3", "c4"]);
+    assert_eq!(records("bob").await, ["b1"]);
+    let r = http()
+        .post(format!("http://{addr}/sync/pull"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": g1,
+                   "schema": schema, "scope_cursors": {}, "limit": 10})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "client_generation_expired", "{v}");
+    // It connects again, replacing the least recently active of the others.
+    connect(addr, "alice", "c1").await;
+    assert_eq!(records("alice").await, ["c1", "c3", "c4"]);
+}
+
 #[tokio::test]
 async fn event_streams_are_capped_per_client_per_user_and_in_all() {
     let env = env().await;

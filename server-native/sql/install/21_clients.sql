@@ -59,8 +59,13 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_client_state(text, text) TO synchro_ad
 -- Records a connect: issues a new generation when asked (new, expired or stale client),
 -- reconciles the assignment set (advancing scope_set_version by one only when it changed)
 -- and records the installed schema. Returns the stored generation and scope_set_version.
+-- A user holds at most p_max_clients client records: a new client ID at the cap deletes
+-- the user's least recently active records (expired ones first) to make room, so made-up
+-- client IDs cannot grow the table without bound; a deleted client's next request is 409
+-- client_generation_expired and its connect starts it afresh (its cursors stay protected by
+-- the scopes' resume floors, its push ledger is kept, so a replay is still answered).
 CREATE FUNCTION synchro.synchro_client_connect(p_user_id text, p_client_id text, p_new_generation boolean,
-    p_assigned text[], p_schema_version bigint, p_schema_hash text)
+    p_assigned text[], p_schema_version bigint, p_schema_hash text, p_max_clients integer)
 RETURNS TABLE (client_generation bigint, scope_set_version bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -68,6 +73,17 @@ DECLARE
 BEGIN
     SELECT * INTO v_row FROM synchro.clients c WHERE c.user_id = p_user_id AND c.client_id = p_client_id FOR UPDATE;
     IF NOT FOUND THEN
+        -- One user's new clients are recorded one at a time, so the cap is exact.
+        PERFORM pg_advisory_xact_lock(hashtextextended('synchro.clients:' || p_user_id, 0));
+        DELETE FROM synchro.clients c
+         WHERE c.user_id = p_user_id
+           AND c.client_id IN (
+               SELECT o.client_id FROM synchro.clients o
+                WHERE o.user_id = p_user_id
+                ORDER BY o.expired_at IS NULL DESC,
+                         greatest(o.updated_at, coalesce(o.last_acknowledged_at, o.generation_started_at)) DESC,
+                         o.client_id
+               OFFSET greatest(p_max_clients - 1, 0));
         INSERT INTO synchro.clients (user_id, client_id, client_generation, scope_set_version, assigned_scopes,
                                      schema_version, schema_hash)
         VALUES (p_user_id, p_client_id, 1, 1, p_assigned, p_schema_version, p_schema_hash)
@@ -87,5 +103,5 @@ BEGIN
     scope_set_version := v_row.scope_set_version;
     RETURN NEXT;
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_client_connect(text, text, boolean, text[], bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_client_connect(text, text, boolean, text[], bigint, text) TO synchro_adapter;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_client_connect(text, text, boolean, text[], bigint, text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_client_connect(text, text, boolean, text[], bigint, text, integer) TO synchro_adapter;

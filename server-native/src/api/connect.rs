@@ -53,7 +53,7 @@ pub(crate) async fn connect(
         decide(state, user_id, &req, &known, runtime_ok, &presented, &stale).await?;
     let kind = matches!(action, SchemaAction::Unsupported { .. }).then_some("unsupported");
     hold(state, user_id, &req.client_id, kind, &req.schema).await?;
-    let recorded = record(db, user_id, &req, &known, &action).await?;
+    let recorded = record(state, db, user_id, &req, &known, &action).await?;
     let mut scope_cursor_updates = bridge_cursors(
         state,
         user_id,
@@ -264,6 +264,7 @@ struct Recorded {
 /// Records the client's generation (a new one unless it presented its current one), its
 /// assignment and the schema it installs (none for `unsupported`).
 async fn record(
+    state: &AppState,
     db: &tokio_postgres::Client,
     user_id: &str,
     req: &ConnectRequest,
@@ -279,7 +280,7 @@ async fn record(
     };
     let row = db
         .query_one(
-            "SELECT client_generation, scope_set_version FROM synchro.synchro_client_connect($1, $2, $3, $4, $5, $6)",
+            "SELECT client_generation, scope_set_version FROM synchro.synchro_client_connect($1, $2, $3, $4, $5, $6, $7)",
             &[
                 &user_id,
                 &req.client_id,
@@ -287,6 +288,7 @@ async fn record(
                 &known.assigned.iter().cloned().collect::<Vec<_>>(),
                 &installed.map(|r| r.version as i64),
                 &installed.map(|r| hex::encode(r.hash)),
+                &state.config.max_clients_per_user,
             ],
         )
         .await?;

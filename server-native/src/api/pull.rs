@@ -60,7 +60,15 @@ pub(crate) async fn pull(
     let mut presented = open_cursors(state, &req, &bound)?;
     // Writes happen only after validation passed.
     let assigned = assigned?;
-    let scope_set_version = reconcile(db, user_id, &req.client_id, &assigned, current).await?;
+    let scope_set_version = reconcile(
+        db,
+        user_id,
+        &req.client_id,
+        &assigned,
+        current,
+        state.config.max_clients_per_user,
+    )
+    .await?;
     presented.keep_assigned(&assigned);
 
     // One read-only REPEATABLE READ snapshot for retention, effects, rows and digests.
@@ -203,16 +211,18 @@ async fn reconcile(
     client_id: &str,
     assigned: &BTreeSet<String>,
     current: &Manifest,
+    max_clients: i32,
 ) -> Result<u64, ApiError> {
     let row = db
         .query_one(
-            "SELECT client_generation, scope_set_version FROM synchro.synchro_client_connect($1, $2, false, $3, $4, $5)",
+            "SELECT client_generation, scope_set_version FROM synchro.synchro_client_connect($1, $2, false, $3, $4, $5, $6)",
             &[
                 &user_id,
                 &client_id,
                 &assigned.iter().cloned().collect::<Vec<_>>(),
                 &(current.schema_version as i64),
                 &current.schema_hash_hex(),
+                &max_clients,
             ],
         )
         .await?;

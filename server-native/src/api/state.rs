@@ -40,6 +40,9 @@ pub struct Config {
     /// assignment) at most, whatever the notifications say; a random part of as much again
     /// is added per stream. Bounds how long a stream of a replaced generation runs on.
     pub events_recheck: std::time::Duration,
+    /// Client records per user at most: a new client ID at the cap replaces the user's least
+    /// recently active client (which must connect again).
+    pub max_clients_per_user: i32,
     /// Rebuild sessions in progress per (user, client ID) at most; a new rebuild of a scope
     /// replaces the client's earlier session of that scope.
     pub max_rebuild_sessions_per_client: u32,
@@ -69,6 +72,7 @@ impl Default for Config {
             max_event_streams_per_user: 16,
             max_event_streams_per_client: 4,
             events_recheck: std::time::Duration::from_secs(30),
+            max_clients_per_user: 64,
             max_rebuild_sessions_per_client: 8,
             retry_after_seconds: 2,
             push_pool_wait: std::time::Duration::from_secs(5),

@@ -378,6 +378,15 @@ struct LimitArgs {
         value_parser = positive::<usize>()
     )]
     max_event_streams_per_client: usize,
+    /// Client records per user at most: a new client ID at the cap replaces the user's
+    /// least recently active client, which connects again when it next syncs.
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_CLIENTS_PER_USER",
+        default_value_t = Config::default().max_clients_per_user as u32,
+        value_parser = positive::<u32>()
+    )]
+    max_clients_per_user: u32,
     /// Rebuild sessions in progress per user and client ID at most.
     #[arg(
         long,
@@ -434,6 +443,7 @@ impl LimitArgs {
             max_event_streams: self.max_event_streams,
             max_event_streams_per_user: self.max_event_streams_per_user,
             max_event_streams_per_client: self.max_event_streams_per_client,
+            max_clients_per_user: i32::try_from(self.max_clients_per_user).unwrap_or(i32::MAX),
             max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
             retry_after_seconds: self.retry_after_seconds,
             ..config
