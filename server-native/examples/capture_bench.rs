@@ -184,6 +184,7 @@ async fn main() -> Result<()> {
         events: Default::default(),
         membership_db: None,
         caches: Default::default(),
+        rebuild_builds: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

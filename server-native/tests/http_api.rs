@@ -71,6 +71,7 @@ async fn start(config: Config) -> Server {
         events: Default::default(),
         membership_db: None,
         caches: Default::default(),
+        rebuild_builds: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -547,6 +548,7 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
         events: Default::default(),
         membership_db: None,
         caches: Default::default(),
+        rebuild_builds: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -1119,9 +1119,12 @@ fn serve_refuses_a_body_limit_below_what_clients_send() {
 /// A pull page is bounded in bytes as well as in changes: with `--max-page-bytes 100000`,
 /// ten 30 KB rows come in pages of at most four (the page that passes the bound ends it),
 /// every page but the last says `has_more`, and all ten arrive (a page used to hold up to
-/// `limit` rows whatever their size: sixty 2 MB rows made one 126 MB response).
+/// `limit` rows whatever their size: sixty 2 MB rows made one 126 MB response). A rebuild
+/// of the scope pages the same way (it used to serve `limit` records a page), each record
+/// once, ending with the scope digest the terminal pull page gave (computed apart, from the
+/// server's scope index).
 #[tokio::test]
-async fn pull_pages_are_bounded_in_bytes() {
+async fn pull_and_rebuild_pages_are_bounded_in_bytes() {
     let env = env().await;
     let (_server, addr) = start(&env, &["--max-page-bytes", "100000"]);
     wait_ready(addr).await;
@@ -1157,6 +1160,7 @@ async fn pull_pages_are_bounded_in_bytes() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut pages = Vec::new();
     let mut received = 0;
+    let mut terminal = Value::Null;
     while received < 10 {
         assert!(
             Instant::now() < deadline,
@@ -1176,9 +1180,184 @@ async fn pull_pages_are_bounded_in_bytes() {
         }
         pages.push((n, page["has_more"].as_bool().unwrap()));
         received += n;
+        terminal = page["checksums"]["user:alice"]["digest"].clone();
         cursor = page["scope_cursor_updates"]["user:alice"].clone();
     }
     assert_eq!(received, 10, "{pages:?}");
     assert!(pages.iter().all(|(n, _)| *n <= 4), "{pages:?}");
     assert!(pages.len() >= 3, "{pages:?}");
+
+    let mut request = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                             "schema": schema, "scope_id": "user:alice", "limit": 1000});
+    let mut ids = Vec::new();
+    let mut sizes = Vec::new();
+    let last = loop {
+        let (st, page) = post("/sync/rebuild", request.clone()).await;
+        assert_eq!(st, 200, "{page}");
+        let records = page["records"].as_array().unwrap();
+        sizes.push(records.len());
+        ids.extend(records.iter().map(|r| r["pk"].clone()));
+        if page["has_more"] != true {
+            break page;
+        }
+        request["continuation"] = page["continuation"].clone();
+    };
+    assert!(sizes.iter().all(|n| (1..=4).contains(n)), "{sizes:?}");
+    assert!(sizes.len() >= 3, "{sizes:?}");
+    let expected: Vec<Value> = (1..=10).map(|i| json!(i.to_string())).collect();
+    assert_eq!(ids.len(), 10, "{ids:?}");
+    let mut sorted = ids.clone();
+    sorted.sort_by_key(|v| v.to_string());
+    sorted.dedup();
+    assert_eq!(sorted.len(), 10, "each record once: {ids:?}");
+    assert!(expected.iter().all(|e| ids.contains(e)), "{ids:?}");
+    assert!(terminal.is_string(), "{pages:?}");
+    assert_eq!(last["checksum"]["digest"], terminal);
+}
+
+/// A client's rebuild sessions in progress store at most --max-rebuild-bytes-per-client
+/// besides its first (four concurrent rebuilds of large scopes used to take 2.9 GB): a second
+/// session that would pass it is 503 `too_much_rebuild_storage` (retryable) and stores
+/// nothing, while one scope larger than the bound is still rebuilt alone; a session left idle
+/// past `rebuild_session_idle_minutes` ends at the next compaction (its rows go, its
+/// continuation restarts) and counts no more (abandoned sessions used to keep their rows for
+/// the hour of the TTL).
+#[tokio::test]
+async fn rebuild_storage_is_bounded_per_client_and_idle_sessions_end() {
+    let env = Env::installed().await;
+    common::docs_with_owner_and_team(
+        &env,
+        "INSERT INTO app.docs SELECT g, 'alice', (ARRAY['red', 'blue'])[1 + g % 2], repeat('x', 20000)
+           FROM generate_series(1, 20) g",
+    )
+    .await;
+    env.admin
+        .batch_execute(
+            "SELECT synchro.synchro_grant_user_scope('alice', 'team:red');
+             SELECT synchro.synchro_grant_user_scope('alice', 'team:blue');",
+        )
+        .await
+        .unwrap();
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--max-rebuild-bytes-per-client",
+            "100000",
+            "--max-page-bytes",
+            "50000",
+            "--retry-after-seconds",
+            "1",
+        ],
+    );
+    wait_ready(addr).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.synchro_scope_rows('team:blue')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        < 10
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the scopes were never materialized"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (token, generation, schema) = connect(addr, "alice", "c1").await;
+    let rebuild = |scope: &'static str, continuation: Option<Value>| {
+        let token = token.clone();
+        let schema = schema.clone();
+        async move {
+            let mut body = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                                  "schema": schema, "scope_id": scope, "limit": 1000});
+            if let Some(c) = continuation {
+                body["continuation"] = c;
+            }
+            let r = http()
+                .post(format!("http://{addr}/sync/rebuild"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (r.status().as_u16(), r.json::<Value>().await.unwrap(), retry)
+        }
+    };
+    let stored = || async {
+        env.admin
+            .query_one(
+                "SELECT count(*) FROM synchro.rebuild_chunks c JOIN synchro.rebuild_sessions s USING (session_id)
+                  WHERE s.client_id = 'c1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    // team:red (ten 20 KB rows, over the bound alone) is rebuilt: its first page.
+    let (st, red, _) = rebuild("team:red", None).await;
+    assert_eq!(st, 200, "{red}");
+    assert_eq!(red["has_more"], true, "{red}");
+    let chunks = stored().await;
+    assert!(chunks >= 1, "{chunks}");
+    // A second session while it is in progress would pass the bound.
+    let (st, v, retry) = rebuild("team:blue", None).await;
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(
+        (
+            v["error"]["code"].clone(),
+            v["error"]["retryable"].clone(),
+            v["error"]["reason"].clone()
+        ),
+        (
+            json!("temporary_unavailable"),
+            json!(true),
+            json!("too_much_rebuild_storage")
+        ),
+        "{v}"
+    );
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert_eq!(stored().await, chunks, "nothing more was stored");
+
+    // Left idle past the setting (made to look so), the session ends at the next compaction.
+    env.admin
+        .batch_execute(
+            "UPDATE synchro.rebuild_sessions SET last_read_at = now() - interval '11 minutes'
+              WHERE client_id = 'c1'",
+        )
+        .await
+        .unwrap();
+    let compact = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args([
+            "compact",
+            "--database-url",
+            &env.cluster.url("synchro_dev_operator", "app"),
+        ])
+        .output()
+        .unwrap();
+    assert!(compact.status.success(), "{compact:?}");
+    assert_eq!(stored().await, 0);
+    let (st, v, _) = rebuild("team:red", Some(red["continuation"].clone())).await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (409, json!("rebuild_restart_required")),
+        "{v}"
+    );
+    // It no longer counts: team:blue is rebuilt, whole.
+    let mut page = rebuild("team:blue", None).await.1;
+    while page["has_more"] == true {
+        let (st, next, _) = rebuild("team:blue", Some(page["continuation"].clone())).await;
+        assert_eq!(st, 200, "{next}");
+        page = next;
+    }
+    assert!(page["checksum"].is_object(), "{page}");
 }

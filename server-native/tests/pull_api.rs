@@ -75,6 +75,7 @@ async fn stack_with(config: Config) -> Stack {
         ),
         membership_db: None,
         caches: Default::default(),
+        rebuild_builds: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -1094,6 +1094,7 @@ async fn an_exhausted_pool_is_a_typed_503_never_a_hang() {
             env.login("synchro_dev_worker").await,
         ])),
         caches: Default::default(),
+        rebuild_builds: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -58,6 +58,8 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
         -- rollout advisor back).
         WHEN 'client_ttl_days' THEN int8range(1, 3650, '[]')
         WHEN 'rebuild_session_ttl_minutes' THEN int8range(1, 10080, '[]')
+        -- A rebuild session no page of which was read for this long loses its rows.
+        WHEN 'rebuild_session_idle_minutes' THEN int8range(1, 10080, '[]')
         -- Rows a staged membership rule evaluates per worker transaction.
         WHEN 'backfill_batch_size' THEN int8range(1, 100000, '[]')
         WHEN 'capture_max_heartbeat_age_seconds' THEN int8range(1, 86400, '[]')

@@ -64,6 +64,17 @@ BEGIN
     DELETE FROM synchro.rebuild_sessions s
      WHERE s.created_at + make_interval(mins => (SELECT value::integer FROM synchro.settings
                                                  WHERE key = 'rebuild_session_ttl_minutes')) <= now();
+    -- An abandoned session ends once it has been idle: its rows go and it no longer counts
+    -- against its client's bounds (its header keeps pinning retention until the TTL; a
+    -- continuation of it restarts).
+    WITH idle AS (
+        UPDATE synchro.rebuild_sessions s SET completed_at = now()
+         WHERE s.completed_at IS NULL
+           AND coalesce(s.last_read_at, s.created_at)
+               + make_interval(mins => (SELECT value::integer FROM synchro.settings
+                                        WHERE key = 'rebuild_session_idle_minutes')) <= now()
+        RETURNING s.session_id)
+    DELETE FROM synchro.rebuild_chunks c USING idle WHERE c.session_id = idle.session_id;
     RETURN v_expired;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_expire() FROM PUBLIC;

@@ -13,12 +13,19 @@
 //! for a new request and a continuation alike, so no page of it is served after the
 //! revocation, and the client connects again (which takes the scope away).
 //!
-//! Sessions are bounded per client (migration 25): a new rebuild of a scope replaces the
-//! client's earlier session of it, and a client may have at most
-//! `Config::max_rebuild_sessions_per_client` sessions in progress; over that, 503
-//! `temporary_unavailable` with reason `too_many_rebuild_sessions`, checked before the
-//! snapshot is read. Serving the final page completes a session: its rows are dropped and a
-//! later continuation of it restarts.
+//! Sessions are bounded per client: a new rebuild of a scope replaces the client's earlier
+//! session of it, and a client may have at most `Config::max_rebuild_sessions_per_client`
+//! sessions in progress (over that, 503 `temporary_unavailable` with reason
+//! `too_many_rebuild_sessions`) and, besides its first, at most
+//! `Config::max_rebuild_bytes_per_client` of stored records (reason
+//! `too_much_rebuild_storage`); both are checked before the snapshot is read and again when
+//! the session is stored. A session is built by at most [`BUILDS`] requests of a server at
+//! once (each holds its scope's rows in memory while it renders them). Pages are bounded in
+//! bytes as pull's are (`Config::max_page_bytes`, at least one record), and the stored chunks
+//! hold about [`CHUNK_BYTES`] each, so a page of large rows is cut short and its memory
+//! follows the bound. Serving the final page completes a session: its rows are dropped and
+//! a later continuation of it restarts; so does one of a session idle for the
+//! `rebuild_session_idle_minutes` setting (10), whose rows compaction drops.
 
 use synchro_protocol::checksum::Checksum;
 use synchro_protocol::digest::{row_digest, sort_by_identity, RowIdentity, ScopeDigester};
@@ -90,12 +97,26 @@ pub(crate) async fn rebuild(
             resumed
         }
     };
-    let page = session_page(db, user_id, &req, &session_id, from, &stream, current).await?;
+    let page = session_page(
+        state,
+        db,
+        user_id,
+        &req,
+        &session_id,
+        from,
+        &stream,
+        current,
+    )
+    .await?;
     // None: a concurrent request completed the session (its records are gone) after its
-    // header was read.
-    let records = page.records().ok_or_else(|| restart(&req.scope_id))?;
-    let end = if page.has_more {
-        continuation(state, user_id, &req, session_id, from)
+    // header was read, or compaction ended it for idleness.
+    let records = page
+        .records(req.limit as i64, state.config.max_page_bytes)
+        .ok_or_else(|| restart(&req.scope_id))?;
+    let next = page.first + records.len() as i64;
+    let has_more = next < page.row_count;
+    let end = if has_more {
+        continuation(state, user_id, &req, session_id, next)
     } else {
         finish(
             state,
@@ -109,7 +130,7 @@ pub(crate) async fn rebuild(
         )
         .await?
     };
-    tracing::info!(status = 200, has_more = page.has_more, "rebuild");
+    tracing::info!(status = 200, has_more, "rebuild");
     Ok(RenderedRebuildPage {
         scope_id: &req.scope_id,
         records: &records,
@@ -148,9 +169,9 @@ async fn new_session(
     current: &Manifest,
 ) -> Result<String, ApiError> {
     // Refused before the snapshot is read; start_session checks again atomically.
-    let in_progress: i64 = db
+    let others = db
         .query_one(
-            "SELECT synchro.synchro_rebuild_sessions_in_progress($1, $2, $3, $4)",
+            "SELECT sessions, bytes FROM synchro.synchro_rebuild_sessions_in_progress($1, $2, $3, $4)",
             &[
                 &user_id,
                 &req.client_id,
@@ -158,10 +179,13 @@ async fn new_session(
                 &req.scope_id,
             ],
         )
-        .await?
-        .get(0);
-    if in_progress >= i64::from(state.config.max_rebuild_sessions_per_client) {
-        return Err(too_many_sessions(state));
+        .await?;
+    let (sessions, bytes): (i64, i64) = (others.get(0), others.get(1));
+    if sessions >= i64::from(state.config.max_rebuild_sessions_per_client) {
+        return Err(refused(state, "too_many_rebuild_sessions"));
+    }
+    if sessions > 0 && bytes as u64 >= state.config.max_rebuild_bytes_per_client {
+        return Err(refused(state, "too_much_rebuild_storage"));
     }
     start_session(state, user_id, req, stream, current).await
 }
@@ -195,15 +219,12 @@ fn resume(
 
 /// One page of a session, with what its end needs.
 struct SessionPage {
-    /// The chunks holding the page's records.
+    /// The chunks holding the page's records (`first_ordinal, records`).
     chunks: Vec<tokio_postgres::Row>,
-    /// The page's ordinals `first..last`.
+    /// The page's first ordinal.
     first: i64,
-    last: i64,
-    /// Records per chunk, and in the whole session.
-    chunk_rows: i64,
+    /// Records in the whole session.
     row_count: i64,
-    has_more: bool,
     /// The stream watermark of the session's snapshot.
     watermark: u64,
     /// The scope checksum of the session's snapshot (hex), computed when it started.
@@ -212,7 +233,9 @@ struct SessionPage {
 
 /// Reads the session and its page from `from`; a session bound to another principal is 400,
 /// one bound to another generation, schema, stream or membership (or gone) restarts.
+#[allow(clippy::too_many_arguments)]
 async fn session_page(
+    state: &AppState,
     db: &tokio_postgres::Client,
     user_id: &str,
     req: &RebuildRequest,
@@ -224,15 +247,16 @@ async fn session_page(
     // The session and its page in one round trip (a page of a session that does not match
     // is read for nothing and dropped).
     let limit = req.limit as i32;
-    let (session_params, page_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 3]) =
-        ([&session_id], [&session_id, &from, &limit]);
+    let max_bytes = state.config.max_page_bytes as i64;
+    let (session_params, page_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 4]) =
+        ([&session_id], [&session_id, &from, &limit, &max_bytes]);
     let (s, rows) = futures_util::join!(
         db.query_opt(
             "SELECT * FROM synchro.synchro_rebuild_session($1)",
             &session_params,
         ),
         db.query(
-            "SELECT chunk, records FROM synchro.synchro_rebuild_page($1, $2, $3)",
+            "SELECT first_ordinal, records FROM synchro.synchro_rebuild_page($1, $2, $3, $4)",
             &page_params,
         )
     );
@@ -254,18 +278,12 @@ async fn session_page(
     {
         return Err(restart(&req.scope_id));
     }
-    let (row_count, chunk_rows) = (i64::from(s.get::<_, i32>(8)), i64::from(s.get::<_, i32>(9)));
-    let first = i64::from(from);
-    let last = (first + req.limit as i64).min(row_count);
     Ok(SessionPage {
         chunks,
-        first,
-        last,
-        chunk_rows,
-        row_count,
-        has_more: last < row_count,
+        first: i64::from(from),
+        row_count: i64::from(s.get::<_, i32>(8)),
         watermark: s.get::<_, i64>(7) as u64,
-        checksum: s.get::<_, String>(10),
+        checksum: s.get::<_, String>(9),
     })
 }
 
@@ -275,9 +293,8 @@ fn continuation(
     user_id: &str,
     req: &RebuildRequest,
     session_id: String,
-    from: i32,
+    next: i64,
 ) -> RebuildEnd {
-    let next = from + req.limit as i32;
     let t = token::sign(
         Purpose::RebuildContinuation,
         &state.cursor_keys,
@@ -344,6 +361,12 @@ async fn start_session(
     stream: &ScopeStreamState,
     manifest: &Manifest,
 ) -> Result<String, ApiError> {
+    // The scope's rows are in memory from the snapshot until they are stored.
+    let _building = state
+        .rebuild_builds
+        .acquire()
+        .await
+        .map_err(|_| ApiError::unavailable())?;
     let mut snapshot_db = state.snapshot_db.lock().await?;
     let snap = snapshot_db
         .build_transaction()
@@ -372,12 +395,14 @@ async fn start_session(
     let rendered = render(manifest, &req.scope_id, rows).await?;
     let max_sessions =
         i32::try_from(state.config.max_rebuild_sessions_per_client).unwrap_or(i32::MAX);
-    let id: Option<String> = state
+    let max_bytes = i64::try_from(state.config.max_rebuild_bytes_per_client).unwrap_or(i64::MAX);
+    let (firsts, counts, bytes, texts) = rendered.columns();
+    let created = state
         .db
         .get()
         .await?
         .query_one(
-            "SELECT synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            "SELECT session_id, refused FROM synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             &[
                 &user_id,
                 &req.client_id,
@@ -389,75 +414,127 @@ async fn start_session(
                 &watermark,
                 &hex::encode(rendered.checksum.0),
                 &rendered.row_count,
-                &CHUNK_ROWS,
-                &rendered.chunks,
+                &firsts,
+                &counts,
+                &bytes,
+                &texts,
                 &max_sessions,
+                &max_bytes,
             ],
         )
-        .await?
-        .get(0);
-    id.ok_or_else(|| too_many_sessions(state))
+        .await?;
+    match created.get::<_, Option<String>>(0) {
+        Some(id) => Ok(id),
+        None if created.get::<_, Option<&str>>(1) == Some("too_much_rebuild_storage") => {
+            Err(refused(state, "too_much_rebuild_storage"))
+        }
+        None => Err(refused(state, "too_many_rebuild_sessions")),
+    }
 }
 
-/// Records per stored chunk of a session: the largest page, so a page reads one or two.
-const CHUNK_ROWS: i32 = 1000;
+/// Requests of one server building a session at once (each holds its scope's rows in
+/// memory, and renders them on every core).
+pub const BUILDS: usize = 2;
+
+/// Records per stored chunk of a session at most: a page of small rows reads one or two.
+const CHUNK_ROWS: usize = 1000;
+/// A chunk ends once its records reach this many bytes (a larger record is a chunk of its
+/// own), so a page of large rows reads little more than the page bound.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// One stored chunk: the records from ordinal `first` on, separated by newlines.
+struct Chunk {
+    first: i32,
+    count: i32,
+    text: String,
+}
 
 /// A snapshot's rows as a session holds them.
 struct Rendered {
-    /// The rows' record texts in canonical row-identity order, [`CHUNK_ROWS`] to a chunk,
-    /// separated by newlines.
-    chunks: Vec<String>,
+    /// The rows' record texts in canonical row-identity order, in chunks.
+    chunks: Vec<Chunk>,
     /// How many records.
     row_count: i32,
     /// The scope digest of all of them.
     checksum: Checksum,
 }
 
-impl SessionPage {
-    /// The page's records from the chunks that hold them; `None` when a chunk is missing or
-    /// does not hold the records its number says.
-    fn records(&self) -> Option<Vec<&str>> {
-        page_records(
-            &self.chunks,
-            self.first,
-            self.last,
-            self.chunk_rows,
-            self.row_count,
-        )
+impl Rendered {
+    /// The chunks as the arrays `synchro_rebuild_create` takes: first ordinals, record
+    /// counts, byte counts, texts.
+    fn columns(&self) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<&str>) {
+        let firsts = self.chunks.iter().map(|c| c.first).collect();
+        let counts = self.chunks.iter().map(|c| c.count).collect();
+        let bytes = self
+            .chunks
+            .iter()
+            .map(|c| i32::try_from(c.text.len()).unwrap_or(i32::MAX))
+            .collect();
+        let texts = self.chunks.iter().map(|c| c.text.as_str()).collect();
+        (firsts, counts, bytes, texts)
     }
 }
 
-/// The records of ordinals `first..last` from the chunks that hold them (`chunk, records`
-/// rows, in order); `None` when a chunk is missing or does not hold the records its number
-/// says.
+impl SessionPage {
+    /// At most `limit` of the page's records from the chunks that hold them, ending once
+    /// they reach `max_bytes` (at least one record); `None` when the chunks do not hold the
+    /// page's first record or are not contiguous (a session completed or ended meanwhile).
+    fn records(&self, limit: i64, max_bytes: usize) -> Option<Vec<&str>> {
+        page_records(&self.chunks, self.first, limit, max_bytes, self.row_count)
+    }
+}
+
+/// The records from ordinal `first` on (at most `limit`, ending once they reach `max_bytes`,
+/// at least one) from the chunks that hold them (`first_ordinal, records` rows, in order); an
+/// empty page at the end of the session. `None` when the first chunk does not hold `first`,
+/// or a chunk does not start where the one before it ended.
 fn page_records(
     chunks: &[tokio_postgres::Row],
     first: i64,
-    last: i64,
-    chunk_rows: i64,
+    limit: i64,
+    max_bytes: usize,
     row_count: i64,
 ) -> Option<Vec<&str>> {
-    let mut out = Vec::with_capacity((last - first).max(0) as usize);
-    if first >= last {
+    let parts: Vec<(i64, &str)> = chunks
+        .iter()
+        .map(|c| (i64::from(c.get::<_, i32>(0)), c.get::<_, &str>(1)))
+        .collect();
+    take_records(&parts, first, limit, max_bytes, row_count)
+}
+
+/// [`page_records`] over `(first ordinal, records)` pairs.
+fn take_records<'a>(
+    chunks: &[(i64, &'a str)],
+    first: i64,
+    limit: i64,
+    max_bytes: usize,
+    row_count: i64,
+) -> Option<Vec<&'a str>> {
+    let mut out = Vec::new();
+    if first >= row_count {
         return Some(out);
     }
-    for (next, c) in (first / chunk_rows..).zip(chunks) {
-        if i64::from(c.get::<_, i32>(0)) != next {
+    let last = (first + limit).min(row_count);
+    let mut expected = chunks.first().map(|c| c.0).filter(|&f| f <= first)?;
+    let mut bytes = 0usize;
+    for &(start, text) in chunks {
+        if start != expected {
             return None;
         }
-        let start = next * chunk_rows;
-        let mut held = 0;
-        for (i, record) in c.get::<_, &str>(1).split('\n').enumerate() {
-            held += 1;
-            if (first..last).contains(&(start + i as i64)) {
-                out.push(record);
+        for (i, record) in text.split('\n').enumerate() {
+            let ordinal = start + i as i64;
+            expected = ordinal + 1;
+            if ordinal < first {
+                continue;
             }
-        }
-        if held != (row_count - start).min(chunk_rows) {
-            return None;
+            if ordinal >= last || (!out.is_empty() && bytes >= max_bytes) {
+                return Some(out);
+            }
+            bytes += record.len();
+            out.push(record);
         }
     }
-    (out.len() as i64 == last - first).then_some(out)
+    (!out.is_empty()).then_some(out)
 }
 
 /// Rows a rendering thread takes at least: fewer are rendered on one thread.
@@ -521,7 +598,7 @@ fn render_all(
     sort_by_identity(&mut keyed);
     let mut digester = ScopeDigester::new(&manifest.schema_hash(), scope, keyed.len() as u64)
         .map_err(integrity)?;
-    let mut chunks = Vec::new();
+    let mut chunks: Vec<Chunk> = Vec::new();
     for (n, (identity, ordinal)) in keyed.iter().enumerate() {
         let i = u64::from_be_bytes(ordinal[..8].try_into().expect("8 bytes")) as usize;
         // Each record's own text is freed once it is in its chunk.
@@ -529,12 +606,23 @@ fn render_all(
         digester.add(identity, &digest).map_err(integrity)?;
         // Output JSON has no raw newline: it separates records.
         debug_assert!(!text.contains('\n'));
-        if n % CHUNK_ROWS as usize == 0 {
-            chunks.push(String::with_capacity(text.len() * CHUNK_ROWS as usize + 1));
-        } else {
-            chunks.last_mut().expect("a chunk").push('\n');
+        match chunks.last_mut() {
+            Some(c) if (c.count as usize) < CHUNK_ROWS && c.text.len() < CHUNK_BYTES => {
+                c.text.push('\n');
+                c.text.push_str(&text);
+                c.count += 1;
+            }
+            _ => chunks.push(Chunk {
+                first: i32::try_from(n).map_err(|_| ApiError::unavailable())?,
+                count: 1,
+                text: {
+                    let mut t =
+                        String::with_capacity((text.len() * CHUNK_ROWS).min(CHUNK_BYTES) + 1);
+                    t.push_str(&text);
+                    t
+                },
+            }),
         }
-        chunks.last_mut().expect("a chunk").push_str(&text);
     }
     let checksum = Checksum(digester.finish().map_err(integrity)?.digest);
     let row_count = i32::try_from(keyed.len()).map_err(|_| ApiError::unavailable())?;
@@ -572,9 +660,46 @@ fn render_rows(
     Ok(out)
 }
 
-fn too_many_sessions(state: &AppState) -> ApiError {
-    ApiError::overloaded(
-        "too_many_rebuild_sessions",
-        state.config.retry_after_seconds,
-    )
+/// A new session refused for its client's bounds (503, retryable once sessions end).
+fn refused(state: &AppState, reason: &'static str) -> ApiError {
+    ApiError::overloaded(reason, state.config.retry_after_seconds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_records;
+
+    const CHUNKS: [(i64, &str); 3] = [(0, "a\nb\nc"), (3, "dddd"), (4, "e\nf")];
+
+    #[test]
+    fn a_page_takes_records_across_chunks_up_to_its_limit() {
+        assert_eq!(
+            take_records(&CHUNKS, 1, 4, usize::MAX, 6),
+            Some(vec!["b", "c", "dddd", "e"])
+        );
+        assert_eq!(
+            take_records(&CHUNKS[2..], 5, 10, usize::MAX, 6),
+            Some(vec!["f"])
+        );
+        assert_eq!(take_records(&[], 6, 10, usize::MAX, 6), Some(vec![]));
+    }
+
+    #[test]
+    fn a_page_ends_once_its_records_reach_the_byte_bound_holding_at_least_one() {
+        // "b" and "c" (2 bytes) reach 2; "dddd" alone passes 1.
+        assert_eq!(take_records(&CHUNKS, 1, 10, 2, 6), Some(vec!["b", "c"]));
+        assert_eq!(take_records(&CHUNKS[1..], 3, 10, 1, 6), Some(vec!["dddd"]));
+    }
+
+    #[test]
+    fn missing_or_gapped_chunks_are_refused() {
+        // The first chunk must hold the page's first record.
+        assert_eq!(take_records(&CHUNKS[1..], 2, 10, usize::MAX, 6), None);
+        assert_eq!(take_records(&[], 2, 10, usize::MAX, 6), None);
+        // A gap between chunks.
+        assert_eq!(
+            take_records(&[CHUNKS[0], CHUNKS[2]], 0, 10, usize::MAX, 6),
+            None
+        );
+    }
 }

@@ -46,6 +46,9 @@ pub struct Config {
     /// Rebuild sessions in progress per (user, client ID) at most; a new rebuild of a scope
     /// replaces the client's earlier session of that scope.
     pub max_rebuild_sessions_per_client: u32,
+    /// Bytes of stored records of a client's rebuild sessions in progress at most, besides
+    /// its first session (one scope larger than this is still rebuilt, alone).
+    pub max_rebuild_bytes_per_client: u64,
     /// `Retry-After` (seconds) of every 503 refused for load.
     pub retry_after_seconds: u64,
     /// How long a push waits for a free database connection (of the snapshot pool, then of
@@ -74,6 +77,7 @@ impl Default for Config {
             events_recheck: std::time::Duration::from_secs(30),
             max_clients_per_user: 64,
             max_rebuild_sessions_per_client: 8,
+            max_rebuild_bytes_per_client: 256 * 1024 * 1024,
             retry_after_seconds: 2,
             push_pool_wait: std::time::Duration::from_secs(5),
             seed_dir: None,
@@ -132,6 +136,27 @@ pub struct AppState {
     pub membership_db: Option<ConnectionPool>,
     /// What this server keeps in memory between requests.
     pub caches: Caches,
+    /// Permits to build a rebuild session (`rebuild::BUILDS`): each build holds its scope's
+    /// rows in memory.
+    pub rebuild_builds: RebuildBuilds,
+}
+
+/// The permits of [`AppState::rebuild_builds`].
+pub struct RebuildBuilds(tokio::sync::Semaphore);
+
+impl Default for RebuildBuilds {
+    fn default() -> Self {
+        RebuildBuilds(tokio::sync::Semaphore::new(super::rebuild::BUILDS))
+    }
+}
+
+impl RebuildBuilds {
+    /// Waits for a permit.
+    pub(crate) async fn acquire(
+        &self,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, tokio::sync::AcquireError> {
+        self.0.acquire().await
+    }
 }
 
 /// A server's in-memory caches: each answers only for the very inputs it was filled from, so

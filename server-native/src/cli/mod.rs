@@ -395,6 +395,15 @@ struct LimitArgs {
         value_parser = positive::<u32>()
     )]
     max_rebuild_sessions_per_client: u32,
+    /// Bytes of stored records of a client's rebuild sessions in progress at most, besides
+    /// its first session (a larger scope is still rebuilt, alone).
+    #[arg(
+        long,
+        env = "SYNCHRO_MAX_REBUILD_BYTES_PER_CLIENT",
+        default_value_t = Config::default().max_rebuild_bytes_per_client,
+        value_parser = positive::<u64>()
+    )]
+    max_rebuild_bytes_per_client: u64,
     /// `Retry-After` seconds sent with a refusal for load.
     #[arg(long, env = "SYNCHRO_RETRY_AFTER_SECONDS", default_value_t = Config::default().retry_after_seconds)]
     retry_after_seconds: u64,
@@ -445,6 +454,7 @@ impl LimitArgs {
             max_event_streams_per_client: self.max_event_streams_per_client,
             max_clients_per_user: i32::try_from(self.max_clients_per_user).unwrap_or(i32::MAX),
             max_rebuild_sessions_per_client: self.max_rebuild_sessions_per_client,
+            max_rebuild_bytes_per_client: self.max_rebuild_bytes_per_client,
             retry_after_seconds: self.retry_after_seconds,
             ..config
         }

@@ -149,6 +149,7 @@ async fn serve(
         events,
         membership_db,
         caches: Default::default(),
+        rebuild_builds: Default::default(),
     });
     tracing::info!(listen = %listener.local_addr()?, "serving");
     let config = state.config.clone();

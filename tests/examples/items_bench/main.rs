@@ -692,6 +692,7 @@ async fn serve_in_process(url: &dyn Fn(&str) -> String, seeds: &Path) -> Result<
             connect_db(&url("synchro_dev_worker")).await?,
         ])),
         caches: Default::default(),
+        rebuild_builds: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
