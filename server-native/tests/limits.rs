@@ -839,6 +839,30 @@ async fn client_records_are_capped_per_user_and_the_least_recent_is_replaced() {
     // It connects again, replacing the least recently active of the others.
     connect(addr, "alice", "c1").await;
     assert_eq!(records("alice").await, ["c1", "c3", "c4"]);
+
+    // The health report says since when the least recent unexpired client holds retention
+    // back (here: bob's first connect, the oldest record left).
+    let report: Value = env
+        .admin
+        .query_one("SELECT synchro.synchro_capture_report()::text", &[])
+        .await
+        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+        .unwrap();
+    let since: String = env
+        .admin
+        .query_one(
+            "SELECT to_jsonb(generation_started_at) #>> '{}' FROM synchro.clients WHERE user_id = 'bob'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        report["oldest_unexpired_client_since"],
+        json!(since),
+        "{report}"
+    );
+    assert!(report["retained_effects_estimate"].is_i64(), "{report}");
 }
 
 #[tokio::test]

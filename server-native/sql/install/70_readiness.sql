@@ -224,7 +224,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                        FROM synchro.capture_progress p),
         'registry_generation', (SELECT max(generation) FROM synchro.registry_generations WHERE state = 'active'),
         'reconfigurations_pending', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'pending'),
-        'reconfigurations_staged', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'staged'))
+        'reconfigurations_staged', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'staged'),
+        -- Retention: how many effects are kept (the planner's estimate, free to read), and
+        -- the last acknowledgement of the least recent unexpired client: its acknowledged
+        -- positions hold compaction of its scopes back until client_ttl_days from then.
+        'retained_effects_estimate', (SELECT greatest(reltuples, 0)::bigint FROM pg_class
+                                       WHERE oid = 'synchro.scope_effects'::regclass),
+        'oldest_unexpired_client_since', (SELECT min(coalesce(c.last_acknowledged_at, c.generation_started_at))
+                                            FROM synchro.clients c WHERE c.expired_at IS NULL))
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_report() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_capture_report() TO synchro_monitor, synchro_operator;
