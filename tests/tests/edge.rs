@@ -463,6 +463,49 @@ async fn push_bounds_are_refused_at_the_edge_as_the_server_refuses_them() {
     assert_eq!(s.counts().await["push"], before["push"] + 1);
 }
 
+/// A body whose declared length is already over the limit is refused by the worker as soon
+/// as the head arrives, without waiting for the body, and never reaches the origin. (The
+/// answer itself reaches the client only once the body ends under `wrangler dev`: its
+/// dev-only ProxyWorker, `templates/startDevWorker/ProxyWorker.ts`, forwards each request
+/// to the worker with a `fetch` that resolves after the request body was sent; in front of
+/// deployed workers there is no such proxy. So the worker's own log line is what is
+/// checked while the body is withheld.)
+#[tokio::test]
+async fn a_declared_length_over_the_limit_is_refused_without_waiting_for_the_body() {
+    use tokio::io::AsyncWriteExt;
+    let s = Stack::start().await;
+    let before = s.counts().await;
+    let refusals = |out: &str| out.matches("outcome=body_too_large").count();
+    let earlier = refusals(&s.edge.output());
+    let host = s.edge.base.trim_start_matches("http://").to_owned();
+    let mut tcp = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let head = format!(
+        "POST /sync/push HTTP/1.1\r\nhost: {host}\r\nauthorization: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{{",
+        bearer("alice"),
+        MAX_BODY + 1
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    // The body is withheld (the connection stays open) while the worker decides.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while refusals(&s.edge.output()) == earlier {
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not refuse while the body was withheld:\n{}",
+            s.edge.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let line = s.edge.output_containing("outcome=body_too_large").await;
+    assert!(
+        line.lines()
+            .any(|l| l
+                .contains("endpoint=push status=400 code=invalid_request outcome=body_too_large")),
+        "{line}"
+    );
+    drop(tcp);
+    assert_eq!(s.counts().await, before, "reached the origin");
+}
+
 #[tokio::test]
 async fn a_missing_wrong_or_expired_token_never_reaches_the_origin() {
     let s = Stack::start().await;
