@@ -74,20 +74,19 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_sessions_in_progress(text, text, bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_sessions_in_progress(text, text, bigint, text) TO synchro_adapter;
 
--- Stores a new session of p_row_count records in chunks (in order: each chunk's first
--- ordinal, record count, byte count and records). Returns its ID, or NULL and why not
+-- Stores the header of a new session of p_row_count records taking p_byte_count bytes (its
+-- chunks follow, synchro_rebuild_append). Returns its ID, or NULL and why not
 -- ('too_many_rebuild_sessions': the client already holds p_max_sessions other sessions in
 -- progress; 'too_much_rebuild_storage': its other sessions in progress and this one would
 -- store more than p_max_bytes); nothing is stored then.
 CREATE FUNCTION synchro.synchro_rebuild_create(p_user_id text, p_client_id text, p_client_generation bigint,
     p_scope_id text, p_schema_hash text, p_stream_generation bigint, p_membership_generation bigint,
-    p_watermark bigint, p_checksum text, p_row_count integer, p_firsts integer[], p_counts integer[],
-    p_bytes integer[], p_chunks text[], p_max_sessions integer, p_max_bytes bigint)
+    p_watermark bigint, p_checksum text, p_row_count integer, p_byte_count bigint,
+    p_max_sessions integer, p_max_bytes bigint)
 RETURNS TABLE (session_id text, refused text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_id text := replace(gen_random_uuid()::text, '-', '');
-    v_bytes bigint := coalesce((SELECT sum(b) FROM unnest(p_bytes) AS b), 0);
     v_others record;
 BEGIN
     -- One client's sessions are created one at a time, so the counts below are exact.
@@ -102,22 +101,34 @@ BEGIN
         RETURN QUERY SELECT NULL::text, 'too_many_rebuild_sessions';
         RETURN;
     END IF;
-    IF v_others.sessions > 0 AND v_others.bytes + v_bytes > p_max_bytes THEN
+    IF v_others.sessions > 0 AND v_others.bytes + p_byte_count > p_max_bytes THEN
         RETURN QUERY SELECT NULL::text, 'too_much_rebuild_storage';
         RETURN;
     END IF;
     INSERT INTO synchro.rebuild_sessions (session_id, user_id, client_id, client_generation, scope_id,
         schema_hash, stream_generation, membership_generation, watermark, row_count, byte_count, checksum)
     VALUES (v_id, p_user_id, p_client_id, p_client_generation, p_scope_id, p_schema_hash,
-        p_stream_generation, p_membership_generation, p_watermark, p_row_count, v_bytes, p_checksum);
-    INSERT INTO synchro.rebuild_chunks (session_id, first_ordinal, record_count, byte_count, records)
-    SELECT v_id, f, n, b, c FROM unnest(p_firsts, p_counts, p_bytes, p_chunks) AS u(f, n, b, c);
+        p_stream_generation, p_membership_generation, p_watermark, p_row_count, p_byte_count, p_checksum);
     RETURN QUERY SELECT v_id, NULL::text;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_create(text, text, bigint, text, text, bigint, bigint, bigint,
-    text, integer, integer[], integer[], integer[], text[], integer, bigint) FROM PUBLIC;
+    text, integer, bigint, integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_create(text, text, bigint, text, text, bigint, bigint, bigint,
-    text, integer, integer[], integer[], integer[], text[], integer, bigint) TO synchro_adapter;
+    text, integer, bigint, integer, bigint) TO synchro_adapter;
+
+-- Stores chunks of a session just created (each chunk's first ordinal, record count, byte
+-- count and records), in batches so no one statement carries a whole large scope. The
+-- session is handed to its client only once every chunk is stored; a session whose chunks
+-- stopped short (an error between batches) is never served past the gap: its pages find
+-- their chunks missing and restart (409).
+CREATE FUNCTION synchro.synchro_rebuild_append(p_session_id text, p_firsts integer[], p_counts integer[],
+    p_bytes integer[], p_chunks text[]) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    INSERT INTO synchro.rebuild_chunks (session_id, first_ordinal, record_count, byte_count, records)
+    SELECT p_session_id, f, n, b, c FROM unnest(p_firsts, p_counts, p_bytes, p_chunks) AS u(f, n, b, c)
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_rebuild_append(text, integer[], integer[], integer[], text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_rebuild_append(text, integer[], integer[], integer[], text[]) TO synchro_adapter;
 
 -- A session in progress (no row when it is completed, expired or unknown: 409 restart).
 CREATE FUNCTION synchro.synchro_rebuild_session(p_session_id text)

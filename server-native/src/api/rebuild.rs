@@ -396,13 +396,11 @@ async fn start_session(
     let max_sessions =
         i32::try_from(state.config.max_rebuild_sessions_per_client).unwrap_or(i32::MAX);
     let max_bytes = i64::try_from(state.config.max_rebuild_bytes_per_client).unwrap_or(i64::MAX);
-    let (firsts, counts, bytes, texts) = rendered.columns();
-    let created = state
-        .db
-        .get()
-        .await?
+    let total: i64 = rendered.chunks.iter().map(|c| c.text.len() as i64).sum();
+    let db = state.db.get().await?;
+    let created = db
         .query_one(
-            "SELECT session_id, refused FROM synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+            "SELECT session_id, refused FROM synchro.synchro_rebuild_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             &[
                 &user_id,
                 &req.client_id,
@@ -414,23 +412,43 @@ async fn start_session(
                 &watermark,
                 &hex::encode(rendered.checksum.0),
                 &rendered.row_count,
-                &firsts,
-                &counts,
-                &bytes,
-                &texts,
+                &total,
                 &max_sessions,
                 &max_bytes,
             ],
         )
         .await?;
-    match created.get::<_, Option<String>>(0) {
-        Some(id) => Ok(id),
+    let id = match created.get::<_, Option<String>>(0) {
+        Some(id) => id,
         None if created.get::<_, Option<&str>>(1) == Some("too_much_rebuild_storage") => {
-            Err(refused(state, "too_much_rebuild_storage"))
+            return Err(refused(state, "too_much_rebuild_storage"))
         }
-        None => Err(refused(state, "too_many_rebuild_sessions")),
+        None => return Err(refused(state, "too_many_rebuild_sessions")),
+    };
+    // The chunks follow in batches of about APPEND_BYTES (one statement per batch), each
+    // batch's chunks freed once stored.
+    let mut chunks = rendered.chunks.into_iter().peekable();
+    while chunks.peek().is_some() {
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while let Some(c) =
+            chunks.next_if(|c| batch.is_empty() || bytes + c.text.len() <= APPEND_BYTES)
+        {
+            bytes += c.text.len();
+            batch.push(c);
+        }
+        let (firsts, counts, sizes, texts) = columns(&batch);
+        db.execute(
+            "SELECT synchro.synchro_rebuild_append($1, $2, $3, $4, $5)",
+            &[&id, &firsts, &counts, &sizes, &texts],
+        )
+        .await?;
     }
+    Ok(id)
 }
+
+/// Bytes of chunks stored by one statement at most (besides one larger chunk alone).
+const APPEND_BYTES: usize = 8 << 20;
 
 /// Requests of one server building a session at once (each holds its scope's rows in
 /// memory, and renders them on every core).
@@ -459,20 +477,17 @@ struct Rendered {
     checksum: Checksum,
 }
 
-impl Rendered {
-    /// The chunks as the arrays `synchro_rebuild_create` takes: first ordinals, record
-    /// counts, byte counts, texts.
-    fn columns(&self) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<&str>) {
-        let firsts = self.chunks.iter().map(|c| c.first).collect();
-        let counts = self.chunks.iter().map(|c| c.count).collect();
-        let bytes = self
-            .chunks
-            .iter()
-            .map(|c| i32::try_from(c.text.len()).unwrap_or(i32::MAX))
-            .collect();
-        let texts = self.chunks.iter().map(|c| c.text.as_str()).collect();
-        (firsts, counts, bytes, texts)
-    }
+/// Chunks as the arrays `synchro_rebuild_append` takes: first ordinals, record counts, byte
+/// counts, texts.
+fn columns(chunks: &[Chunk]) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<&str>) {
+    let firsts = chunks.iter().map(|c| c.first).collect();
+    let counts = chunks.iter().map(|c| c.count).collect();
+    let bytes = chunks
+        .iter()
+        .map(|c| i32::try_from(c.text.len()).unwrap_or(i32::MAX))
+        .collect();
+    let texts = chunks.iter().map(|c| c.text.as_str()).collect();
+    (firsts, counts, bytes, texts)
 }
 
 impl SessionPage {
@@ -546,14 +561,15 @@ type RenderedRow = (RowIdentity, [u8; 32], String);
 /// Parses and digests each row of a snapshot (`table_id, pk, row_json, server_version`)
 /// once: its record text (with its row digest) for the pages, in row-identity order, and the
 /// scope digest of the whole snapshot for the final page. Runs off the async workers, on up
-/// to one thread per core (100,000 rows take ~0.5 s of CPU).
+/// to one thread per core (100,000 rows take ~0.5 s of CPU). Each row is dropped once
+/// rendered, so a scope of large rows is held about once, not twice.
 async fn render(
     manifest: &Manifest,
     scope: &str,
     rows: Vec<tokio_postgres::Row>,
 ) -> Result<Rendered, ApiError> {
     let (manifest, scope) = (manifest.clone(), scope.to_owned());
-    tokio::task::spawn_blocking(move || render_all(&manifest, &scope, &rows))
+    tokio::task::spawn_blocking(move || render_all(&manifest, &scope, rows))
         .await
         .map_err(|_| ApiError::integrity(Integrity::Render))?
 }
@@ -561,20 +577,28 @@ async fn render(
 fn render_all(
     manifest: &Manifest,
     scope: &str,
-    rows: &[tokio_postgres::Row],
+    rows: Vec<tokio_postgres::Row>,
 ) -> Result<Rendered, ApiError> {
     let integrity = |_| ApiError::integrity(Integrity::Digest);
+    let count = rows.len();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(rows.len() / RENDER_SPLIT)
+        .min(count / RENDER_SPLIT)
         .max(1);
     let parts: Vec<Vec<RenderedRow>> = if threads == 1 {
         vec![render_rows(manifest, rows)?]
     } else {
-        let per = rows.len().div_ceil(threads);
+        let per = count.div_ceil(threads);
+        let mut owned = Vec::with_capacity(threads);
+        let mut rest = rows;
+        while rest.len() > per {
+            let tail = rest.split_off(per);
+            owned.push(std::mem::replace(&mut rest, tail));
+        }
+        owned.push(rest);
         std::thread::scope(|s| {
-            let running: Vec<_> = rows
-                .chunks(per)
+            let running: Vec<_> = owned
+                .into_iter()
                 .map(|part| s.spawn(|| render_rows(manifest, part)))
                 .collect();
             running
@@ -587,8 +611,8 @@ fn render_all(
         })?
     };
     // Sorted by identity with the ordinal riding in the digest slot.
-    let mut keyed: Vec<(RowIdentity, [u8; 32])> = Vec::with_capacity(rows.len());
-    let mut rendered: Vec<([u8; 32], String)> = Vec::with_capacity(rows.len());
+    let mut keyed: Vec<(RowIdentity, [u8; 32])> = Vec::with_capacity(count);
+    let mut rendered: Vec<([u8; 32], String)> = Vec::with_capacity(count);
     for (i, (identity, digest, text)) in parts.into_iter().flatten().enumerate() {
         let mut ordinal = [0u8; 32];
         ordinal[..8].copy_from_slice(&(i as u64).to_be_bytes());
@@ -633,10 +657,11 @@ fn render_all(
     })
 }
 
-/// Each row's identity, digest and record text, in the rows' order.
+/// Each row's identity, digest and record text, in the rows' order (each row dropped once
+/// rendered).
 fn render_rows(
     manifest: &Manifest,
-    rows: &[tokio_postgres::Row],
+    rows: Vec<tokio_postgres::Row>,
 ) -> Result<Vec<RenderedRow>, ApiError> {
     let stored = |_| ApiError::integrity(Integrity::StoredRow);
     let integrity = |_| ApiError::integrity(Integrity::Digest);
