@@ -204,10 +204,13 @@ pub async fn run(db: &Db, reports: &[Report]) -> Result<(Outcomes, Vec<String>)>
                 .map(|(k, _)| *k)
                 .collect();
             failed.push(format!(
-                "{}: local rows differ from PostgreSQL ({} local, {} in PostgreSQL): only local {only_local:?}, only in PostgreSQL {only_pg:?}, different {differ:?}",
+                "{}: local rows differ from PostgreSQL ({} local, {} in PostgreSQL): only local {}, only in PostgreSQL {}, different {}",
                 r.name,
                 r.rows.len(),
-                source.len()
+                source.len(),
+                some(&only_local),
+                some(&only_pg),
+                some(&differ)
             ));
         }
     }
@@ -220,4 +223,13 @@ pub async fn run(db: &Db, reports: &[Report]) -> Result<(Outcomes, Vec<String>)>
         failed.push(format!("capture is blocked: {reason}"));
     }
     Ok((outcomes, failed))
+}
+
+/// Up to 20 row IDs, and how many more.
+fn some(ids: &[i64]) -> String {
+    let shown: Vec<String> = ids.iter().take(20).map(i64::to_string).collect();
+    match ids.len().saturating_sub(20) {
+        0 => format!("[{}]", shown.join(", ")),
+        more => format!("[{}, ... {more} more]", shown.join(", ")),
+    }
 }

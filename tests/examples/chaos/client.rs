@@ -230,6 +230,11 @@ impl State {
         }
         while self.phase() == CONVERGE && !self.report.converged {
             self.round(&mut client, None).await;
+            anyhow::ensure!(
+                client.manifest().is_some(),
+                "never installed the schema (engine state {:?})",
+                client.state()
+            );
             let sentinels: i64 = client.storage().connection().query_row(
                 "SELECT count(*) FROM items WHERE id IN (-1, ?)",
                 [-100 - self.setup.i as i64],
