@@ -63,10 +63,17 @@ pub async fn run(db: &Db, reports: &[Report]) -> Result<(Outcomes, Vec<String>)>
         let mut seen = std::collections::BTreeSet::new();
         for w in &r.writes {
             outcomes.queued += 1;
-            let state = r
+            let (state, outcome) = r
                 .queue
                 .get(&w.mutation_id)
-                .map_or("missing", String::as_str);
+                .map_or(("missing", None), |(s, o)| (s.as_str(), o.as_deref()));
+            let expected = (state != "pending" && state != "missing").then_some(state);
+            if outcome != expected {
+                failed.push(format!(
+                    "{}: mutation {} ({} of row {}) is {state} but its stored outcome is {outcome:?}",
+                    r.name, w.mutation_id, w.op, w.id
+                ));
+            }
             *outcomes.by_state.entry(state.to_owned()).or_default() += 1;
             seen.insert(w.mutation_id.as_str());
             if w.forbidden {
@@ -125,7 +132,8 @@ pub async fn run(db: &Db, reports: &[Report]) -> Result<(Outcomes, Vec<String>)>
     let mut applied_deletes: BTreeMap<i64, u64> = BTreeMap::new();
     for r in reports {
         for w in &r.writes {
-            let applied = r.queue.get(&w.mutation_id).map(String::as_str) == Some("applied");
+            let state = r.queue.get(&w.mutation_id).map(|(s, _)| s.as_str());
+            let applied = state == Some("applied");
             match &w.tag {
                 Some(tag) => {
                     let times = by_tag.remove(tag).unwrap_or(0);
@@ -136,7 +144,7 @@ pub async fn run(db: &Db, reports: &[Report]) -> Result<(Outcomes, Vec<String>)>
                             w.mutation_id,
                             w.op,
                             w.id,
-                            r.queue.get(&w.mutation_id).map_or("missing", String::as_str)
+                            state.unwrap_or("missing")
                         ));
                     }
                 }

@@ -85,8 +85,8 @@ pub struct Report {
     pub writes: Vec<Written>,
     /// Writes the engine refused locally (not queued).
     pub refused_locally: u64,
-    /// The queue as stored: mutation ID → state.
-    pub queue: BTreeMap<String, String>,
+    /// The queue as stored: mutation ID → (state, the stored outcome's status).
+    pub queue: BTreeMap<String, (String, Option<String>)>,
     /// The local table: (id, owner, val, tag), by id.
     pub rows: Vec<(i64, String, i64, String)>,
     /// Scopes whose terminal digest the last round verified.
@@ -251,12 +251,27 @@ impl State {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        self.report.queue = client
-            .storage()
-            .mutations()?
-            .into_iter()
-            .map(|m| (m.mutation.mutation_id, m.state.as_str().to_owned()))
-            .collect();
+        for m in client.storage().mutations()? {
+            let id = m.mutation.mutation_id;
+            // The stored outcome's own status and mutation ID, as received.
+            let stored = match client.storage().outcome(&id)? {
+                None => None,
+                Some(text) => {
+                    let o = synchro_protocol::json::Json::parse(&text)
+                        .map_err(|_| anyhow::anyhow!("a stored outcome does not parse"))?;
+                    let member = |name| o.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+                    Some((member("status"), member("mutation_id")))
+                }
+            };
+            let outcome = match stored {
+                None => None,
+                Some((Some(status), Some(of))) if of == id => Some(status),
+                Some(_) => Some("(an outcome of another mutation)".to_owned()),
+            };
+            self.report
+                .queue
+                .insert(id, (m.state.as_str().to_owned(), outcome));
+        }
         let conn = client.storage().connection();
         let mut q = conn.prepare("SELECT id, owner, val, tag FROM items ORDER BY id")?;
         self.report.rows = q
