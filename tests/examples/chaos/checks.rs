@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use tokio_postgres::Client as Db;
 
 use crate::client::Report;
@@ -240,4 +240,27 @@ fn some(ids: &[i64]) -> String {
         0 => format!("[{}]", shown.join(", ")),
         more => format!("[{}, ... {more} more]", shown.join(", ")),
     }
+}
+
+/// The negative controls (`--tamper KIND`): a change to the end state, made directly in
+/// PostgreSQL after the clients finished, that one of the checks must catch.
+pub fn tamper(kind: &str) -> Result<&'static str> {
+    Ok(match kind {
+        // A client write applied a second time.
+        "double-apply" => {
+            "INSERT INTO app.items_audit (op, id, tag)
+               SELECT op, id, tag FROM app.items_audit WHERE op = 'U' AND tag LIKE 'c%' LIMIT 1"
+        }
+        // An applied write that never reached the table.
+        "lost-write" => {
+            "DELETE FROM app.items_audit
+              WHERE seq = (SELECT min(seq) FROM app.items_audit WHERE op = 'I' AND tag LIKE 'c%')"
+        }
+        // A source row the clients never received (written without the triggers).
+        "diverged-row" => {
+            "BEGIN; SET LOCAL session_replication_role = replica;
+             UPDATE app.items SET val = val + 1000 WHERE id = -1; COMMIT;"
+        }
+        other => bail!("unknown --tamper {other} (double-apply, lost-write, diverged-row)"),
+    })
 }

@@ -30,6 +30,7 @@
 
 mod checks;
 mod client;
+mod conductor;
 mod procs;
 mod proxy;
 mod rng;
@@ -48,6 +49,7 @@ use synchro_server::connect_db;
 use synchro_server::pg_harness::TempCluster;
 
 use client::Shared;
+use conductor::{say, Stack, Victim};
 use procs::Proc;
 use rng::Rng;
 
@@ -110,120 +112,6 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// Who a kill event takes down.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-enum Victim {
-    Serve,
-    Capture,
-    Postgres,
-    All,
-}
-
-/// The processes under the conductor's hand.
-struct Stack {
-    cluster: TempCluster,
-    serve: Proc,
-    capture: Proc,
-    pg_up: bool,
-    kills: BTreeMap<&'static str, u64>,
-    restarts: BTreeMap<&'static str, u64>,
-    exits: BTreeMap<&'static str, u64>,
-    /// (ms, what) of every start after a kill, for recovery times.
-    restarted_at: Vec<(u64, &'static str)>,
-    /// ms of every kill.
-    killed_at: Vec<u64>,
-}
-
-fn say(shared: &Shared, what: &str) {
-    println!("[{:7.1}s] {what}", shared.now_ms() as f64 / 1000.0);
-}
-
-impl Stack {
-    async fn kill(&mut self, victim: Victim, shared: &Shared) -> Result<()> {
-        self.killed_at.push(shared.now_ms());
-        if matches!(victim, Victim::Serve | Victim::All) && self.serve.running() {
-            self.serve.kill_9();
-            *self.kills.entry("serve").or_default() += 1;
-        }
-        if matches!(victim, Victim::Capture | Victim::All) && self.capture.running() {
-            self.capture.kill_9();
-            *self.kills.entry("capture").or_default() += 1;
-        }
-        if matches!(victim, Victim::Postgres | Victim::All) && self.pg_up {
-            let pid = procs::postmaster_pid(&self.cluster.admin_url()).await?;
-            let children = tokio::task::block_in_place(|| procs::kill_9_postgres(pid))?;
-            self.pg_up = false;
-            *self.kills.entry("postgres").or_default() += 1;
-            say(
-                shared,
-                &format!("  postgres: postmaster {pid} and {children} children killed"),
-            );
-        }
-        Ok(())
-    }
-
-    /// Starts whatever is down: PostgreSQL first, then capture, then the server.
-    fn heal(&mut self, shared: &Shared) -> Result<()> {
-        if !self.pg_up {
-            let started = Instant::now();
-            tokio::task::block_in_place(|| procs::restart_postgres(&self.cluster)).with_context(
-                || {
-                    format!(
-                        "restarting PostgreSQL; its log ends: {}",
-                        tail(&self.cluster.server_log().unwrap_or_default(), 20)
-                    )
-                },
-            )?;
-            self.pg_up = true;
-            self.restart_done("postgres", shared);
-            say(
-                shared,
-                &format!(
-                    "  postgres restarted (crash recovery) in {} ms",
-                    started.elapsed().as_millis()
-                ),
-            );
-        }
-        for p in [&mut self.capture, &mut self.serve] {
-            if !p.running() {
-                p.start()?;
-                let name = p.name;
-                *self.restarts.entry(name).or_default() += 1;
-                self.restarted_at.push((shared.now_ms(), name));
-            }
-        }
-        Ok(())
-    }
-
-    fn restart_done(&mut self, name: &'static str, shared: &Shared) {
-        *self.restarts.entry(name).or_default() += 1;
-        self.restarted_at.push((shared.now_ms(), name));
-    }
-
-    /// Starts again a server process that exited on its own (counted apart).
-    fn supervise(&mut self, shared: &Shared) -> Result<()> {
-        for p in [&mut self.capture, &mut self.serve] {
-            if let Some(status) = p.exited() {
-                *self.exits.entry(p.name).or_default() += 1;
-                say(
-                    shared,
-                    &format!(
-                        "  {} exited on its own ({status}); starting it again",
-                        p.name
-                    ),
-                );
-                p.start()?;
-            }
-        }
-        Ok(())
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Waits up to `secs` for `GET {base}/ready` to answer 200.
@@ -459,7 +347,7 @@ async fn run() -> Result<bool> {
     stack.supervise(&shared)?;
 
     if let Some(kind) = &args.tamper {
-        let sql = tamper(kind)?;
+        let sql = checks::tamper(kind)?;
         admin.batch_execute(sql).await?;
         say(
             &shared,
@@ -522,7 +410,7 @@ async fn run() -> Result<bool> {
         "kill events {events}; kills {:?}; restarts {:?}; exits on their own {:?}",
         stack.kills, stack.restarts, stack.exits
     );
-    let (measured, overlapped, max, mean, worst) = recoveries(&stack, &shared);
+    let (measured, overlapped, max, mean, worst) = conductor::recoveries(&stack, &shared);
     println!(
         "recoveries: {measured} of {} restarts measured ({overlapped} overlapped by the next kill); max {max} ms{}, mean {mean} ms",
         stack.restarted_at.len(),
@@ -554,77 +442,4 @@ async fn run() -> Result<bool> {
         println!("run directory kept: {}", dir.display());
         Ok(false)
     }
-}
-
-/// The negative controls (`--tamper KIND`): a change to the end state, made directly in
-/// PostgreSQL after the clients finished, that one of the checks must catch.
-fn tamper(kind: &str) -> Result<&'static str> {
-    Ok(match kind {
-        // A client write applied a second time.
-        "double-apply" => {
-            "INSERT INTO app.items_audit (op, id, tag)
-               SELECT op, id, tag FROM app.items_audit WHERE op = 'U' AND tag LIKE 'c%' LIMIT 1"
-        }
-        // An applied write that never reached the table.
-        "lost-write" => {
-            "DELETE FROM app.items_audit
-              WHERE seq = (SELECT min(seq) FROM app.items_audit WHERE op = 'I' AND tag LIKE 'c%')"
-        }
-        // A source row the clients never received (written without the triggers).
-        "diverged-row" => {
-            "BEGIN; SET LOCAL session_replication_role = replica;
-             UPDATE app.items SET val = val + 1000 WHERE id = -1; COMMIT;"
-        }
-        other => bail!("unknown --tamper {other} (double-apply, lost-write, diverged-row)"),
-    })
-}
-
-/// Recovery of each restart: until every client has finished a successful round it started
-/// after the restart. Returns (measured, overlapped by the next kill, max ms, mean ms, the
-/// worst restart).
-fn recoveries(
-    stack: &Stack,
-    shared: &Shared,
-) -> (usize, usize, u64, u64, Option<(u64, &'static str)>) {
-    let rounds: Vec<Vec<(u64, u64)>> = shared
-        .ok_rounds
-        .iter()
-        .map(|r| r.lock().unwrap().clone())
-        .collect();
-    let (mut measured, mut overlapped, mut max, mut sum, mut worst) = (0, 0, 0, 0, None);
-    for &(t, what) in &stack.restarted_at {
-        let next_kill = stack
-            .killed_at
-            .iter()
-            .copied()
-            .find(|&k| k > t)
-            .unwrap_or(u64::MAX);
-        let done = rounds
-            .iter()
-            .map(|r| {
-                r.iter()
-                    .find(|&&(start, _)| start >= t)
-                    .map(|&(_, end)| end)
-            })
-            .collect::<Option<Vec<u64>>>()
-            .and_then(|ends| ends.into_iter().max());
-        match done {
-            Some(end) if end <= next_kill => {
-                measured += 1;
-                let took = end - t;
-                sum += took;
-                if took >= max {
-                    max = took;
-                    worst = Some((t, what));
-                }
-            }
-            _ => overlapped += 1,
-        }
-    }
-    let mean = if measured > 0 {
-        sum / measured as u64
-    } else {
-        0
-    };
-    (measured, overlapped, max, mean, worst)
 }
