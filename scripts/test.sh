@@ -22,7 +22,7 @@ step() {
     "$@" 2>&1 | tee "$log"
     status=${PIPESTATUS[0]}
     local lines
-    lines=$(grep -E '^test result:|^# (tests|pass|fail) |cases match|^\[build-wasm\] done' "$log" | sed 's/^/    /')
+    lines=$(grep -E '^test result:|^# (tests|pass|fail) |cases match|^\[build-wasm\] done|^chaos: (every check|FAILED)' "$log" | sed 's/^/    /')
     if [ "$status" -eq 0 ]; then
         summary+=("ok     $name ($((SECONDS - start))s)${lines:+$'\n'$lines}")
     else
@@ -79,6 +79,9 @@ driver_retry() {
 # Every test server's log is kept (a failing test can print the end of it).
 mkdir -p "$LOGS/servers" && rm -f "$LOGS"/servers/*.log
 step test-native env SYNCHRO_TEST_SERVER_LOGS="$LOGS/servers" cargo test --workspace --no-fail-fast
+# The chaos run's short form (tests/examples/chaos, built by the step above): clients through a
+# fault proxy while the server, capture and PostgreSQL are killed with SIGKILL; end-state checks.
+step chaos scripts/chaos.sh --seconds 45
 step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
 step test-wasm-chromium driver_retry env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
 # The client's storage, materialization, verification and journal tests on OPFS in a
