@@ -59,6 +59,47 @@ async fn env() -> Env {
     env
 }
 
+/// Waits until the worker has materialized at least `rows` rows of `scope`.
+async fn wait_for_scope_rows(env: &Env, scope: &str, rows: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.synchro_scope_rows($1)",
+            &[&scope],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        < rows
+    {
+        assert!(Instant::now() < deadline, "rows were never captured");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Posts `body` to `path` with `token`: (status, body, Retry-After).
+async fn post_answer(
+    addr: SocketAddr,
+    token: &str,
+    path: &str,
+    body: &Value,
+) -> (u16, Value, Option<String>) {
+    let r = http()
+        .post(format!("http://{addr}{path}"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let retry_after = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, r.json().await.unwrap(), retry_after)
+}
+
 /// An HTTP client that keeps no idle connection (a pooled one would hold a slot).
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
@@ -965,25 +1006,9 @@ async fn rebuild_sessions_are_capped_per_client_and_a_repeated_rebuild_replaces(
         .unwrap();
     let (_server, addr) = start(&env, &["--max-rebuild-sessions-per-client", "2"]);
     wait_ready(addr).await;
-    // Wait until the worker has materialized every scope's rows.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while env
-        .admin
-        .query_one(
-            "SELECT count(*) FROM synchro.synchro_scope_rows('team:green')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        < 2
-    {
-        assert!(Instant::now() < deadline, "rows were never captured");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_scope_rows(&env, "team:green", 2).await;
     let (token, generation, schema) = connect(addr, "alice", "c1").await;
     let (_, generation2, _) = connect(addr, "alice", "c2").await;
-    let client = http();
     let rebuild = |client_id: &'static str,
                    generation: u64,
                    scope: &'static str,
@@ -993,20 +1018,8 @@ async fn rebuild_sessions_are_capped_per_client_and_a_repeated_rebuild_replaces(
         if let Some(c) = continuation {
             body["continuation"] = c;
         }
-        let request = client
-            .post(format!("http://{addr}/sync/rebuild"))
-            .header("authorization", format!("Bearer {token}"))
-            .body(body.to_string());
-        async move {
-            let r = request.send().await.unwrap();
-            let status = r.status().as_u16();
-            let retry_after = r
-                .headers()
-                .get("retry-after")
-                .map(|v| v.to_str().unwrap().to_owned());
-            let v: Value = r.json().await.unwrap();
-            (status, v, retry_after)
-        }
+        let token = token.clone();
+        async move { post_answer(addr, &token, "/sync/rebuild", &body).await }
     };
     let sessions = |scope: &'static str| {
         let admin = &env.admin;
@@ -1274,47 +1287,16 @@ async fn rebuild_storage_is_bounded_per_client_and_idle_sessions_end() {
         ],
     );
     wait_ready(addr).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while env
-        .admin
-        .query_one(
-            "SELECT count(*) FROM synchro.synchro_scope_rows('team:blue')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        < 10
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the scopes were never materialized"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_scope_rows(&env, "team:blue", 10).await;
     let (token, generation, schema) = connect(addr, "alice", "c1").await;
     let rebuild = |scope: &'static str, continuation: Option<Value>| {
-        let token = token.clone();
-        let schema = schema.clone();
-        async move {
-            let mut body = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
-                                  "schema": schema, "scope_id": scope, "limit": 1000});
-            if let Some(c) = continuation {
-                body["continuation"] = c;
-            }
-            let r = http()
-                .post(format!("http://{addr}/sync/rebuild"))
-                .header("authorization", format!("Bearer {token}"))
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
-            let retry = r
-                .headers()
-                .get("retry-after")
-                .map(|v| v.to_str().unwrap().to_owned());
-            (r.status().as_u16(), r.json::<Value>().await.unwrap(), retry)
+        let mut body = json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                              "schema": schema, "scope_id": scope, "limit": 1000});
+        if let Some(c) = continuation {
+            body["continuation"] = c;
         }
+        let token = token.clone();
+        async move { post_answer(addr, &token, "/sync/rebuild", &body).await }
     };
     let stored = || async {
         env.admin

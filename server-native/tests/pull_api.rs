@@ -114,6 +114,20 @@ impl Stack {
         json!({"version": r.version, "hash": hex::encode(r.hash)})
     }
 
+    /// Opens an events stream of client `c1` at `generation` with `token`.
+    async fn open_events(&self, token: &str, generation: u64) -> reqwest::Response {
+        self.http
+            .post(format!("{}/sync/events", self.base))
+            .header("authorization", format!("Bearer {token}"))
+            .body(
+                json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
+                    .to_string(),
+            )
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// Connects `client` for `user` and returns its generation.
     async fn connect(&self, token: &str, client: &str) -> u64 {
         let (st, v) = self
@@ -807,20 +821,10 @@ async fn events_stream_names_changed_scopes_right_after_the_commit_without_data(
     let mut s = stack().await;
     let token = mint(SECRET, "alice", 3600);
     let generation = s.connect(&token, "c1").await;
-    let open = |generation: u64| {
-        s.http
-            .post(format!("{}/sync/events", s.base))
-            .header("authorization", format!("Bearer {token}"))
-            .body(
-                json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
-                    .to_string(),
-            )
-            .send()
-    };
     // A stale generation is refused like pull refuses it.
-    let stale = open(generation + 1).await.unwrap();
+    let stale = s.open_events(&token, generation + 1).await;
     assert_eq!(stale.status(), 409);
-    let mut resp = open(generation).await.unwrap();
+    let mut resp = s.open_events(&token, generation).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.headers()["content-type"].to_str().unwrap(),
@@ -898,17 +902,7 @@ async fn an_events_stream_stops_naming_a_revoked_scope_and_ends_when_its_generat
         .unwrap();
     let token = mint(SECRET, "alice", 3600);
     let generation = s.connect(&token, "c1").await;
-    let mut resp = s
-        .http
-        .post(format!("{}/sync/events", s.base))
-        .header("authorization", format!("Bearer {token}"))
-        .body(
-            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
-                .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
+    let mut resp = s.open_events(&token, generation).await;
     assert_eq!(resp.status(), 200);
     let mut buffer = String::new();
     assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");
@@ -1654,17 +1648,7 @@ async fn an_events_stream_ends_when_its_token_expires() {
     let short =
         synchro_server::auth::mint_claims(SECRET, &json!({"sub": "alice", "exp": now - 27}));
     let opened = std::time::Instant::now();
-    let mut resp = s
-        .http
-        .post(format!("{}/sync/events", s.base))
-        .header("authorization", format!("Bearer {short}"))
-        .body(
-            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation})
-                .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
+    let mut resp = s.open_events(&short, generation).await;
     assert_eq!(resp.status(), 200);
     let mut buffer = String::new();
     assert_eq!(next_event(&mut resp, &mut buffer).await.0, "ready");

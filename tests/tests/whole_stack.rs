@@ -1087,13 +1087,12 @@ impl Transport for LoseFirstConnect {
 }
 
 /// A fresh client whose first connect reached the server but whose answer was lost connects
-/// again (fresh: nothing was installed) and installs. Found by `scripts/chaos.sh` (a
-/// truncated or reset response to the first connect). It fails today: the server recorded
-/// the identity, so the second fresh connect is answered 400 `invalid_schema_reference` ("a
-/// known client identity must present its installed schema", connect dispatch), which is
-/// not retryable: the engine blocks, and a reopened one is refused the same way for ever.
+/// again and installs. Found by `scripts/chaos.sh` (a truncated or reset response to the
+/// first connect): the server recorded the identity, so a second fresh connect is answered
+/// 400 `invalid_schema_reference` ("a known client identity must present its installed
+/// schema", spec 000), which is not retryable: the engine blocked, and a reopened one was
+/// refused the same way for ever. A client with nothing installed now takes a new ID then.
 #[tokio::test]
-#[ignore = "known bug: a lost answer to a client's first connect blocks it for ever"]
 async fn a_lost_answer_to_the_first_connect_does_not_block_the_client() {
     let s = Stack::start().await;
     let storage = Storage::open(s.dir.join("lost-connect.db")).unwrap();

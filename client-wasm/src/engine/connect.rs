@@ -5,7 +5,10 @@
 //! announced target manifest and hands it on. A 426 or the `unsupported` action enters
 //! `upgrade_required`, durably: a 426 records the refused client version (a client opened
 //! with a higher one connects again), `unsupported` the flag only the explicit reset clears.
-//! Neither touches the queue or local data.
+//! Neither touches the queue or local data. A fresh client whose first connect reached the
+//! server but whose answer was lost is known there while nothing was installed here; its fresh
+//! sentinel is then refused (400 `invalid_schema_reference`, spec 000), so it takes a new client
+//! ID (it holds nothing under the old one) and connects again, once.
 
 use std::collections::BTreeSet;
 
@@ -50,7 +53,20 @@ impl<T: Transport> Client<T> {
                 .collect(),
             seed_receipts,
         };
-        let r = self.post("/sync/connect", &request).await?;
+        let mut r = self.post("/sync/connect", &request).await?;
+        if r.status == 400 && self.manifest.is_none() && request.client_generation.is_none() {
+            let id = super::hex(&(self.random)());
+            if ClientError::from_response(&r).is_server("invalid_schema_reference")
+                && self.storage.replace_fresh_client_id(&id)?
+            {
+                self.client_id = id;
+                let request = ConnectRequest {
+                    client_id: self.client_id.clone(),
+                    ..request
+                };
+                r = self.post("/sync/connect", &request).await?;
+            }
+        }
         if r.status == 426 {
             // The runtime (its version, or its protocol version) is refused: only an upgraded
             // application can continue, and the schema is not at fault.

@@ -103,6 +103,17 @@ impl Storage {
         })
     }
 
+    /// Gives a client that never connected successfully (no generation) a new ID; `false`
+    /// (nothing changed) for any other.
+    pub(crate) fn replace_fresh_client_id(&self, id: &str) -> Result<bool, StorageError> {
+        self.neutral(|conn| {
+            Ok(conn.execute(
+                r#"UPDATE "_synchro_client" SET "client_id" = ? WHERE "id" = 1 AND "client_generation" IS NULL"#,
+                [id],
+            )? == 1)
+        })
+    }
+
     /// Whether the application asked for the explicit schema reset.
     pub(crate) fn reset_requested(&self) -> Result<bool, StorageError> {
         Ok(self.connection().query_row(
