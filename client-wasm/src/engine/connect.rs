@@ -34,39 +34,42 @@ impl<T: Transport> Client<T> {
             }
         }
         let reset = self.storage.reset_requested()?;
-        // A seed's receipts go with the first connect under its schema (each once).
-        let seed_receipts = if self.manifest.is_some() {
-            self.storage.seed_receipts()?.into_iter().collect()
-        } else {
-            Default::default()
-        };
-        let request = ConnectRequest {
-            client_id: self.client_id.clone(),
-            client_generation: self.storage.generation()?,
-            schema: self.schema_json(),
-            schema_reset: reset,
-            client_version: Some(self.client_version.clone()),
-            scope_cursors: self
-                .scopes()?
-                .into_iter()
-                .filter_map(|(s, (c, _))| c.map(|c| (s, Some(c))))
-                .collect(),
-            seed_receipts,
-        };
-        let mut r = self.post("/sync/connect", &request).await?;
-        if r.status == 400 && self.manifest.is_none() && request.client_generation.is_none() {
-            let id = super::hex(&(self.random)());
-            if ClientError::from_response(&r).is_server("invalid_schema_reference")
-                && self.storage.replace_fresh_client_id(&id)?
+        let generation = self.storage.generation()?;
+        // Two tries at most: the second with a new ID after a lost first answer (module doc).
+        let mut fresh_retry = self.manifest.is_none() && generation.is_none();
+        let r = loop {
+            // A seed's receipts go with the first connect under its schema (each once).
+            let seed_receipts = if self.manifest.is_some() {
+                self.storage.seed_receipts()?.into_iter().collect()
+            } else {
+                Default::default()
+            };
+            let request = ConnectRequest {
+                client_id: self.client_id.clone(),
+                client_generation: generation,
+                schema: self.schema_json(),
+                schema_reset: reset,
+                client_version: Some(self.client_version.clone()),
+                scope_cursors: self
+                    .scopes()?
+                    .into_iter()
+                    .filter_map(|(s, (c, _))| c.map(|c| (s, Some(c))))
+                    .collect(),
+                seed_receipts,
+            };
+            let r = self.post("/sync/connect", &request).await?;
+            if std::mem::take(&mut fresh_retry)
+                && r.status == 400
+                && ClientError::from_response(&r).is_server("invalid_schema_reference")
             {
-                self.client_id = id;
-                let request = ConnectRequest {
-                    client_id: self.client_id.clone(),
-                    ..request
-                };
-                r = self.post("/sync/connect", &request).await?;
+                let id = super::hex(&(self.random)());
+                if self.storage.replace_fresh_client_id(&id)? {
+                    self.client_id = id;
+                    continue;
+                }
             }
-        }
+            break r;
+        };
         if r.status == 426 {
             // The runtime (its version, or its protocol version) is refused: only an upgraded
             // application can continue, and the schema is not at fault.
