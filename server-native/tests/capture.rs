@@ -448,14 +448,17 @@ async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
     assert_eq!(health(&env, "capture_wal_lag").await, "failed");
     assert_eq!(drain(&mut worker).await, 0);
     assert_eq!(health(&env, "capture_wal_lag").await, "ok");
-    // A limit that is not a positive integer fails closed.
-    env.admin
-        .batch_execute(
+    // A limit that is not a positive integer cannot be stored, not even by a superuser
+    // (readiness would fail closed on one).
+    assert_eq!(
+        common::sqlstate(
+            &env.admin,
             "UPDATE synchro.settings SET value = '0' WHERE key = 'capture_max_wal_lag_bytes'",
         )
-        .await
-        .unwrap();
-    assert_eq!(health(&env, "capture_wal_lag").await, "unknown");
+        .await,
+        "23514"
+    );
+    assert_eq!(health(&env, "capture_wal_lag").await, "ok");
 
     // A registered table leaving the publication, or gaining a row filter, is not exact.
     env.admin

@@ -1153,6 +1153,44 @@ fn serve_refuses_a_body_limit_below_what_clients_send() {
     }
 }
 
+/// A secret shorter than 16 bytes is refused before anything connects, with the option
+/// named and the value never repeated (`--cursor-secret x` used to be accepted).
+#[test]
+fn serve_refuses_short_secrets_without_repeating_them() {
+    for (flag, jwt, cursor) in [
+        ("--jwt-secret", "short-jwt-sec", None),
+        (
+            "--cursor-secret",
+            "limits-test-secret-0123456789abcdef",
+            Some("short-cursor"),
+        ),
+    ] {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"));
+        command
+            .args([
+                "serve",
+                "--database-url",
+                "host=127.0.0.1 port=1 user=nobody",
+            ])
+            .env("SYNCHRO_JWT_SECRET", jwt)
+            .env_remove("SYNCHRO_CURSOR_SECRET");
+        if let Some(c) = cursor {
+            command.env("SYNCHRO_CURSOR_SECRET", c);
+        }
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("16 bytes"),
+            "{flag}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("short-"),
+            "{flag}: the value was repeated: {stderr}"
+        );
+    }
+}
+
 /// A pull page is bounded in bytes as well as in changes: with `--max-page-bytes 100000`,
 /// ten 30 KB rows come in pages of at most four (the page that passes the bound ends it),
 /// every page but the last says `has_more`, and all ten arrive (a page used to hold up to

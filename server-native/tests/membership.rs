@@ -1126,6 +1126,29 @@ async fn an_operator_changes_the_client_ttl_within_its_range_and_nothing_else() 
         .unwrap()
         .get(0);
     assert_eq!(ttl, "7");
+
+    // Not even a direct write stores a value the setter refuses (the worker used to clamp
+    // a backfill_batch_size of 0 to 1, and a client_ttl_days of 0 expired every client):
+    // no value is normalized where it is read.
+    for (key, value) in [
+        ("backfill_batch_size", "0"),
+        ("backfill_batch_size", "-5"),
+        ("client_ttl_days", "0"),
+        ("client_ttl_days", "3651"),
+        ("rebuild_session_idle_minutes", "1.5"),
+        ("max_bound", "0"),
+        ("max_bound", "007"),
+    ] {
+        let code = sqlstate(
+            &env.admin,
+            &format!("UPDATE synchro.settings SET value = '{value}' WHERE key = '{key}'"),
+        )
+        .await;
+        assert!(
+            code == "23514" || code == "22P02",
+            "{key} = {value}: {code}"
+        );
+    }
 }
 
 fn registry_cli(env: &Env, args: &[&str]) -> (Option<i32>, serde_json::Value) {

@@ -68,6 +68,13 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_setting_range(text) FROM PUBLIC;
 
+-- Every setting is a positive whole number (no sign, no leading zero), a settable one
+-- within its range, whatever writes it (spec 003 "Strict Positive Limits": a value is
+-- never clamped or defaulted where it is read, so none that needs it can be stored).
+ALTER TABLE synchro.settings ADD CONSTRAINT settings_value_valid
+    CHECK (value ~ '^[1-9][0-9]{0,17}$'
+           AND (synchro.synchro_setting_range(key) IS NULL OR value::bigint <@ synchro.synchro_setting_range(key)));
+
 -- Every setting with its value and, for a settable one, its range.
 CREATE FUNCTION synchro.synchro_settings() RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$

@@ -135,7 +135,7 @@ impl Worker {
                     "SELECT pk FROM synchro.projection_rows
                       WHERE relation_id = $1 AND ($2::text IS NULL OR pk COLLATE \"C\" > $2::text COLLATE \"C\")
                       ORDER BY pk COLLATE \"C\" LIMIT $3",
-                    &[&reg.relation_id, &pending.staged_through, &batch.max(1)],
+                    &[&reg.relation_id, &pending.staged_through, &batch],
                 )
                 .await?
                 .iter()
@@ -150,7 +150,7 @@ impl Worker {
                 })
                 .collect();
             stage_rows(db, &eval, reg, m.fanout, &rows.iter().collect::<Vec<_>>()).await?;
-            let outcome = if (pks.len() as i64) < batch.max(1) {
+            let outcome = if (pks.len() as i64) < batch {
                 let unstaged: i64 = db
                     .query_one(UNSTAGED_ROWS, &[&reg.relation_id])
                     .await?

@@ -151,11 +151,11 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SYNCHRO_LISTEN", default_value = "127.0.0.1:8787")]
     listen: SocketAddr,
-    /// HS256 secret for bearer JWTs.
+    /// HS256 secret for bearer JWTs (at least 16 bytes).
     #[arg(long, env = "SYNCHRO_JWT_SECRET", hide_env_values = true)]
     jwt_secret: String,
-    /// Root secret for scope cursor keys (default: derived from the JWT secret with a
-    /// purpose label). Rotating it invalidates every cursor (scopes rebuild).
+    /// Root secret for scope cursor keys, at least 16 bytes (default: derived from the JWT
+    /// secret with a purpose label). Rotating it invalidates every cursor (scopes rebuild).
     #[arg(long, env = "SYNCHRO_CURSOR_SECRET", hide_env_values = true)]
     cursor_secret: Option<String>,
     /// Longest accepted bearer-token lifetime: a token whose `exp` lies further than

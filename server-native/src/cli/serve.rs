@@ -29,6 +29,17 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         max_token_lifetime_secs,
         limits,
     } = args;
+    // Secrets are checked before anything connects (here, not by clap, whose error would
+    // repeat the value).
+    let min = synchro_protocol::jwt::MIN_SECRET_BYTES;
+    anyhow::ensure!(
+        jwt_secret.len() >= min,
+        "--jwt-secret (SYNCHRO_JWT_SECRET) must be at least {min} bytes"
+    );
+    anyhow::ensure!(
+        cursor_secret.as_ref().is_none_or(|s| s.len() >= min),
+        "--cursor-secret (SYNCHRO_CURSOR_SECRET) must be at least {min} bytes"
+    );
     // The worker login also evaluates written rows' scopes for push, on a pool of
     // its own so concurrent pushes do not queue behind one connection.
     let membership_db = match &worker_url {
