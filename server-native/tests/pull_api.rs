@@ -338,6 +338,39 @@ async fn pull_refuses_with_the_spec_errors() {
         "{v}"
     );
     assert_eq!(v["error"]["current_client_generation"], json!(generation));
+    // A missing generation (absent or null) is one that does not match, for pull and
+    // rebuild alike (spec 000: "missing, stale, or expired"; it used to be 400).
+    let mut absent = base.clone();
+    absent.as_object_mut().unwrap().remove("client_generation");
+    let mut rebuild_absent = with("scope_id", json!("user:alice"));
+    rebuild_absent
+        .as_object_mut()
+        .unwrap()
+        .remove("client_generation");
+    for (path, body) in [
+        ("/sync/pull", absent),
+        ("/sync/pull", with("client_generation", Value::Null)),
+        ("/sync/rebuild", rebuild_absent),
+    ] {
+        let (st, v) = s.post(path, &token, body).await;
+        assert_eq!(
+            (st, v["error"]["code"].clone()),
+            (409, json!("client_generation_expired")),
+            "{path}: {v}"
+        );
+        assert_eq!(v["error"]["current_client_generation"], json!(generation));
+    }
+    // A generation that is not a positive integer is still malformed.
+    for bad in [json!(0), json!(-1), json!("1")] {
+        let (st, v) = s
+            .post("/sync/pull", &token, with("client_generation", bad))
+            .await;
+        assert_eq!(
+            (st, v["error"]["code"].clone()),
+            (400, json!("invalid_request")),
+            "{v}"
+        );
+    }
     let (st, v) = s
         .post(
             "/sync/pull",

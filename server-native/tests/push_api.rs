@@ -338,6 +338,20 @@ async fn compare_and_swap_outcomes_replay_and_gates() {
         (409, Some("client_generation_expired")),
         "{e}"
     );
+    // So is new work without a generation (it used to be 400).
+    let (st, e) = s
+        .post(
+            &alice.token,
+            "/sync/push",
+            &json!({"protocol_version": 3, "client_id": alice.client, "schema": alice.schema,
+                    "batch_id": "b6", "mutations": [mutation(&m, "m6", "delete", 100, Some(&v2), &[])]}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("client_generation_expired")),
+        "{e}"
+    );
     let alice = Session {
         generation: renewed["client_generation"].as_u64().unwrap(),
         ..alice

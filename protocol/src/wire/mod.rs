@@ -172,6 +172,30 @@ pub fn positive_integer(value: &Json) -> Option<u64> {
     }
 }
 
+/// The `client_generation` of a push, pull or rebuild request that has none (the member
+/// absent or null): no generation equals it, so the server answers 409
+/// `client_generation_expired` as for a stale one (spec 000's error table: "missing, stale,
+/// or expired client generation"), not 400.
+pub const ABSENT_GENERATION: u64 = 0;
+
+/// A push, pull or rebuild request's `client_generation`: [`ABSENT_GENERATION`] when absent
+/// or null, else a positive integer (anything else is 400).
+pub(crate) fn request_generation(m: &mut Members<'_>) -> Result<u64, WireError> {
+    match m.optional("client_generation") {
+        None => Ok(ABSENT_GENERATION),
+        v => positive(v, "client_generation must be a positive integer"),
+    }
+}
+
+/// [`request_generation`]'s inverse: null for [`ABSENT_GENERATION`].
+pub(crate) fn generation_json(generation: u64) -> Json {
+    if generation == ABSENT_GENERATION {
+        Json::Null
+    } else {
+        num(generation)
+    }
+}
+
 pub(crate) fn positive(value: Option<&Json>, what: &'static str) -> Result<u64, WireError> {
     value.and_then(positive_integer).ok_or(bad(what))
 }

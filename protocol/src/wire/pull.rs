@@ -15,7 +15,7 @@ use crate::json::Json;
 pub struct PullRequest {
     /// The client ID (1..=256 bytes).
     pub client_id: String,
-    /// The current client generation.
+    /// The current client generation ([`super::ABSENT_GENERATION`] when the request has none).
     pub client_generation: u64,
     /// The schema reference as presented (the exact-current gate judges it).
     pub schema: Json,
@@ -34,10 +34,7 @@ pub(crate) fn common(m: &mut Members<'_>) -> Result<(String, u64, Json, u64), Wi
         MAX_ID_BYTES,
         "client_id must be a nonempty string of at most 256 bytes",
     )?;
-    let client_generation = positive(
-        m.get("client_generation"),
-        "client_generation must be a positive integer",
-    )?;
+    let client_generation = super::request_generation(m)?;
     let schema = m.get("schema").cloned().unwrap_or(Json::Null);
     let limit = m
         .get("limit")
@@ -69,7 +66,10 @@ impl Message for PullRequest {
         object(vec![
             ("protocol_version", num(3)),
             ("client_id", s(&self.client_id)),
-            ("client_generation", num(self.client_generation)),
+            (
+                "client_generation",
+                super::generation_json(self.client_generation),
+            ),
             ("schema", self.schema.clone()),
             ("scope_cursors", cursor_map_json(&self.scope_cursors)),
             ("limit", num(self.limit)),

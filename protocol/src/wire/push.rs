@@ -229,7 +229,7 @@ impl Mutation {
 pub struct PushRequest {
     /// The client ID.
     pub client_id: String,
-    /// The current client generation.
+    /// The current client generation ([`super::ABSENT_GENERATION`] when the request has none).
     pub client_generation: u64,
     /// The schema reference as presented.
     pub schema: Json,
@@ -248,10 +248,7 @@ impl Message for PushRequest {
             MAX_ID_BYTES,
             "client_id must be a nonempty string of at most 256 bytes",
         )?;
-        let client_generation = positive(
-            m.get("client_generation"),
-            "client_generation must be a positive integer",
-        )?;
+        let client_generation = super::request_generation(&mut m)?;
         let schema = m.get("schema").cloned().unwrap_or(Json::Null);
         let batch_id = id(
             m.get("batch_id"),
@@ -287,7 +284,10 @@ impl Message for PushRequest {
         object(vec![
             ("protocol_version", num(3)),
             ("client_id", s(&self.client_id)),
-            ("client_generation", num(self.client_generation)),
+            (
+                "client_generation",
+                super::generation_json(self.client_generation),
+            ),
             ("schema", self.schema.clone()),
             ("batch_id", s(&self.batch_id)),
             (

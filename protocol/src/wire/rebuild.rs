@@ -12,7 +12,7 @@ use crate::json::Json;
 pub struct RebuildRequest {
     /// The client ID.
     pub client_id: String,
-    /// The current client generation.
+    /// The current client generation ([`super::ABSENT_GENERATION`] when the request has none).
     pub client_generation: u64,
     /// The schema reference as presented.
     pub schema: Json,
@@ -52,7 +52,10 @@ impl Message for RebuildRequest {
         let mut members = vec![
             ("protocol_version", num(3)),
             ("client_id", s(&self.client_id)),
-            ("client_generation", num(self.client_generation)),
+            (
+                "client_generation",
+                super::generation_json(self.client_generation),
+            ),
             ("schema", self.schema.clone()),
             ("scope_id", s(&self.scope_id)),
             ("limit", num(self.limit)),
