@@ -361,6 +361,11 @@ async fn each_role_can_do_only_its_own_capability() {
         ("insert_manifest", "SELECT synchro.synchro_insert_manifest(1, repeat('a', 64), '{}', NULL, NULL, 'initial', 1)"),
         ("read_table", "SELECT * FROM synchro.manifests"),
         ("read_clients", "SELECT * FROM synchro.clients"),
+        // The monitor reads metadata only through functions (it used to have SELECT on
+        // these two, against spec 001's "no direct metadata access").
+        ("read_capture", "SELECT * FROM synchro.relation_capture"),
+        ("read_generations", "SELECT * FROM synchro.registry_generations"),
+        ("report", "SELECT synchro.synchro_capture_report()"),
         ("emit_message", "SELECT pg_logical_emit_message(true, 'synchro', 'forged')"),
     ];
     // (login, calls it may make); every other call must fail with 42501. An allowed call
@@ -371,10 +376,17 @@ async fn each_role_can_do_only_its_own_capability() {
             &["history", "client", "connect", "assigned", "ready"],
         ),
         ("synchro_dev_seed", &["history"]),
-        ("synchro_dev_monitor", &["ready", "detail"]),
+        ("synchro_dev_monitor", &["ready", "detail", "report"]),
         (
             "synchro_dev_operator",
-            &["history", "register", "grant", "detail", "insert_manifest"],
+            &[
+                "history",
+                "register",
+                "grant",
+                "detail",
+                "insert_manifest",
+                "report",
+            ],
         ),
         ("synchro_dev_worker", &[]),
         ("nobody", &[]),

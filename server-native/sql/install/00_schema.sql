@@ -38,17 +38,6 @@ CREATE TABLE synchro.schema_migrations (
 );
 REVOKE ALL ON synchro.schema_migrations FROM PUBLIC;
 
--- Operator settings, one text value per key; each file inserts the keys it reads.
-CREATE TABLE synchro.settings (
-    key text PRIMARY KEY,
-    value text NOT NULL
-);
-REVOKE ALL ON synchro.settings FROM PUBLIC;
-GRANT SELECT ON synchro.settings TO synchro_worker;
--- The largest bound a registration or a compaction batch may ask for (spec 003 "Strict
--- Positive Limits").
-INSERT INTO synchro.settings (key, value) VALUES ('max_bound', '100000');
-
 -- The settings an operator may change (synchro-server settings), each a whole number in
 -- its range; the others are fixed by the install. NULL for a key that is not settable.
 CREATE FUNCTION synchro.synchro_setting_range(p_key text) RETURNS int8range
@@ -68,12 +57,23 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_setting_range(text) FROM PUBLIC;
 
--- Every setting is a positive whole number (no sign, no leading zero), a settable one
--- within its range, whatever writes it (spec 003 "Strict Positive Limits": a value is
--- never clamped or defaulted where it is read, so none that needs it can be stored).
-ALTER TABLE synchro.settings ADD CONSTRAINT settings_value_valid
-    CHECK (value ~ '^[1-9][0-9]{0,17}$'
-           AND (synchro.synchro_setting_range(key) IS NULL OR value::bigint <@ synchro.synchro_setting_range(key)));
+-- Operator settings, one text value per key; each file inserts the keys it reads. Every
+-- value is a positive whole number (no sign, no leading zero), a settable one within its
+-- range, whatever writes it (spec 003 "Strict Positive Limits": a value is never clamped or
+-- defaulted where it is read, so none that would need it can be stored).
+CREATE TABLE synchro.settings (
+    key text PRIMARY KEY,
+    value text NOT NULL,
+    CONSTRAINT settings_value_valid
+        CHECK (value ~ '^[1-9][0-9]{0,17}$'
+               AND (synchro.synchro_setting_range(key) IS NULL
+                    OR value::bigint <@ synchro.synchro_setting_range(key)))
+);
+REVOKE ALL ON synchro.settings FROM PUBLIC;
+GRANT SELECT ON synchro.settings TO synchro_worker;
+-- The largest bound a registration or a compaction batch may ask for (spec 003 "Strict
+-- Positive Limits").
+INSERT INTO synchro.settings (key, value) VALUES ('max_bound', '100000');
 
 -- Every setting with its value and, for a settable one, its range.
 CREATE FUNCTION synchro.synchro_settings() RETURNS jsonb

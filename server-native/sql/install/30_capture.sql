@@ -104,7 +104,6 @@ CREATE TABLE synchro.relation_capture (
 );
 REVOKE ALL ON synchro.relation_capture FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.relation_capture TO synchro_worker;
-GRANT SELECT ON synchro.relation_capture TO synchro_monitor;
 
 CREATE FUNCTION synchro.synchro_relation_capture_trigger() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$

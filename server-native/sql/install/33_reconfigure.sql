@@ -51,7 +51,7 @@ CREATE TABLE synchro.registry_generations (
     activated_lsn pg_lsn
 );
 REVOKE ALL ON synchro.registry_generations FROM PUBLIC;
-GRANT SELECT ON synchro.registry_generations TO synchro_worker, synchro_monitor;
+GRANT SELECT ON synchro.registry_generations TO synchro_worker;
 -- At most one reconfiguration of a relation is in flight.
 CREATE UNIQUE INDEX registry_generations_in_flight ON synchro.registry_generations (relation_id)
     WHERE state IN ('pending', 'staged');
