@@ -173,6 +173,23 @@ pub fn steps() -> Vec<Step> {
     steps
 }
 
+/// Whether the database's install ledger holds exactly this binary's steps
+/// (`synchro_schema_ledger`): the SQL contract the server is built for. Not so on a
+/// database installed or upgraded by another version, or not upgraded yet.
+pub async fn ledger_matches(db: &Client) -> Result<bool> {
+    let recorded: Vec<(i32, String)> = db
+        .query(
+            "SELECT version, sha256 FROM synchro.synchro_schema_ledger()",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let expected: Vec<(i32, String)> = steps().iter().map(|s| (s.version, s.sha256())).collect();
+    Ok(recorded == expected)
+}
+
 /// What an install run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstallReport {

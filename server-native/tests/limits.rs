@@ -808,6 +808,102 @@ async fn probe_exits_0_for_a_ready_server_and_1_otherwise() {
     assert_eq!(probe(format!("0.0.0.0:{}", addr.port())), Some(0));
 }
 
+/// A server whose database holds another SQL contract than the one it is built for (its
+/// install ledger differs from the binary's steps) is not ready, and `health` says
+/// `schema_installed: failed` (the check was a constant "ok"); a readiness check that is
+/// null counts as not ok (a missing capture state used to pass).
+#[tokio::test]
+async fn a_server_on_another_sql_contract_or_a_null_check_is_not_ready() {
+    let env = env().await;
+    let (_server, addr) = start(&env, &[]);
+    wait_ready(addr).await;
+    let ready = || async {
+        http()
+            .get(format!("http://{addr}/ready"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let health = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args([
+                "health",
+                "--database-url",
+                &env.cluster.url("synchro_dev_monitor", "app"),
+            ])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.code(), v)
+    };
+    let (code, h) = health();
+    assert_eq!(
+        (code, &h["checks"]["schema_installed"]),
+        (Some(0), &json!("ok")),
+        "{h}"
+    );
+
+    let real: String = env
+        .admin
+        .query_one(
+            "SELECT sha256 FROM synchro.schema_migrations WHERE version = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    env.admin
+        .batch_execute(
+            "UPDATE synchro.schema_migrations SET sha256 = repeat('0', 64) WHERE version = 1",
+        )
+        .await
+        .unwrap();
+    assert_eq!(ready().await, 503);
+    let (code, h) = health();
+    assert_eq!(
+        (code, &h["checks"]["schema_installed"]),
+        (Some(1), &json!("failed")),
+        "{h}"
+    );
+    env.admin
+        .execute(
+            "UPDATE synchro.schema_migrations SET sha256 = $1 WHERE version = 1",
+            &[&real],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ready().await, 200);
+
+    // A check that is null (no capture state row: the subquery answers nothing).
+    let saved = env
+        .admin
+        .query_one("SELECT to_jsonb(c)::text FROM synchro.capture_state c", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0);
+    env.admin
+        .batch_execute("DELETE FROM synchro.capture_state")
+        .await
+        .unwrap();
+    let readiness: bool = env
+        .login("synchro_dev_monitor")
+        .await
+        .query_one("SELECT synchro.synchro_readiness()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!readiness);
+    env.admin
+        .execute(
+            "INSERT INTO synchro.capture_state SELECT * FROM jsonb_populate_record(NULL::synchro.capture_state, $1::text::jsonb)",
+            &[&saved],
+        )
+        .await
+        .unwrap();
+}
+
 /// Connects `client` for `user`; returns (token, generation, schema).
 async fn connect(addr: SocketAddr, user: &str, client: &str) -> (String, u64, Value) {
     let token = mint(SECRET.as_bytes(), user, 3600);

@@ -66,7 +66,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                synchro.synchro_positive_setting('capture_max_wal_lag_bytes') AS max_lag
     )
     SELECT jsonb_build_object(
-        'schema_installed', 'ok',
+        -- (`schema_installed`, the ledger equal to the running binary's install steps, is
+        -- added by the binary: only it knows its steps; synchro_schema_ledger.)
         -- A manifest clients can be served: published, and not waiting for the activation of
         -- its registry generation (a first deployment's reconfiguration; publish.rs serves
         -- no manifest from the first unactivated one on).
@@ -173,12 +174,24 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_health_detail() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_health_detail() TO synchro_monitor, synchro_operator;
 
+-- Every check ok (a check that is null, or anything but 'ok', is not).
 CREATE FUNCTION synchro.synchro_readiness() RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT NOT EXISTS (SELECT 1 FROM jsonb_each_text(synchro.synchro_health_detail()) WHERE value <> 'ok')
+    SELECT NOT EXISTS (SELECT 1 FROM jsonb_each_text(synchro.synchro_health_detail())
+                        WHERE value IS DISTINCT FROM 'ok')
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_readiness() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_readiness() TO synchro_adapter, synchro_monitor;
+
+-- The install ledger (version, SHA-256 of each applied step): the serving binary and
+-- `health` compare it with their own steps, so a server on another SQL contract is never
+-- ready (check `schema_installed`).
+CREATE FUNCTION synchro.synchro_schema_ledger() RETURNS TABLE (version integer, sha256 text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT m.version, m.sha256 FROM synchro.schema_migrations m ORDER BY m.version
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_schema_ledger() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_schema_ledger() TO synchro_adapter, synchro_monitor, synchro_operator;
 
 -- Whether capture is durably blocked. While it is, pull, rebuild and push answer 503
 -- temporary_unavailable with reason capture_blocked (spec 000 error table) rather than

@@ -1,5 +1,6 @@
 //! `GET /ready`: 200 `{"status":"ready"}` when every readiness check passes
-//! (`synchro.synchro_readiness()`), otherwise 503 `{"status":"unready"}`; no detail (the
+//! (`synchro.synchro_readiness()`, and the install ledger is exactly this binary's steps:
+//! `schema_installed`), otherwise 503 `{"status":"unready"}`; no detail (the
 //! detailed checks are `synchro-server health`, for monitor and operator logins).
 
 use std::sync::Arc;
@@ -13,12 +14,14 @@ use super::{json_response, AppState};
 
 pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let ok = match state.db.get().await {
-        Ok(db) => matches!(
-            db.query_one("SELECT synchro.synchro_readiness()", &[])
-                .await
-                .map(|r| r.get::<_, bool>(0)),
-            Ok(true)
-        ),
+        Ok(db) => {
+            // Both go out together (one round trip).
+            let (checks, ledger) = futures_util::join!(
+                db.query_one("SELECT synchro.synchro_readiness()", &[]),
+                crate::install::ledger_matches(&db)
+            );
+            matches!(checks.map(|r| r.get::<_, bool>(0)), Ok(true)) && matches!(ledger, Ok(true))
+        }
         Err(_) => false,
     };
     let (status, text) = if ok {

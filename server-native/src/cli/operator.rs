@@ -38,7 +38,15 @@ pub(super) async fn health(database_url: &str) -> Result<ExitCode> {
         )
         .await
         .map_err(|e| anyhow::anyhow!(install::describe(&e)))?;
-    let checks: serde_json::Value = serde_json::from_str(&row.get::<_, String>(0))?;
+    let mut checks: serde_json::Value = serde_json::from_str(&row.get::<_, String>(0))?;
+    // The SQL contract this binary is built for (only the binary knows its steps).
+    let installed = match install::ledger_matches(&db).await {
+        Ok(true) => "ok",
+        _ => "failed",
+    };
+    if let Some(c) = checks.as_object_mut() {
+        c.insert("schema_installed".into(), installed.into());
+    }
     let report: serde_json::Value = serde_json::from_str(&row.get::<_, String>(1))?;
     let ready = checks
         .as_object()
