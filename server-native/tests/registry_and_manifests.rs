@@ -128,6 +128,15 @@ async fn invalid_relations_are_refused_with_the_exact_reason() {
             req.relation
         );
     }
+    // A refused new registration names no ID it made: they were rolled back with it (the
+    // unsupported column used to name its relation's).
+    let op = env.login("synchro_dev_operator").await;
+    match register(&op, &synced("odd_column")).await {
+        Err(RegistrationError::Invalid(body, _)) => {
+            assert!(body["error"].get("relation_id").is_none(), "{body}");
+        }
+        other => panic!("odd_column registered: {other:?}"),
+    }
     // Nothing was recorded by any refused registration.
     let count: i64 = env
         .admin

@@ -319,7 +319,9 @@ BEGIN
             END IF;
             IF v_type IS NULL THEN
                 -- No portable type: the relation cannot be represented (see protocol-decisions).
-                PERFORM synchro.synchro_registration_error('unsupported_column_type', v_relation_id);
+                -- The error names no ID this registration made (they are rolled back with it;
+                -- spec 003: relation_id only "when already assigned").
+                PERFORM synchro.synchro_registration_error('unsupported_column_type');
             END IF;
             v_field_id := synchro.synchro_new_id('fld_');
             INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,
