@@ -453,3 +453,47 @@ async fn privileged_functions_are_owned_pinned_and_not_public() {
         "default privileges revoke EXECUTE from PUBLIC"
     );
 }
+
+/// PUBLIC has nothing in the synchro schema: not the schema, no function, no table or
+/// sequence, no type of its own (PostgreSQL grants USAGE on every new type to PUBLIC; a
+/// table's row type has no privileges of its own), and the schema's default privileges give
+/// PUBLIC nothing either (spec 001: default-deny).
+#[tokio::test]
+async fn the_public_role_has_nothing_in_the_synchro_schema() {
+    let env = Env::installed().await;
+    let leaks: Vec<String> = env
+        .admin
+        .query(
+            "SELECT 'function ' || p.oid::regprocedure::text FROM pg_proc p
+               JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = 'synchro' AND has_function_privilege('public', p.oid, 'EXECUTE')
+             UNION ALL
+             SELECT 'type ' || t.oid::regtype::text FROM pg_type t
+               JOIN pg_namespace n ON n.oid = t.typnamespace
+               LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+               LEFT JOIN pg_class tc ON tc.oid = coalesce(e.typrelid, t.typrelid)
+              WHERE n.nspname = 'synchro' AND has_type_privilege('public', t.oid, 'USAGE')
+                -- A table's row type (and its array) has no privileges of its own.
+                AND (tc.oid IS NULL OR tc.relkind = 'c')
+             UNION ALL
+             SELECT 'schema synchro' WHERE has_schema_privilege('public', 'synchro', 'USAGE, CREATE')
+             UNION ALL
+             SELECT 'relation ' || c.oid::regclass::text FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'synchro' AND c.relkind IN ('r', 'v', 'm', 'S', 'p', 'f')
+                AND (has_table_privilege('public', c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
+                     OR (c.relkind = 'S' AND has_sequence_privilege('public', c.oid, 'USAGE, SELECT, UPDATE')))
+             UNION ALL
+             SELECT 'default privileges ' || d.defaclobjtype::text FROM pg_default_acl d
+               JOIN pg_namespace n ON n.oid = d.defaclnamespace, aclexplode(d.defaclacl) a
+              WHERE n.nspname = 'synchro' AND a.grantee = 0
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}

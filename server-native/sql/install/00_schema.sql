@@ -15,9 +15,11 @@ GRANT USAGE ON SCHEMA synchro TO synchro_adapter, synchro_seed, synchro_monitor,
 -- No function synchro_owner creates is executable by PUBLIC: each file grants EXECUTE to the
 -- roles that need it, and repeats the REVOKE beside each function so it reads on its own.
 -- (A per-schema default can only add to this global one, so none is set for functions; tables
--- and sequences give PUBLIC nothing by default; types give PUBLIC USAGE, which is of no use
--- without USAGE on the schema.)
+-- and sequences give PUBLIC nothing by default.) Types would give PUBLIC USAGE: none does
+-- either (a table's row type has no privileges of its own); synchro_row_ref, which rule
+-- authors' impact functions return, is granted where 41_dependencies creates it.
 ALTER DEFAULT PRIVILEGES FOR ROLE synchro_owner REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES FOR ROLE synchro_owner REVOKE USAGE ON TYPES FROM PUBLIC;
 
 -- PostgreSQL 15 lets PUBLIC emit logical messages: only synchro_owner may, through its
 -- SECURITY DEFINER fence (31_fences) and bootstrap (32_bootstrap) functions, so no session

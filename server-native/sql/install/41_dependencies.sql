@@ -14,6 +14,7 @@
 -- is the target itself is a self-impact declaration (sibling rows).
 
 CREATE TYPE synchro.synchro_row_ref AS (table_id text, pk_type text, pk_value text);
+-- Impact functions return it: their authors (operator logins) and the worker use it.
 GRANT USAGE ON TYPE synchro.synchro_row_ref TO synchro_operator, synchro_worker;
 
 -- Fields of a capture_dependency relation: every column with a portable type.
