@@ -5,7 +5,7 @@
 
 use synchro_protocol::manifest::Manifest;
 use synchro_protocol::migration::MigrationPlan;
-use synchro_protocol::state::{ClientState, StateMachine};
+use synchro_protocol::state::ClientState;
 
 use super::{Client, ClientError, Failpoint, Migration, Transport};
 use crate::store::{hex, DdlPoint, MigrationAction, NewJournal, Phase, StorageError};
@@ -28,7 +28,9 @@ impl<T: Transport> Client<T> {
             }
             Phase::Committed if active == Some(journal.target.schema_ref()) => Ok(()),
             _ => {
-                self.machine = StateMachine::new(ClientState::Blocked);
+                // Blocked where the state map allows it; either way nothing is sent (the
+                // round stops here, and so does every later one: the journal stays).
+                let _ = self.go(ClientState::Blocked);
                 Err(ClientError::Blocked(
                     "the migration journal and the active schema disagree",
                 ))

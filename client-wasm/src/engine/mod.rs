@@ -565,9 +565,9 @@ impl<T: Transport> Client<T> {
         } else {
             ClientState::Blocked
         };
-        if self.go(to).is_err() {
-            self.machine = StateMachine::new(to);
-        }
+        // A transition the state map does not list is not made (the machine stays put): the
+        // next round starts from there, and every state it can be in may connect again.
+        let _ = self.go(to);
     }
 
     async fn after_connect(&mut self, report: &mut SyncReport) -> Result<(), ClientError> {
@@ -620,11 +620,10 @@ impl<T: Transport> Client<T> {
             .map_err(ClientError::IllegalTransition)
     }
 
+    /// Back to idle for a retried round, when the state map allows it; otherwise the state
+    /// stays (a fresh, stopped or upgrade-required engine connects from where it is).
     fn reset_to_idle(&mut self) {
-        let s = self.machine.state();
-        if s != ClientState::Idle && self.go(ClientState::Idle).is_err() {
-            self.machine = StateMachine::new(ClientState::Idle);
-        }
+        let _ = self.go(ClientState::Idle);
     }
 
     fn fail(&self, at: Failpoint) -> Result<(), ClientError> {
