@@ -360,6 +360,60 @@ async fn a_bad_impact_result_blocks_capture_without_acknowledging() {
     assert!(edges(&env).await.contains_key("team:x"));
 }
 
+/// An impact function replaced in place (CREATE OR REPLACE, same signature) is not
+/// evaluated until registered again: the next dependency change blocks capture with
+/// `scope_evaluation_failed` / `definition_changed`, nothing is acknowledged, and
+/// re-registering it lets the same change apply (it used to apply the new body silently).
+#[tokio::test]
+async fn an_impact_function_replaced_in_place_blocks_until_registered_again() {
+    let Setup {
+        env,
+        mut worker,
+        tasks_table,
+    } = setup().await;
+    assert_eq!(drain(&mut worker).await, StepOutcome::Applied(0));
+    let op = env.login("synchro_dev_operator").await;
+    // The same behaviour, another body: only the definition changed.
+    op.batch_execute(&format!(
+        "CREATE OR REPLACE FUNCTION rules.project_impact(p_old jsonb, p_new jsonb) RETURNS SETOF synchro.synchro_row_ref
+         LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT ROW('{tasks_table}', 'int64', t.id::text)::synchro.synchro_row_ref
+             FROM synchro_projection.\"app.tasks\" t
+            WHERE t.project_id = p_old ->> 'id' OR t.project_id = p_new ->> 'id';
+         END;"
+    ))
+    .await
+    .unwrap();
+    let before = confirmed(&env).await;
+    env.admin
+        .batch_execute("UPDATE app.projects SET team = 'y' WHERE id = 'p0'")
+        .await
+        .unwrap();
+    assert_eq!(
+        drain(&mut worker).await,
+        StepOutcome::Blocked("scope_evaluation_failed".into())
+    );
+    let detail: String = env
+        .admin
+        .query_one("SELECT blocked_detail FROM synchro.capture_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(detail, "definition_changed");
+    assert_eq!(confirmed(&env).await, before, "nothing acknowledged");
+    op.batch_execute(
+        "SELECT synchro.synchro_register_impact_function('app', 'tasks', 'app', 'projects',
+                                                         'rules.project_impact(jsonb,jsonb)', 50);
+         SELECT synchro.synchro_capture_unblock();",
+    )
+    .await
+    .unwrap();
+    assert_eq!(drain(&mut worker).await, StepOutcome::Applied(0));
+    assert_eq!(edges(&env).await, expected(&env).await);
+    assert!(edges(&env).await.contains_key("team:y"));
+}
+
 #[tokio::test]
 async fn a_self_impact_re_evaluates_sibling_rows() {
     let env = Env::installed().await;

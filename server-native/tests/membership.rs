@@ -739,6 +739,23 @@ async fn reconnect(env: &Env, worker: Worker) -> Worker {
     }
 }
 
+/// Registers rules.doc_scopes again (after it was replaced in place: the way out of
+/// `definition_changed`; the rule is staged over every row again).
+async fn reregister_rule(op: &tokio_postgres::Client) {
+    op.batch_execute(
+        "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)')",
+    )
+    .await
+    .unwrap();
+}
+
+/// Replaces rules.doc_scopes' body (its owner, the operator login, may) and registers it
+/// again.
+async fn replace_and_reregister_rule(op: &tokio_postgres::Client, team_expression: &str) {
+    replace_rule(op, team_expression).await;
+    reregister_rule(op).await;
+}
+
 /// Replaces rules.doc_scopes' body (its owner, the operator login, may).
 async fn replace_rule(op: &tokio_postgres::Client, team_expression: &str) {
     op.batch_execute(&format!(
@@ -764,12 +781,35 @@ async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_ope
         .unwrap()
         .get(0);
     drain(&mut worker).await;
-    // The rule divides by zero for team 'boom' (evaluated per row, at run time).
+    // The rule divides by zero for team 'boom' (evaluated per row, at run time). Replaced in
+    // place, it is not evaluated at all until registered again: a rule is pinned to the
+    // definition it was registered (and staged) with, so CREATE OR REPLACE never silently
+    // changes live membership (it used to apply at once, unstaged; issue 32).
     replace_rule(&op, "'team:' || (100 / (length(team) - 4))::text").await;
     env.admin
         .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red'), (2, 'bob', 'boom')")
         .await
         .unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("scope_evaluation_failed".into())
+    );
+    let block = blocked(&env).await;
+    assert_eq!(
+        (
+            &block["relation_id"],
+            &block["detail"],
+            block.get("sqlstate")
+        ),
+        (
+            &serde_json::json!(relation_id),
+            &serde_json::json!("definition_changed"),
+            None
+        ),
+        "{block}"
+    );
+    reregister_rule(&op).await;
+    capture_cli(&env, &["unblock"]);
     assert_eq!(
         worker.step(Failpoint::None).await.unwrap(),
         StepOutcome::Blocked("scope_evaluation_failed".into())
@@ -785,8 +825,9 @@ async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_ope
         worker.step(Failpoint::None).await.unwrap(),
         StepOutcome::Blocked("scope_evaluation_failed".into())
     );
-    // Fixed in place and unblocked (the operator login, no superuser): capture goes on.
-    replace_rule(&op, "'team:' || team").await;
+    // Fixed in place, registered again and unblocked (the operator login, no superuser):
+    // capture goes on.
+    replace_and_reregister_rule(&op, "'team:' || team").await;
     assert_eq!(
         capture_cli(&env, &["unblock"])["unblocked"]["detail"],
         "function_error"
@@ -834,7 +875,7 @@ async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_ope
         .contains(&("user:carol".to_owned(), "\"3\"".to_owned())));
 
     // A cancelled evaluation is retried, never recorded as a block.
-    replace_rule(
+    replace_and_reregister_rule(
         &op,
         "'team:' || team || CASE WHEN pg_sleep(CASE WHEN team = 'slow' THEN 30 ELSE 0 END) IS NULL THEN '' END",
     )
@@ -864,7 +905,7 @@ async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_ope
     let (stepped, ()) = tokio::join!(worker.step(Failpoint::None), cancel_the_evaluation);
     assert!(stepped.is_err(), "a cancelled evaluation fails the step");
     assert_eq!(blocked(&env).await, serde_json::Value::Null);
-    replace_rule(&op, "'team:' || team").await;
+    replace_and_reregister_rule(&op, "'team:' || team").await;
     let mut worker = reconnect(&env, worker).await;
     drain(&mut worker).await;
     assert!(edge_set(&env)

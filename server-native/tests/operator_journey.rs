@@ -327,13 +327,18 @@ async fn an_operator_deploys_evolves_and_recovers_from_every_mistake_without_a_s
     assert_eq!(h["checks"]["membership_coverage"], "ok", "{h}");
     shop.all_in_place().await;
 
-    // Mistake: a live rule that raises for one row. Capture blocks, naming the relation,
-    // the detail and the SQLSTATE; the operator fixes the rule and unblocks.
+    // Mistake: a live rule that raises for one row (replaced and registered again: a rule
+    // replaced in place is never evaluated until then). Capture blocks, naming the relation,
+    // the detail and the SQLSTATE; the operator fixes the rule, registers it and unblocks.
     let orders = shop.relation_id("orders").await;
+    let reregister = "SELECT synchro.synchro_register_membership_function('shop', 'orders', 'rules.order_scopes(bigint)')";
     shop.op
-        .batch_execute(&order_rule(
-            // (a divisor known only at run time: a constant 1 / 0 fails at planning, for every row)
-            " || CASE WHEN status = 'held' THEN (1 / (length(status) - 4))::text ELSE '' END",
+        .batch_execute(&format!(
+            "{} {reregister}",
+            order_rule(
+                // (a divisor known only at run time: a constant 1 / 0 fails at planning, for every row)
+                " || CASE WHEN status = 'held' THEN (1 / (length(status) - 4))::text ELSE '' END",
+            )
         ))
         .await
         .unwrap();
@@ -361,10 +366,17 @@ async fn an_operator_deploys_evolves_and_recovers_from_every_mistake_without_a_s
         "{h}"
     );
     assert_eq!(shop.health().0, 1, "not ready while blocked");
-    shop.op.batch_execute(&order_rule("")).await.unwrap();
+    shop.op
+        .batch_execute(&format!("{} {reregister}", order_rule("")))
+        .await
+        .unwrap();
     let lifted = shop.ok("app_operator", &["capture", "unblock"]);
     assert_eq!(lifted["unblocked"]["reason"], "scope_evaluation_failed");
-    shop.ready().await;
+    // The registered rule is staged over every row again; it is live once that is done.
+    shop.health_until("the rule staged", |h| {
+        h["ready"] == true && h["report"]["membership_staging"] == serde_json::json!({})
+    })
+    .await;
     shop.all_in_place().await;
 
     // Mistake: a grant the worker needs taken away after registration. Capture blocks
@@ -378,7 +390,9 @@ async fn an_operator_deploys_evolves_and_recovers_from_every_mistake_without_a_s
         .await
         .unwrap();
     let h = shop
-        .health_until("a block", |h| h["report"]["blocked"].is_object())
+        .health_until("a block for the revoked grant", |h| {
+            h["report"]["blocked"].is_object()
+        })
         .await;
     assert_eq!(
         (

@@ -100,6 +100,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT encode(sha256(convert_to(pg_get_functiondef(p_oid), 'UTF8')), 'hex')
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_function_definition_sha256(oid) FROM PUBLIC;
+-- The worker compares each registered membership and impact function with it at every
+-- step: a function replaced in place is not evaluated until re-registered (definition_changed).
+GRANT EXECUTE ON FUNCTION synchro.synchro_function_definition_sha256(oid) TO synchro_worker;
 
 -- Registers (or replaces) the assignment function: LANGUAGE sql with a SQL-standard body,
 -- STABLE, SECURITY INVOKER, (text) RETURNS SETOF text, search_path pinned to

@@ -30,7 +30,7 @@ CREATE TABLE synchro.capture_state (
         ('column_added', 'column_missing', 'column_type_changed', 'relation_renamed', 'relation_dropped',
          'replica_identity_changed', 'primary_key_changed',
          'function_error', 'insufficient_privilege', 'function_unavailable', 'invalid_scope',
-         'fanout_exceeded', 'impact_invalid_row', 'impact_bound_exceeded')),
+         'fanout_exceeded', 'impact_invalid_row', 'impact_bound_exceeded', 'definition_changed')),
     blocked_lsn pg_lsn,
     blocked_ordinal integer,
     -- The SQLSTATE of the database error behind the block (a failed membership or impact

@@ -376,9 +376,16 @@ BEGIN
     IF EXISTS (SELECT 1 FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id) THEN
         -- A rule change is staged: the live rule keeps serving until the worker has evaluated
         -- the new one over every row and activates it atomically.
+        -- Re-registering the live function itself after replacing it in place (the way out of
+        -- `definition_changed`) also records its new definition as the live one: its old body
+        -- is gone, so the new one serves at once, visibly, while staging re-evaluates every
+        -- row with it.
         UPDATE synchro.membership_functions
            SET pending_function_oid = v_oid, pending_signature = v_oid::regprocedure::text,
-               pending_sha256 = synchro.synchro_function_definition_sha256(v_oid)
+               pending_sha256 = synchro.synchro_function_definition_sha256(v_oid),
+               definition_sha256 = CASE WHEN function_oid = v_oid
+                                        THEN synchro.synchro_function_definition_sha256(v_oid)
+                                        ELSE definition_sha256 END
          WHERE relation_id = v_rel.relation_id;
         PERFORM synchro.synchro_restart_staging(v_rel.relation_id);
     ELSE

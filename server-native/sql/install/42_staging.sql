@@ -115,10 +115,24 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_analyze_materialized() TO synchro_work
 
 -- Stages the pending rule of a relation again from its first row (after fixing the rule or
 -- a grant it lacked): clears a recorded failure. Returns false when nothing is pending.
+-- The staging restarts from the first row with the pending function as it is now: a
+-- pending function fixed in place (the usual way out of a failed staging) has its new
+-- definition recorded, as a re-registration would (and so has the live one when it is the
+-- same function), since nothing was served from its staging yet.
 CREATE FUNCTION synchro.synchro_retry_staging(p_schema text, p_relation text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT synchro.synchro_restart_staging((synchro.synchro_synced_relation(p_schema, p_relation)).relation_id)
-$$;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_relation_id text := (synchro.synchro_synced_relation(p_schema, p_relation)).relation_id;
+BEGIN
+    UPDATE synchro.membership_functions m
+       SET pending_sha256 = synchro.synchro_function_definition_sha256(m.pending_function_oid),
+           definition_sha256 = CASE WHEN m.function_oid = m.pending_function_oid
+                                    THEN synchro.synchro_function_definition_sha256(m.pending_function_oid)
+                                    ELSE m.definition_sha256 END
+     WHERE m.relation_id = v_relation_id AND m.pending_function_oid IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = m.pending_function_oid);
+    RETURN synchro.synchro_restart_staging(v_relation_id);
+END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_retry_staging(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_retry_staging(text, text) TO synchro_operator;
 

@@ -117,6 +117,9 @@ block_details! {
     ImpactInvalidRow => "impact_invalid_row",
     /// An impact function named more rows for one event than its bound.
     ImpactBoundExceeded => "impact_bound_exceeded",
+    /// A registered membership or impact function's definition is no longer the one
+    /// registered (`CREATE OR REPLACE` in place): it is not evaluated until re-registered.
+    DefinitionChanged => "definition_changed",
 }
 
 impl BlockDetail {

@@ -335,6 +335,10 @@ pub(super) struct Functions {
     prepared: Mutex<HashMap<String, Statement>>,
     /// The owner of every registered function seen so far.
     owners: Mutex<Owners>,
+    /// The registered functions not to evaluate, as the last registry load found them: a
+    /// definition changed since its registration (a rule is pinned to the definition it was
+    /// registered, and staged, with), or a privilege the worker lost.
+    unusable: Mutex<super::registry::Unusable>,
 }
 
 /// One `synchro.synchro_row_ref` an impact function returned for an event.
@@ -358,7 +362,28 @@ impl Functions {
         self.owners.lock().expect("owners").extend(owners);
     }
 
+    /// Replaces the functions not to evaluate with what a registry load found.
+    pub(super) fn record_unusable(&self, unusable: super::registry::Unusable) {
+        *self.unusable.lock().expect("unusable") = unusable;
+    }
+
+    /// The owner a function is evaluated as; a function that is not to be evaluated (see
+    /// `unusable`) fails with its detail.
     fn owner(&self, function: &str) -> Result<String> {
+        let unusable = self
+            .unusable
+            .lock()
+            .expect("unusable")
+            .get(function)
+            .copied();
+        match unusable {
+            Some(BlockDetail::InsufficientPrivilege) => bail!(EvaluationFailed {
+                detail: BlockDetail::InsufficientPrivilege,
+                sqlstate: Some("42501".into()),
+            }),
+            Some(detail) => bail!(EvaluationFailed::new(detail)),
+            None => {}
+        }
         let owner = self.owners.lock().expect("owners").get(function).cloned();
         owner.ok_or_else(|| EvaluationFailed::new(BlockDetail::FunctionUnavailable).into())
     }

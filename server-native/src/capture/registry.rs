@@ -132,11 +132,19 @@ pub(super) fn by_id<'a>(relations: &'a Relations, relation_id: &str) -> Option<&
 /// Owner roles by function (regproc text).
 pub(super) type Owners = HashMap<String, String>;
 
+/// Registered functions (regproc text) that must not be evaluated, and why: the definition
+/// is no longer the registered one (`DefinitionChanged`), or the worker lost USAGE on its
+/// schema or EXECUTE on it (`InsufficientPrivilege`; checked here, at every step, because
+/// a statement the worker prepared earlier would not notice).
+pub(super) type Unusable = HashMap<String, super::block::BlockDetail>;
+
 /// What [`load`] read.
 pub(super) struct Registry {
     pub(super) relations: Relations,
     /// The owner of every registered membership (live or pending) and impact function.
     pub(super) owners: Owners,
+    /// The registered functions not to evaluate.
+    pub(super) unusable: Unusable,
 }
 
 /// Reads the registry (three queries, in the materialization session).
@@ -149,9 +157,33 @@ pub(super) async fn load(db: &Client, queries: &Queries) -> Result<Registry> {
     )?;
     let mut relations = load_relations(relations)?;
     let mut owners = Owners::new();
+    let mut unusable = Unusable::new();
+    let mut mark = |function: Option<String>, changed: bool, denied: bool| {
+        use super::block::BlockDetail;
+        let Some(f) = function else { return };
+        // A changed definition is named first: registering it again is the way out.
+        if changed {
+            unusable.insert(f, BlockDetail::DefinitionChanged);
+        } else if denied {
+            unusable
+                .entry(f)
+                .or_insert(BlockDetail::InsufficientPrivilege);
+        }
+    };
+    for r in &memberships {
+        mark(r.get(1), r.get(12), r.get(14));
+        mark(r.get(4), r.get(13), r.get(15));
+    }
+    for r in &impacts {
+        mark(r.get(2), r.get(5), r.get(6));
+    }
     load_memberships(memberships, &mut relations, &mut owners)?;
     load_impacts(impacts, &mut relations, &mut owners)?;
-    Ok(Registry { relations, owners })
+    Ok(Registry {
+        relations,
+        owners,
+        unusable,
+    })
 }
 
 /// The registry's queries, prepared once per session (a step loads the registry each time:
@@ -189,7 +221,17 @@ const MEMBERSHIPS: &str = "SELECT r.physical_relation_oid, m.function_oid::regpr
                     m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
                                                          WHERE d.target_relation_id = m.relation_id), 0)::bigint,
                     pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
-                    m.live, m.staging_epoch, m.staging_failed_at IS NOT NULL
+                    m.live, m.staging_epoch, m.staging_failed_at IS NOT NULL,
+                    -- Whether a function's definition is no longer the registered one, and
+                    -- whether the worker lost what it needs to call it.
+                    lf.oid IS NOT NULL AND m.definition_sha256
+                        IS DISTINCT FROM synchro.synchro_function_definition_sha256(m.function_oid),
+                    pf.oid IS NOT NULL AND m.pending_sha256
+                        IS DISTINCT FROM synchro.synchro_function_definition_sha256(m.pending_function_oid),
+                    lf.oid IS NOT NULL AND NOT (has_schema_privilege('synchro_worker', lf.pronamespace, 'USAGE')
+                                                AND has_function_privilege('synchro_worker', lf.oid, 'EXECUTE')),
+                    pf.oid IS NOT NULL AND NOT (has_schema_privilege('synchro_worker', pf.pronamespace, 'USAGE')
+                                                AND has_function_privilege('synchro_worker', pf.oid, 'EXECUTE'))
                FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
                LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
                LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid";
@@ -198,7 +240,13 @@ const IMPACTS: &str =
     "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
                     m.max_impact_rows::bigint,
                     (SELECT pg_catalog.pg_get_userbyid(p.proowner)::text FROM pg_catalog.pg_proc p
-                      WHERE p.oid = m.impact_function_oid)
+                      WHERE p.oid = m.impact_function_oid),
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = m.impact_function_oid)
+                      AND m.definition_sha256
+                          IS DISTINCT FROM synchro.synchro_function_definition_sha256(m.impact_function_oid),
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = m.impact_function_oid
+                               AND NOT (has_schema_privilege('synchro_worker', p.pronamespace, 'USAGE')
+                                        AND has_function_privilege('synchro_worker', p.oid, 'EXECUTE')))
                FROM synchro.membership_dependencies m
                JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
                JOIN synchro.relations t ON t.relation_id = m.target_relation_id";

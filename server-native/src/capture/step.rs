@@ -292,10 +292,11 @@ impl Worker {
         Ok(StepOutcome::Blocked(reason.to_owned()))
     }
 
-    /// Loads the registry and records its function owners.
+    /// Loads the registry and records its function owners and the functions not to evaluate.
     async fn registry(&self) -> Result<Relations> {
         let loaded = super::registry::load(&self.materialize, &self.registry_queries).await?;
         self.functions.record_owners(loaded.owners);
+        self.functions.record_unusable(loaded.unusable);
         Ok(loaded.relations)
     }
 
