@@ -844,6 +844,13 @@ async fn a_server_on_another_sql_contract_or_a_null_check_is_not_ready() {
         (Some(0), &json!("ok")),
         "{h}"
     );
+    // The observations beside the checks: heartbeat age (seconds) and unconfirmed WAL.
+    let age = h["report"]["heartbeat_age_seconds"].as_i64();
+    assert!(age.is_some_and(|a| (0..=60).contains(&a)), "{h}");
+    assert!(
+        h["report"]["unconfirmed_wal_bytes"].as_i64().is_some(),
+        "{h}"
+    );
 
     let real: String = env
         .admin

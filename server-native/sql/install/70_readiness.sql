@@ -216,6 +216,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                         'relation_id', c.blocked_relation_id, 'sqlstate', c.blocked_sqlstate, 'lsn', c.blocked_lsn::text,
                         'ordinal', c.blocked_ordinal, 'since', c.blocked_at)) END
                       FROM synchro.capture_state c),
+        -- Observations beside the checks (spec 001 detailed health): seconds since the
+        -- worker's last heartbeat (its step's or its heartbeat session's), and the WAL it has
+        -- not confirmed (unconfirmed_wal_bytes below).
+        'heartbeat_age_seconds', (SELECT floor(extract(epoch FROM now() - greatest(c.heartbeat_at, p.heartbeat_at)))::bigint
+                                    FROM synchro.capture_state c LEFT JOIN synchro.capture_progress p ON true),
         'retained_wal_bytes', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint
                                  FROM pg_replication_slots s JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
         'unconfirmed_wal_bytes', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint
