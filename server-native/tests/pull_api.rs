@@ -285,6 +285,47 @@ async fn pages_in_commit_order_with_verifiable_terminal_checksums() {
     }
 }
 
+/// An expired client that connects again gets a new generation and a null cursor for every
+/// scope it keeps, so it rebuilds them (spec 003; the answer used to carry no cursor update
+/// unless the client happened to present its old cursors).
+#[tokio::test]
+async fn an_expired_client_reconnects_with_a_new_generation_and_null_cursors() {
+    let s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let generation = s.connect(&token, "c1").await;
+    let schema = s.schema().await;
+    s.env
+        .admin
+        .batch_execute("UPDATE synchro.clients SET expired_at = now() WHERE client_id = 'c1'")
+        .await
+        .unwrap();
+    let (st, v) = s
+        .post(
+            "/sync/connect",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation,
+                   "schema": schema}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["client_generation"], json!(generation + 1), "{v}");
+    assert_eq!(
+        v["scope_cursor_updates"],
+        json!({"user:alice": null}),
+        "{v}"
+    );
+    // A client that keeps its generation gets no such update.
+    let (_, again) = s
+        .post(
+            "/sync/connect",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation + 1,
+                   "schema": schema}),
+        )
+        .await;
+    assert_eq!(again["scope_cursor_updates"], json!({}), "{again}");
+}
+
 #[tokio::test]
 async fn pull_refuses_with_the_spec_errors() {
     let s = stack().await;

@@ -69,6 +69,14 @@ pub(crate) async fn connect(
         client_id: req.client_id.clone(),
         client_generation: recorded.generation,
     };
+    // A known client given a new generation (it was expired, or presented another one)
+    // rebuilds every scope it keeps: each existing assignment gets a null cursor (spec 003:
+    // "returns affected assignments with null cursors"; added ones are in scope_updates).
+    if recorded.new_generation && known.previous_generation.is_some() {
+        for scope in known.assigned.intersection(&known.previous) {
+            scope_cursor_updates.insert(scope.clone(), None);
+        }
+    }
     scope_cursor_updates.extend(seed_cursors(state, db, &who, &known, &req.seed_receipts).await?);
     tracing::info!(
         status = 200,
