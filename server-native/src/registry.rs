@@ -129,11 +129,11 @@ async fn register_once(db: &Client, r: &RegisterRequest) -> Result<Value, Regist
             &[
                 &r.schema,
                 &r.relation,
+                &r.fanout_bound,
+                &r.impact_bound,
                 &r.kind,
                 &r.composition,
                 &r.push_enabled,
-                &r.fanout_bound,
-                &r.impact_bound,
                 &r.table_name,
                 &r.server_only,
                 &serde_json::to_string(&r.lifecycle).expect("a map of strings"),

@@ -291,7 +291,7 @@ async fn a_bad_impact_result_blocks_capture_without_acknowledging() {
          REVOKE EXECUTE ON FUNCTION rules.wrong_impact(jsonb, jsonb) FROM PUBLIC;
          GRANT EXECUTE ON FUNCTION rules.wrong_impact(jsonb, jsonb) TO synchro_worker;
          SELECT synchro.synchro_register_impact_function('app', 'tasks', 'app', 'projects',
-                                                         'rules.wrong_impact(jsonb,jsonb)');",
+                                                         'rules.wrong_impact(jsonb,jsonb)', 50);",
     )
     .await
     .unwrap();
@@ -348,7 +348,7 @@ async fn a_bad_impact_result_blocks_capture_without_acknowledging() {
         .unwrap();
     op.batch_execute(
         "SELECT synchro.synchro_register_impact_function('app', 'tasks', 'app', 'projects',
-                                                         'rules.project_impact(jsonb,jsonb)')",
+                                                         'rules.project_impact(jsonb,jsonb)', 50)",
     )
     .await
     .unwrap();
@@ -454,7 +454,7 @@ async fn a_self_impact_re_evaluates_sibling_rows() {
          REVOKE EXECUTE ON FUNCTION rules.siblings(jsonb, jsonb) FROM PUBLIC;
          GRANT EXECUTE ON FUNCTION rules.siblings(jsonb, jsonb) TO synchro_worker;
          SELECT synchro.synchro_register_impact_function('app', 'items', 'app', 'items',
-                                                         'rules.siblings(jsonb,jsonb)');"
+                                                         'rules.siblings(jsonb,jsonb)', 50);"
     ))
     .await
     .unwrap();

@@ -351,7 +351,7 @@ async fn each_role_can_do_only_its_own_capability() {
         .await;
     let calls = [
         ("history", "SELECT * FROM synchro.synchro_manifest_history()"),
-        ("register", "SELECT synchro.synchro_register_relation('app', 'items')"),
+        ("register", "SELECT synchro.synchro_register_relation('app', 'items', 1000, 1000)"),
         ("client", "SELECT * FROM synchro.synchro_client_state('u', 'c')"),
         ("connect", "SELECT * FROM synchro.synchro_client_connect('u', 'c', true, '{}', NULL, NULL, 64)"),
         ("assigned", "SELECT synchro.synchro_assigned_scopes('u')"),

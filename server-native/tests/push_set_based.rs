@@ -462,7 +462,7 @@ async fn rows_placed_together_are_each_evaluated_as_if_alone() {
          REVOKE EXECUTE ON FUNCTION rules.siblings(jsonb, jsonb) FROM PUBLIC;
          GRANT EXECUTE ON FUNCTION rules.siblings(jsonb, jsonb) TO synchro_worker;
          SELECT synchro.synchro_register_impact_function('app', 'items', 'app', 'items',
-                                                         'rules.siblings(jsonb,jsonb)');
+                                                         'rules.siblings(jsonb,jsonb)', 50);
          CREATE FUNCTION rules.tag_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
          BEGIN ATOMIC
            SELECT 'grp:' || t.grp FROM synchro_projection.\"app.tags\" t WHERE t.id = p_id AND t.flag;

@@ -137,6 +137,24 @@ async fn invalid_relations_are_refused_with_the_exact_reason() {
         }
         other => panic!("odd_column registered: {other:?}"),
     }
+    // The fanout and impact bounds are required at the SQL entry point: never defaulted
+    // (they used to default to 1000), NULL is invalid_limit (22023).
+    assert_eq!(
+        sqlstate(
+            &op,
+            "SELECT synchro.synchro_register_relation('app', 'fine')"
+        )
+        .await,
+        "42883"
+    );
+    assert_eq!(
+        sqlstate(
+            &op,
+            "SELECT synchro.synchro_register_relation('app', 'fine', NULL, 1000)"
+        )
+        .await,
+        "22023"
+    );
     // Nothing was recorded by any refused registration.
     let count: i64 = env
         .admin

@@ -198,9 +198,11 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_reject_key_update() FROM PUBLIC;
 -- {"relation_id","table_id"?,"fields":[{"field_id","column","type"}]}.
 CREATE FUNCTION synchro.synchro_register_relation(
     p_schema text, p_relation text,
+    -- Required, never defaulted (spec 003 "Strict Positive Limits": max_scope_fanout and
+    -- max_impact_rows); NULL or out of 1..max_bound is invalid_limit.
+    p_fanout_bound integer, p_impact_bound integer,
     p_kind text DEFAULT 'synced', p_composition text DEFAULT 'single_scope',
-    p_push_enabled boolean DEFAULT true, p_fanout_bound integer DEFAULT 1000,
-    p_impact_bound integer DEFAULT 1000, p_table_name text DEFAULT NULL, p_server_only text[] DEFAULT '{}',
+    p_push_enabled boolean DEFAULT true, p_table_name text DEFAULT NULL, p_server_only text[] DEFAULT '{}',
     p_lifecycle jsonb DEFAULT '{}')
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
@@ -343,7 +345,7 @@ BEGIN
     PERFORM synchro.synchro_record_generation(v_relation_id, 'registration');
     RETURN synchro.synchro_relation_json(v_relation_id);
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text,
+REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, integer, integer, text, text, boolean, text,
     text[], jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, text, text, boolean, integer, integer, text,
+GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, integer, integer, text, text, boolean, text,
     text[], jsonb) TO synchro_operator;

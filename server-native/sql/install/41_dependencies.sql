@@ -82,7 +82,7 @@ GRANT SELECT ON synchro.membership_dependencies TO synchro_worker;
 -- (jsonb, jsonb) RETURNS SETOF synchro.synchro_row_ref. A (re)registration re-stages the
 -- target's rule (42_staging).
 CREATE FUNCTION synchro.synchro_register_impact_function(p_target_schema text, p_target_relation text,
-    p_dependency_schema text, p_dependency_relation text, p_function text, p_max_impact_rows integer DEFAULT NULL)
+    p_dependency_schema text, p_dependency_relation text, p_function text, p_max_impact_rows integer)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -98,8 +98,9 @@ BEGIN
     IF v_dep.relation_id IS NULL THEN
         PERFORM synchro.synchro_registration_error('undeclared_dependency', v_target.relation_id);
     END IF;
-    v_bound := coalesce(p_max_impact_rows, v_dep.impact_bound);
-    IF v_bound < 1 OR v_bound > v_max THEN
+    -- Required, never defaulted (spec 003 "Strict Positive Limits": max_impact_rows).
+    v_bound := p_max_impact_rows;
+    IF v_bound IS NULL OR v_bound < 1 OR v_bound > v_max THEN
         PERFORM synchro.synchro_registration_error('invalid_limit', v_target.relation_id);
     END IF;
     v_oid := synchro.synchro_rule_function(p_function, v_target.relation_id, ARRAY['jsonb'::regtype, 'jsonb'::regtype]::oid[],
