@@ -386,6 +386,15 @@ async fn statistics_put_off_by_a_lock_are_refreshed_once_it_is_released() {
     assert!(analyzed().await, "refreshed at a later step");
 }
 
+async fn report(env: &Env) -> serde_json::Value {
+    env.login("synchro_dev_monitor")
+        .await
+        .query_one("SELECT synchro.synchro_capture_report()::text", &[])
+        .await
+        .map(|r| serde_json::from_str(&r.get::<_, String>(0)).unwrap())
+        .unwrap()
+}
+
 async fn health(env: &Env, check: &str) -> String {
     env.login("synchro_dev_monitor")
         .await
@@ -414,6 +423,9 @@ async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
         "capture_publication",
         "capture_heartbeat",
         "capture_bootstrap",
+        "capture_lag_seconds",
+        "capture_registry_generation",
+        "capture_progress_order",
     ] {
         assert_eq!(health(&env, check).await, "ok", "{check}");
     }
@@ -483,8 +495,94 @@ async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
         .await
         .unwrap();
 
+    // The oldest unmaterialized commit: a write the worker has not applied for longer than
+    // the limit fails the check (the limit's lower bound is 1 s), until it is applied and
+    // the worker has recorded that it is caught up.
+    env.admin
+        .batch_execute(
+            "UPDATE synchro.settings SET value = '1' WHERE key = 'capture_max_lag_seconds'",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    worker.step(Failpoint::None).await.unwrap(); // caught up, recorded (its heartbeat is due)
+    assert_eq!(health(&env, "capture_lag_seconds").await, "ok");
+    env.admin
+        .batch_execute("INSERT INTO app.items (id, label) VALUES (700, 'late')")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(health(&env, "capture_lag_seconds").await, "failed");
+    assert_eq!(drain(&mut worker).await, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    worker.step(Failpoint::None).await.unwrap();
+    assert_eq!(health(&env, "capture_lag_seconds").await, "ok");
+    assert!(
+        report(&env).await["lag_seconds"]
+            .as_i64()
+            .is_some_and(|s| s <= 1),
+        "{}",
+        report(&env).await
+    );
+    env.admin
+        .batch_execute(
+            "UPDATE synchro.settings SET value = '300' WHERE key = 'capture_max_lag_seconds'",
+        )
+        .await
+        .unwrap();
+
+    // A registration the worker has not run a step with yet: its registry generation is
+    // not applied.
+    env.as_app_owner("CREATE TABLE app.more (id bigint PRIMARY KEY)")
+        .await;
+    register(
+        &env.login("synchro_dev_operator").await,
+        &RegisterRequest::synced("app", "more", "single_scope"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(health(&env, "capture_registry_generation").await, "failed");
+    drain(&mut worker).await;
+    assert_eq!(health(&env, "capture_registry_generation").await, "ok");
+    assert_eq!(
+        report(&env).await["applied_registry_generation"],
+        report(&env).await["registry_generation"]
+    );
+
+    // The slot acknowledged past what was materialized (advanced by hand, skipping a
+    // change): the order is broken and readiness fails.
+    env.admin
+        .batch_execute("INSERT INTO app.items (id, label) VALUES (701, 'skipped')")
+        .await
+        .unwrap();
+    let slot: String = env
+        .admin
+        .query_one("SELECT slot_name::text FROM synchro.capture_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    drop(worker); // releases the slot
+    let worker_gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let advanced = env
+            .admin
+            .query(
+                "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())",
+                &[&slot],
+            )
+            .await;
+        if advanced.is_ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < worker_gone,
+            "slot never released"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(health(&env, "capture_progress_order").await, "failed");
+
     // The leader gone: its lock is released.
-    drop(worker);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while health(&env, "capture_worker").await != "failed" {
         assert!(std::time::Instant::now() < deadline, "lock never released");

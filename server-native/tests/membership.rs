@@ -184,10 +184,27 @@ async fn membership_functions_are_validated_and_cannot_read_live_tables() {
     let (env, _) = setup().await;
     let op = env.login("synchro_dev_operator").await;
     env.admin.batch_execute("GRANT USAGE ON SCHEMA app TO synchro_dev_operator; GRANT SELECT ON app.docs TO synchro_dev_operator").await.unwrap();
+    op.batch_execute(
+        "CREATE FUNCTION rules.same(a text, b text) RETURNS boolean LANGUAGE sql STABLE BEGIN ATOMIC SELECT a = b; END;
+         CREATE OPERATOR rules.=== (LEFTARG = text, RIGHTARG = text, FUNCTION = rules.same)",
+    )
+    .await
+    .unwrap();
     for (name, body, want) in [
         ("live", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT owner FROM app.docs WHERE id = p_id; END", "undeclared_dependency"),
         ("wrong_key", "(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT 'x'; END", "invalid_scope_function"),
         ("volatile", "(p_id bigint) RETURNS SETOF text LANGUAGE sql VOLATILE BEGIN ATOMIC SELECT 'x'; END", "invalid_scope_function"),
+        // A STABLE rule calling what reads the session, the clock or anything but its
+        // arguments (any pg_catalog function used to pass): not deterministic.
+        ("random", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT 'team:' || random()::text; END", "nondeterministic_function"),
+        ("setting", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT current_setting('application_name'); END", "nondeterministic_function"),
+        ("clock", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT 'day:' || now()::date::text; END", "nondeterministic_function"),
+        ("xml", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT query_to_xml('SELECT 1', true, false, '')::text; END", "nondeterministic_function"),
+        ("set_role", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT set_config('role', 'synchro_owner', true); END", "nondeterministic_function"),
+        ("whoami", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT 'user:' || current_user; END", "nondeterministic_function"),
+        // An operator whose function is outside pg_catalog (the dependency recorded is on
+        // the operator, not on its function).
+        ("operator", "(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE BEGIN ATOMIC SELECT 'x' WHERE 'a' OPERATOR(rules.===) 'b'; END", "undeclared_dependency"),
     ] {
         op.batch_execute(&format!(
             "CREATE FUNCTION rules.{name}{body}; REVOKE EXECUTE ON FUNCTION rules.{name} FROM PUBLIC;
@@ -198,6 +215,7 @@ async fn membership_functions_are_validated_and_cannot_read_live_tables() {
         let err = op
             .execute("SELECT synchro.synchro_register_membership_function('app', 'docs', $1)", &[&format!("rules.{name}({})", if name == "wrong_key" { "integer" } else { "bigint" })])
             .await
+            .map(|_| format!("{name} was registered"))
             .unwrap_err();
         let detail = err.as_db_error().and_then(|d| d.detail()).unwrap_or("").to_owned();
         assert!(detail.contains(want), "{name}: {detail}");
@@ -496,11 +514,14 @@ async fn a_changed_rule_is_staged_in_batches_then_activated_atomically() {
 
 #[tokio::test]
 async fn membership_functions_run_as_their_owner_never_as_the_worker() {
+    // (The rule tells its evaluating role by a privilege only the owner has: CURRENT_USER
+    // is refused in a rule, which must not depend on the session.)
     let (env, mut worker) = setup().await;
     let op = env.login("synchro_dev_operator").await;
     op.batch_execute(
         "CREATE FUNCTION rules.whoami(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
-         BEGIN ATOMIC SELECT 'user:' || owner || '@' || current_user FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
+         BEGIN ATOMIC SELECT 'user:' || owner || CASE WHEN pg_has_role('synchro_dev_operator', 'USAGE') THEN '@owner' ELSE '@other' END
+                        FROM synchro_projection.\"app.docs\" WHERE id = p_id; END;
          REVOKE EXECUTE ON FUNCTION rules.whoami(bigint) FROM PUBLIC;
          GRANT EXECUTE ON FUNCTION rules.whoami(bigint) TO synchro_worker;
          SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.whoami(bigint)');",
@@ -515,10 +536,7 @@ async fn membership_functions_run_as_their_owner_never_as_the_worker() {
     drain(&mut worker).await;
     assert_eq!(
         edge_set(&env).await,
-        [(
-            "user:alice@synchro_dev_operator".to_owned(),
-            "\"1\"".to_owned()
-        )]
+        [("user:alice@owner".to_owned(), "\"1\"".to_owned())]
     );
     // Without the right to act as the owner, evaluation fails closed.
     drop(worker);
@@ -877,7 +895,9 @@ async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_ope
     // A cancelled evaluation is retried, never recorded as a block.
     replace_and_reregister_rule(
         &op,
-        "'team:' || team || CASE WHEN pg_sleep(CASE WHEN team = 'slow' THEN 30 ELSE 0 END) IS NULL THEN '' END",
+        // (A long, deterministic evaluation for team 'slow': pg_sleep is volatile, which a
+        // rule may not call.)
+        "'team:' || team || CASE WHEN (SELECT count(*) FROM generate_series(1, CASE WHEN team = 'slow' THEN 2000000000 ELSE 1 END)) = 0 THEN 'x' ELSE '' END",
     )
     .await;
     env.admin
@@ -890,7 +910,8 @@ async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_ope
                 .admin
                 .query_one(
                     "SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
-                      WHERE usename = 'synchro_dev_worker' AND wait_event = 'PgSleep'",
+                      WHERE usename = 'synchro_dev_worker' AND state = 'active'
+                        AND query LIKE '%doc_scopes%' AND now() - query_start > interval '200 milliseconds'",
                     &[],
                 )
                 .await
@@ -1328,13 +1349,14 @@ async fn a_long_staging_batch_heartbeats_and_reports_its_progress() {
     let mut op = env.login("synchro_dev_operator").await;
     synchro_server::publish::publish(&mut op).await.unwrap();
     drain(&mut worker).await;
-    // A rule that takes about 2 ms a row: one staging batch runs for seconds.
+    // A rule that takes a few milliseconds a row (a deterministic count; pg_sleep is
+    // volatile, which a rule may not call): one staging batch runs for seconds.
     op.batch_execute(&format!(
         "{}{}",
         create_rule(
             "slow",
             "'team:' || team",
-            " AND pg_catalog.pg_sleep(0.002) IS NOT NULL"
+            " AND (SELECT count(*) FROM generate_series(1, 100000 + length(team))) > 0"
         ),
         register_rule("slow")
     ))

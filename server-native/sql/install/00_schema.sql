@@ -55,6 +55,7 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
         WHEN 'backfill_batch_size' THEN int8range(1, 100000, '[]')
         WHEN 'capture_max_heartbeat_age_seconds' THEN int8range(1, 86400, '[]')
         WHEN 'capture_max_wal_lag_bytes' THEN int8range(1, 1000000000000000, '[]')
+        WHEN 'capture_max_lag_seconds' THEN int8range(1, 86400, '[]')
     END
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_setting_range(text) FROM PUBLIC;

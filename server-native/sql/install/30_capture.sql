@@ -17,6 +17,17 @@ CREATE TABLE synchro.capture_state (
     stream_generation bigint NOT NULL DEFAULT 1 CHECK (stream_generation >= 1),
     applied_transactions bigint NOT NULL DEFAULT 0,
     heartbeat_at timestamptz,
+    -- What readiness compares (spec 001): the highest position the worker may acknowledge to
+    -- the slot (the end of an applied transaction, or a position it received outside any
+    -- transaction once everything before it was applied, recorded before the slot is told);
+    -- the commit time of the last applied source transaction; when the worker last found
+    -- everything committed before that moment applied; and the registry generation its last
+    -- step ran with. The oldest unmaterialized commit is younger than the later of the two
+    -- times.
+    acknowledged_lsn pg_lsn NOT NULL DEFAULT '0/0',
+    materialized_commit_at timestamptz,
+    caught_up_at timestamptz,
+    applied_registry_generation bigint,
     -- A bounded reason code when capture is blocked; never row data.
     blocked_reason text CHECK (blocked_reason IN
         ('registered_relation_drift', 'unrepresentable_value', 'decode_error', 'truncate_unsupported',

@@ -339,9 +339,38 @@ BEGIN
                   AND p.pronamespace <> 'pg_catalog'::regnamespace)
        OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
                    WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
-                     AND c.relnamespace <> 'synchro_projection'::regnamespace) THEN
+                     AND c.relnamespace <> 'synchro_projection'::regnamespace)
+       -- (An operator records a dependency on itself, not on its function: the calls are
+       -- read from the stored body too.)
+       OR EXISTS (SELECT 1 FROM regexp_matches(v_proc.prosqlbody::text,
+                                               ':(?:funcid|opfuncid|aggfnoid|winfnoid) ([0-9]+)', 'g') AS m(a)
+                    JOIN pg_proc p ON p.oid = m.a[1]::oid
+                   WHERE p.pronamespace <> 'pg_catalog'::regnamespace) THEN
         PERFORM synchro.synchro_registration_error('undeclared_dependency', p_relation_id, NULL,
             jsonb_build_object('problem', 'reads_outside_projection_views'));
+    END IF;
+    -- Deterministic over the projections it reads: no volatile function (random,
+    -- clock_timestamp, set_config, nextval, pg_sleep, the file and XML-query functions), none
+    -- of the stable ones that read the session, the clock or anything but their arguments
+    -- (current_setting, now, query_to_xml and the like), and no CURRENT_USER, CURRENT_DATE
+    -- or similar (spec 003 "Function restrictions"). Built-in functions are pinned, so no
+    -- dependency records them: the calls are read from the stored SQL-standard body.
+    IF v_proc.prosqlbody::text ~ '[{]SQLVALUEFUNCTION ' OR EXISTS (
+        SELECT 1 FROM regexp_matches(v_proc.prosqlbody::text, ':(?:funcid|opfuncid|aggfnoid|winfnoid) ([0-9]+)', 'g') AS m(a)
+          JOIN pg_proc p ON p.oid = m.a[1]::oid
+         WHERE p.provolatile = 'v'
+            OR p.proname IN ('now', 'statement_timestamp', 'transaction_timestamp', 'timeofday', 'current_setting',
+                             'current_database', 'current_schema', 'current_schemas', 'current_query',
+                             'pg_backend_pid', 'inet_client_addr', 'inet_client_port', 'inet_server_addr',
+                             'inet_server_port', 'pg_postmaster_start_time', 'pg_conf_load_time', 'txid_current',
+                             'txid_current_if_assigned', 'pg_current_xact_id', 'pg_current_xact_id_if_assigned',
+                             'query_to_xml', 'query_to_xmlschema', 'query_to_xml_and_xmlschema', 'cursor_to_xml',
+                             'cursor_to_xmlschema', 'table_to_xml', 'table_to_xmlschema', 'table_to_xml_and_xmlschema',
+                             'schema_to_xml', 'schema_to_xmlschema', 'schema_to_xml_and_xmlschema', 'database_to_xml',
+                             'database_to_xmlschema', 'database_to_xml_and_xmlschema', 'to_regclass', 'to_regproc',
+                             'to_regprocedure', 'to_regtype', 'to_regrole', 'to_regnamespace')) THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', 'nondeterministic_function'));
     END IF;
     SELECT c.oid::regclass::text INTO v_view FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
      WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass

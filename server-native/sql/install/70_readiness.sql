@@ -1,18 +1,20 @@
 -- synchro install 70: fail-closed readiness.
--- Spec 001 "Fail-closed readiness" (partly: no oldest-unmaterialized-commit age limit);
--- spec 000 "Relation Drift".
+-- Spec 001 "Fail-closed readiness"; spec 000 "Relation Drift".
 --
 -- synchro_health_detail gives each check 'ok', 'failed' or 'unknown', for the monitor and
 -- the operator; synchro_readiness only whether every check is 'ok'. Capture is ready when
 -- the leader holds its lock, the slot and the publication are exactly what capture needs,
--- the heartbeat age and the slot's WAL lag are known and under the configured limits, every
+-- the heartbeat age, the slot's WAL lag and the age of the oldest unmaterialized commit are
+-- known and under the configured limits, the worker applied the current registry generation
+-- and acknowledged nothing it had not recorded, every
 -- relation is bootstrapped and has its enabled fence trigger, and every projection a
 -- membership function reads is a declared dependency. A missing or invalid limit fails
 -- closed.
 
 INSERT INTO synchro.settings (key, value) VALUES
     ('capture_max_heartbeat_age_seconds', '60'),
-    ('capture_max_wal_lag_bytes', '1073741824');
+    ('capture_max_wal_lag_bytes', '1073741824'),
+    ('capture_max_lag_seconds', '300');
 
 -- A readiness limit: a positive integer setting (a missing or invalid one fails closed).
 CREATE FUNCTION synchro.synchro_positive_setting(p_key text) RETURNS bigint
@@ -63,7 +65,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
          WHERE s.plugin = 'pgoutput' AND s.slot_type = 'logical' AND s.database = current_database()
     ), limits AS (
         SELECT synchro.synchro_positive_setting('capture_max_heartbeat_age_seconds') AS max_age,
-               synchro.synchro_positive_setting('capture_max_wal_lag_bytes') AS max_lag
+               synchro.synchro_positive_setting('capture_max_wal_lag_bytes') AS max_lag,
+               synchro.synchro_positive_setting('capture_max_lag_seconds') AS max_lag_seconds
     )
     SELECT jsonb_build_object(
         -- (`schema_installed`, the ledger equal to the running binary's install steps, is
@@ -106,6 +109,31 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                 FROM synchro.capture_state c CROSS JOIN limits l
                                 LEFT JOIN synchro.capture_progress p ON true),
         'capture_slot', CASE WHEN EXISTS (SELECT 1 FROM slot) THEN 'ok' ELSE 'failed' END,
+        -- The oldest commit not yet materialized is younger than the later of the last
+        -- applied commit and the moment the worker last found everything before it applied
+        -- (an upper bound on its age; unknown until the worker has recorded either).
+        'capture_lag_seconds', (SELECT CASE WHEN greatest(c.materialized_commit_at, c.caught_up_at) IS NULL
+                                                 OR l.max_lag_seconds IS NULL THEN 'unknown'
+                                            WHEN greatest(c.materialized_commit_at, c.caught_up_at)
+                                                 >= now() - make_interval(secs => l.max_lag_seconds) THEN 'ok'
+                                            ELSE 'failed' END
+                                  FROM synchro.capture_state c CROSS JOIN limits l),
+        -- The worker's last step ran with the current registry generation.
+        'capture_registry_generation', (SELECT CASE WHEN c.applied_registry_generation IS NULL THEN 'unknown'
+                                                    WHEN c.applied_registry_generation
+                                                         >= coalesce((SELECT max(g.generation) FROM synchro.registry_generations g
+                                                                       WHERE g.state = 'active'), 0) THEN 'ok'
+                                                    ELSE 'failed' END
+                                          FROM synchro.capture_state c),
+        -- The slot is acknowledged no further than the worker recorded it could be (the end
+        -- of an applied transaction, or an idle position recorded before it was confirmed),
+        -- and that is no earlier than the last applied transaction's end: anything else
+        -- means the slot was advanced past changes never materialized.
+        'capture_progress_order', (SELECT CASE WHEN s.confirmed_flush_lsn IS NULL THEN 'unknown'
+                                               WHEN s.confirmed_flush_lsn <= c.acknowledged_lsn
+                                                    AND c.confirmed_lsn <= c.acknowledged_lsn THEN 'ok'
+                                               ELSE 'failed' END
+                                     FROM synchro.capture_state c LEFT JOIN slot s ON true),
         'capture_wal_lag', (SELECT CASE WHEN s.confirmed_flush_lsn IS NULL OR l.max_lag IS NULL THEN 'unknown'
                                         WHEN pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn) <= l.max_lag
                                         THEN 'ok' ELSE 'failed' END
@@ -221,6 +249,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
         -- not confirmed (unconfirmed_wal_bytes below).
         'heartbeat_age_seconds', (SELECT floor(extract(epoch FROM now() - greatest(c.heartbeat_at, p.heartbeat_at)))::bigint
                                     FROM synchro.capture_state c LEFT JOIN synchro.capture_progress p ON true),
+        -- An upper bound on the age of the oldest commit not materialized yet (check
+        -- capture_lag_seconds); null until the worker has recorded it.
+        'lag_seconds', (SELECT greatest(floor(extract(epoch FROM now() - greatest(c.materialized_commit_at, c.caught_up_at))), 0)::bigint
+                          FROM synchro.capture_state c),
+        'applied_registry_generation', (SELECT c.applied_registry_generation FROM synchro.capture_state c),
         'retained_wal_bytes', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint
                                  FROM pg_replication_slots s JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
         'unconfirmed_wal_bytes', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint

@@ -76,6 +76,8 @@ pub(super) struct Span {
     pub(super) end_lsn: PgLsn,
     /// How many source transactions.
     pub(super) transactions: i64,
+    /// Commit time of the last transaction (microseconds since 2000-01-01 UTC).
+    pub(super) commit_time: i64,
 }
 
 /// Rows' projected JSON at the start of the transaction (`None` when absent).
@@ -458,8 +460,11 @@ async fn commit(db: &Client, statements: &Statements, effects: usize, span: &Spa
         Ok::<_, tokio_postgres::Error>(())
     };
     let progress = async {
-        db.execute(&statements.progress, &[&span.end_lsn, &span.transactions])
-            .await
+        db.execute(
+            &statements.progress,
+            &[&span.end_lsn, &span.transactions, &span.commit_time],
+        )
+        .await
     };
     let commit = db.batch_execute("COMMIT");
     futures_util::try_join!(notify, progress, commit)?;

@@ -288,6 +288,9 @@ pub(super) async fn membership_diff(
 pub(super) struct Eval {
     pub(super) statement: Statement,
     pub(super) owner: String,
+    /// The function's `name(argument types)` and the prepared [`UNUSABLE`] check.
+    signature: String,
+    check: Statement,
 }
 
 impl Eval {
@@ -298,9 +301,35 @@ impl Eval {
         keys: &[&str],
         args: &[String],
     ) -> Result<Vec<tokio_postgres::Row>> {
-        as_owner(db, &self.owner, &self.statement, &[&keys, &args]).await
+        as_owner(
+            db,
+            (&self.check, &self.signature),
+            &self.owner,
+            &self.statement,
+            &[&keys, &args],
+        )
+        .await
     }
 }
+
+/// Why a registered membership or impact function (`$1`: its `name(argument types)`, as the
+/// worker's session renders it) must not be evaluated, or NULL: asked in the transaction
+/// that evaluates it, so a definition replaced, or a grant revoked, before the source
+/// transaction committed is always seen (the registry load at the start of a step may
+/// precede it).
+const UNUSABLE: &str = "SELECT CASE WHEN count(*) = 0 THEN 'function_unavailable' ELSE min(
+               CASE WHEN p.oid IS NULL THEN 'function_unavailable'
+                    WHEN r.sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(r.fn)
+                    THEN 'definition_changed'
+                    WHEN NOT (pg_catalog.has_schema_privilege('synchro_worker', p.pronamespace, 'USAGE')
+                              AND pg_catalog.has_function_privilege('synchro_worker', p.oid, 'EXECUTE'))
+                    THEN 'insufficient_privilege' END) END
+       FROM (SELECT function_oid, definition_sha256 FROM synchro.membership_functions
+             UNION ALL SELECT pending_function_oid, pending_sha256 FROM synchro.membership_functions
+             UNION ALL SELECT impact_function_oid, definition_sha256 FROM synchro.membership_dependencies)
+            AS r (fn, sha256)
+       LEFT JOIN pg_catalog.pg_proc p ON p.oid = r.fn
+      WHERE r.fn = pg_catalog.to_regprocedure($1)";
 
 /// Runs a membership or impact evaluation as its function's owner (spec 003: never with
 /// the worker's own privileges, which reach synchro's internal tables), inside the
@@ -309,22 +338,37 @@ impl Eval {
 /// failure, including a missing membership or a revoked privilege, blocks capture.
 async fn as_owner(
     db: &Client,
+    (check, signature): (&Statement, &str),
     owner: &str,
     statement: &Statement,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>> {
     let failed = |e| EvaluationFailed::from_db(e, BlockDetail::FunctionError);
-    db.batch_execute(&format!(
-        "SET LOCAL ROLE {}",
-        crate::install::quote_ident(owner)
-    ))
-    .await
-    .map_err(failed)?;
-    let rows = db.query(statement, params).await.map_err(failed)?;
-    db.batch_execute("SET LOCAL ROLE synchro_worker")
-        .await
-        .map_err(failed)?;
-    Ok(rows)
+    let set_owner = format!("SET LOCAL ROLE {}", crate::install::quote_ident(owner));
+    // Pipelined (sent together, run in order in this transaction): the check costs no
+    // round trip, and what it finds is the cause reported (the evaluation it discards
+    // never commits, and may have failed for the same reason).
+    let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&signature];
+    let (unusable, set, rows, reset) = futures_util::join!(
+        db.query_one(check, &check_params),
+        db.batch_execute(&set_owner),
+        db.query(statement, params),
+        db.batch_execute("SET LOCAL ROLE synchro_worker"),
+    );
+    match unusable.map_err(failed)?.get::<_, Option<&str>>(0) {
+        None => {
+            set.map_err(failed)?;
+            let rows = rows.map_err(failed)?;
+            reset.map_err(failed)?;
+            Ok(rows)
+        }
+        Some("insufficient_privilege") => bail!(EvaluationFailed {
+            detail: BlockDetail::InsufficientPrivilege,
+            sqlstate: Some("42501".into()),
+        }),
+        Some("definition_changed") => bail!(EvaluationFailed::new(BlockDetail::DefinitionChanged)),
+        Some(_) => bail!(EvaluationFailed::new(BlockDetail::FunctionUnavailable)),
+    }
 }
 
 /// The worker's prepared membership and impact evaluations (one per function, prepared on
@@ -411,6 +455,12 @@ impl Functions {
         Ok(s)
     }
 
+    /// The prepared [`UNUSABLE`] check.
+    async fn check(&self, db: &Client) -> Result<Statement> {
+        self.prepared(db, "\u{0}unusable".to_owned(), || UNUSABLE.to_owned())
+            .await
+    }
+
     /// The prepared evaluation of a membership function over keys of `key_type`.
     pub(super) async fn membership(
         &self,
@@ -431,7 +481,12 @@ impl Functions {
                 )
             })
             .await?;
-        Ok(Eval { statement, owner })
+        Ok(Eval {
+            statement,
+            owner,
+            signature: format!("{function}({key_type})"),
+            check: self.check(db).await?,
+        })
     }
 
     /// Calls an impact function once per dependency event (old and new column images) and
@@ -456,7 +511,16 @@ impl Functions {
             })
             .await?;
         let owner = self.owner(&impact.function)?;
-        let rows = as_owner(db, &owner, &statement, &[&olds, &news]).await?;
+        let check = self.check(db).await?;
+        let signature = format!("{}(jsonb, jsonb)", impact.function);
+        let rows = as_owner(
+            db,
+            (&check, &signature),
+            &owner,
+            &statement,
+            &[&olds, &news],
+        )
+        .await?;
         let refs = rows.iter().map(|r| RowRef {
             event: r.get(0),
             table_id: r.get(1),

@@ -115,6 +115,12 @@ pub struct Worker {
     slot: String,
     last_compaction: Instant,
     last_heartbeat: Instant,
+    /// The registry generation of the last registry loaded, and the one last recorded as
+    /// applied (`capture_state.applied_registry_generation`, which readiness compares).
+    loaded_generation: std::sync::atomic::AtomicI64,
+    recorded_generation: Option<i64>,
+    /// Whether this worker has recorded `capture_state.caught_up_at` yet.
+    recorded_caught_up: bool,
     /// When this worker last counted membership coverage (`None`: not yet).
     last_coverage: Option<Instant>,
     /// Its heartbeat session: progress and liveness while a step runs long.
@@ -148,7 +154,7 @@ impl Worker {
             .await?;
         let slot: String = row.get(0);
         let heartbeat = heartbeat::Heartbeat::start(url, row.get(1));
-        ensure_slot(&control, &slot).await?;
+        ensure_slot(&control, &materialize, &slot).await?;
         let unseen = control.prepare(step::UNSEEN).await?;
         let statements = Statements::prepare(&materialize).await?;
         let registry_queries = registry::Queries::prepare(&materialize).await?;
@@ -166,6 +172,9 @@ impl Worker {
             last_heartbeat: Instant::now()
                 .checked_sub(step::HEARTBEAT_INTERVAL)
                 .unwrap_or_else(Instant::now),
+            loaded_generation: Default::default(),
+            recorded_generation: None,
+            recorded_caught_up: false,
             last_coverage: None,
             heartbeat,
             analyze_put_off: Default::default(),
@@ -250,8 +259,9 @@ impl Worker {
     }
 }
 
-/// Creates the logical slot when it does not exist.
-async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
+/// Creates the logical slot when it does not exist, and records where it begins as
+/// acknowledgeable (readiness: the slot is never acknowledged past what the worker recorded).
+async fn ensure_slot(control: &Client, materialize: &Client, slot: &str) -> Result<()> {
     let exists = control
         .query_opt(
             "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
@@ -260,9 +270,9 @@ async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
         .await?
         .is_some();
     if !exists {
-        control
-            .query(
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        let begins: tokio_postgres::types::PgLsn = control
+            .query_one(
+                "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')",
                 &[&slot],
             )
             .await
@@ -271,7 +281,14 @@ async fn ensure_slot(control: &Client, slot: &str) -> Result<()> {
                     "creating the capture slot: {}",
                     crate::install::describe(&e)
                 )
-            })?;
+            })?
+            .get(0);
+        materialize
+            .execute(
+                "UPDATE synchro.capture_state SET acknowledged_lsn = greatest(acknowledged_lsn, $1)",
+                &[&begins],
+            )
+            .await?;
     }
     Ok(())
 }

@@ -145,15 +145,18 @@ pub(super) struct Registry {
     pub(super) owners: Owners,
     /// The registered functions not to evaluate.
     pub(super) unusable: Unusable,
+    /// The registry generation loaded (the highest active one; 0 before any).
+    pub(super) generation: i64,
 }
 
-/// Reads the registry (three queries, in the materialization session).
+/// Reads the registry (four queries, in the materialization session).
 pub(super) async fn load(db: &Client, queries: &Queries) -> Result<Registry> {
-    // The three queries go out together (one round trip on the session).
-    let (relations, memberships, impacts) = futures_util::try_join!(
+    // The queries go out together (one round trip on the session).
+    let (relations, memberships, impacts, generation) = futures_util::try_join!(
         db.query(&queries.relations, &[]),
         db.query(&queries.memberships, &[]),
         db.query(&queries.impacts, &[]),
+        db.query_one(&queries.generation, &[]),
     )?;
     let mut relations = load_relations(relations)?;
     let mut owners = Owners::new();
@@ -183,6 +186,7 @@ pub(super) async fn load(db: &Client, queries: &Queries) -> Result<Registry> {
         relations,
         owners,
         unusable,
+        generation: generation.get(0),
     })
 }
 
@@ -192,6 +196,7 @@ pub(super) struct Queries {
     relations: Statement,
     memberships: Statement,
     impacts: Statement,
+    generation: Statement,
 }
 
 impl Queries {
@@ -201,6 +206,12 @@ impl Queries {
             relations: db.prepare(RELATIONS).await?,
             memberships: db.prepare(MEMBERSHIPS).await?,
             impacts: db.prepare(IMPACTS).await?,
+            generation: db
+                .prepare(
+                    "SELECT coalesce(max(generation), 0)::bigint FROM synchro.registry_generations
+                      WHERE state = 'active'",
+                )
+                .await?,
         })
     }
 }

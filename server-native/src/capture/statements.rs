@@ -105,6 +105,9 @@ impl Statements {
             progress: db
                 .prepare(
                     "UPDATE synchro.capture_state SET confirmed_lsn = $1,
+                            acknowledged_lsn = greatest(acknowledged_lsn, $1),
+                            materialized_commit_at = timestamptz '2000-01-01 00:00:00+00'
+                                                     + $3::bigint * interval '1 microsecond',
                             applied_transactions = applied_transactions + $2::bigint, heartbeat_at = now()",
                 )
                 .await?,

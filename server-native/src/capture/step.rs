@@ -58,6 +58,9 @@ const COVERAGE_INTERVAL: Duration = Duration::from_secs(300);
 /// How often an idle leader records its heartbeat.
 pub(super) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Unrelated WAL an idle worker confirms without waiting for its next heartbeat.
+const IDLE_CONFIRM_BYTES: u64 = 1 << 20;
+
 /// How applying one batch of transactions ended.
 struct Applied {
     /// Source transactions applied.
@@ -173,12 +176,18 @@ impl Worker {
         // `Applied(0)` means caught up with both.
         let mut applied = self.stage_pending(&mut registry).await?;
         let mut source_applied = 0;
-        // Everything committed before this point is received before the step goes idle.
-        let horizon: PgLsn = self
+        // Everything committed before this point is received before the step goes idle
+        // (and then everything committed before `horizon_at` is applied).
+        let row = self
             .control
-            .query_one("SELECT pg_current_wal_flush_lsn()", &[])
-            .await?
-            .get(0);
+            .query_one(
+                "SELECT pg_current_wal_flush_lsn(),
+                        (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+                &[],
+            )
+            .await?;
+        let (horizon, horizon_at): (PgLsn, i64) = (row.get(0), row.get(1));
+        let mut caught_up = None;
         if self.stream.is_none() {
             self.stream = Some(Stream::open(&self.url, &self.slot, &self.control).await?);
         }
@@ -189,7 +198,7 @@ impl Worker {
                 .receive(horizon, HORIZON_WAIT, BATCH_MESSAGES)
                 .await?;
             if transactions.is_empty() {
-                stream.confirm_idle(&self.control, &self.slot).await?;
+                caught_up = Some(horizon_at);
                 break;
             }
             self.await_visible(&transactions).await?;
@@ -219,7 +228,7 @@ impl Worker {
                 stream.confirm(end);
             }
         }
-        self.heartbeat(source_applied).await?;
+        self.heartbeat(source_applied, caught_up).await?;
         self.heartbeat.report(Phase::Idle, None, None, None);
         Ok(StepOutcome::Applied(applied))
     }
@@ -295,6 +304,8 @@ impl Worker {
     /// Loads the registry and records its function owners and the functions not to evaluate.
     async fn registry(&self) -> Result<Relations> {
         let loaded = super::registry::load(&self.materialize, &self.registry_queries).await?;
+        self.loaded_generation
+            .store(loaded.generation, std::sync::atomic::Ordering::Relaxed);
         self.functions.record_owners(loaded.owners);
         self.functions.record_unusable(loaded.unusable);
         Ok(loaded.relations)
@@ -525,6 +536,7 @@ impl Worker {
             commit_lsn: tx.commit_lsn,
             end_lsn: tx.end_lsn,
             transactions: 1,
+            commit_time: tx.commit_time,
         };
         self.apply(&span, changes, registry)
             .await
@@ -553,6 +565,7 @@ impl Worker {
             commit_lsn: last.commit_lsn,
             end_lsn: last.end_lsn,
             transactions: batch.len() as i64,
+            commit_time: last.commit_time,
         };
         match self.apply(&span, changes, registry).await {
             Ok(()) => {
@@ -609,15 +622,50 @@ impl Worker {
 
     /// Records the heartbeat when the step applied no source transaction and the last one
     /// is older than [`HEARTBEAT_INTERVAL`] (every applied transaction writes it; staging
-    /// batches do not: a rule staged over many rows left it stale for the whole staging).
-    async fn heartbeat(&mut self, transactions: usize) -> Result<()> {
+    /// batches do not: a rule staged over many rows left it stale for the whole staging),
+    /// or when the registry generation loaded is not the one recorded. With it go what
+    /// readiness compares: when the worker was last caught up (`caught_up`, Unix
+    /// microseconds: everything committed before then is applied), the generation applied,
+    /// and, once everything received is applied, the position received, recorded as
+    /// acknowledgeable before the slot is told (idle confirmation, so the slot does not
+    /// retain unrelated WAL, which readiness bounds; never past what is recorded).
+    async fn heartbeat(&mut self, transactions: usize, caught_up: Option<i64>) -> Result<()> {
+        let generation = self
+            .loaded_generation
+            .load(std::sync::atomic::Ordering::Relaxed);
         if transactions > 0 {
             self.last_heartbeat = Instant::now(); // each apply wrote it
-        } else if self.last_heartbeat.elapsed() >= HEARTBEAT_INTERVAL {
+        }
+        let received = match (caught_up, self.stream.as_ref()) {
+            (Some(_), Some(stream)) => stream.idle_position(),
+            _ => None,
+        };
+        // (Unrelated WAL is confirmed at once when there is much of it, otherwise with the
+        // heartbeat: the record itself is WAL, which a walsender reports in a keepalive, so
+        // recording every idle position would write for ever.)
+        if self.last_heartbeat.elapsed() >= HEARTBEAT_INTERVAL
+            || self.recorded_generation != Some(generation)
+            || (caught_up.is_some() && !self.recorded_caught_up)
+            || received.is_some_and(|(_, unconfirmed)| unconfirmed >= IDLE_CONFIRM_BYTES)
+        {
+            let received = received.map(|(at, _)| at);
             self.materialize
-                .execute("UPDATE synchro.capture_state SET heartbeat_at = now()", &[])
+                .execute(
+                    "UPDATE synchro.capture_state
+                        SET heartbeat_at = now(), applied_registry_generation = $1,
+                            caught_up_at = greatest(caught_up_at, to_timestamp($2::bigint / 1000000.0)),
+                            acknowledged_lsn = greatest(acknowledged_lsn, $3)",
+                    &[&generation, &caught_up, &received],
+                )
                 .await?;
             self.last_heartbeat = Instant::now();
+            self.recorded_generation = Some(generation);
+            self.recorded_caught_up |= caught_up.is_some();
+            if let (Some(target), Some(stream)) = (received, self.stream.as_mut()) {
+                stream
+                    .confirm_idle(target, &self.control, &self.slot)
+                    .await?;
+            }
         }
         Ok(())
     }

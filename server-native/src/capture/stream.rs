@@ -205,13 +205,18 @@ impl Stream {
             ReplicationEvent::Begin { final_lsn, xid, .. } => {
                 self.partial = Some((final_lsn.as_u64(), xid, Vec::new()));
             }
-            ReplicationEvent::Commit { lsn, end_lsn, .. } => {
+            ReplicationEvent::Commit {
+                lsn,
+                end_lsn,
+                commit_time_micros,
+            } => {
                 if let Some((_, xid, messages)) = self.partial.take() {
                     self.ready_messages += messages.len();
                     self.ready.push_back(Transaction {
                         xid,
                         commit_lsn: PgLsn::from(lsn.as_u64()),
                         end_lsn: PgLsn::from(end_lsn.as_u64()),
+                        commit_time: commit_time_micros,
                         messages,
                     });
                 }
@@ -260,13 +265,22 @@ impl Stream {
         }
     }
 
-    /// Nothing is left to apply: confirms everything received, so the slot does not retain
-    /// unrelated WAL (which readiness bounds), and waits until the slot shows it.
-    pub(super) async fn confirm_idle(&mut self, control: &Client, slot: &str) -> Result<()> {
-        if !self.ready.is_empty() || self.received <= self.confirmed {
-            return Ok(());
-        }
-        let target = PgLsn::from(self.received);
+    /// The position received, when nothing received is left to apply and it is past the
+    /// position confirmed (with how far): what an idle worker may acknowledge once it has
+    /// recorded it.
+    pub(super) fn idle_position(&self) -> Option<(PgLsn, u64)> {
+        (self.ready.is_empty() && self.partial.is_none() && self.received > self.confirmed)
+            .then(|| (PgLsn::from(self.received), self.received - self.confirmed))
+    }
+
+    /// Confirms `target` (an [`Stream::idle_position`] the worker recorded), so the slot
+    /// does not retain unrelated WAL, and waits until the slot shows it.
+    pub(super) async fn confirm_idle(
+        &mut self,
+        target: PgLsn,
+        control: &Client,
+        slot: &str,
+    ) -> Result<()> {
         self.confirm(target);
         let started = Instant::now();
         while started.elapsed() < CONFIRM_WAIT {

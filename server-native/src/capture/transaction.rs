@@ -22,6 +22,8 @@ pub(super) struct Transaction {
     pub(super) xid: u32,
     pub(super) commit_lsn: PgLsn,
     pub(super) end_lsn: PgLsn,
+    /// Its commit time, in microseconds since 2000-01-01 UTC (PostgreSQL's epoch).
+    pub(super) commit_time: i64,
     pub(super) messages: Vec<Message>,
 }
 
