@@ -56,7 +56,6 @@ async fn setup() -> Setup {
          END;
          REVOKE EXECUTE ON FUNCTION rules.task_scopes(bigint) FROM PUBLIC;
          GRANT EXECUTE ON FUNCTION rules.task_scopes(bigint) TO synchro_worker;
-         SELECT synchro.synchro_register_membership_function('app', 'tasks', 'rules.task_scopes(bigint)');
          CREATE FUNCTION rules.project_impact(p_old jsonb, p_new jsonb) RETURNS SETOF synchro.synchro_row_ref
          LANGUAGE sql STABLE
          BEGIN ATOMIC
@@ -67,7 +66,8 @@ async fn setup() -> Setup {
          REVOKE EXECUTE ON FUNCTION rules.project_impact(jsonb, jsonb) FROM PUBLIC;
          GRANT EXECUTE ON FUNCTION rules.project_impact(jsonb, jsonb) TO synchro_worker;
          SELECT synchro.synchro_register_impact_function('app', 'tasks', 'app', 'projects',
-                                                         'rules.project_impact(jsonb,jsonb)', 50);"
+                                                         'rules.project_impact(jsonb,jsonb)', 50);
+         SELECT synchro.synchro_register_membership_function('app', 'tasks', 'rules.task_scopes(bigint)');"
     ))
     .await
     .unwrap();
@@ -488,4 +488,68 @@ async fn a_self_impact_re_evaluates_sibling_rows() {
         }
         assert_eq!(edges(&env).await, want, "after {sql}");
     }
+}
+
+#[tokio::test]
+async fn a_rule_reading_an_undeclared_projection_is_refused_at_registration() {
+    let s = setup().await;
+    s.env
+        .as_app_owner("CREATE TABLE app.notes (id bigint PRIMARY KEY, project_id text NOT NULL)")
+        .await;
+    let op = s.env.login("synchro_dev_operator").await;
+    let notes = register(&op, &RegisterRequest::synced("app", "notes", "multi_scope"))
+        .await
+        .unwrap();
+    op.batch_execute(&format!(
+        "CREATE FUNCTION rules.note_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'team:' || p.team FROM synchro_projection.\"app.notes\" n
+             JOIN synchro_projection.\"app.projects\" p ON p.id = n.project_id
+            WHERE n.id = p_id AND p.team IS NOT NULL;
+         END;
+         CREATE FUNCTION rules.project_notes(p_old jsonb, p_new jsonb) RETURNS SETOF synchro.synchro_row_ref
+         LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT ROW('{}', 'int64', n.id::text)::synchro.synchro_row_ref
+             FROM synchro_projection.\"app.notes\" n WHERE n.project_id IN (p_old ->> 'id', p_new ->> 'id');
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.note_scopes(bigint), rules.project_notes(jsonb, jsonb) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.note_scopes(bigint), rules.project_notes(jsonb, jsonb) TO synchro_worker;",
+        notes["table_id"].as_str().unwrap()
+    ))
+    .await
+    .unwrap();
+    let register_rule =
+        "SELECT synchro.synchro_register_membership_function('app', 'notes', 'rules.note_scopes(bigint)')";
+    // It reads projects, whose changes nothing would re-evaluate it for: refused (readiness
+    // used to be the only one to notice), naming the dependency to declare first.
+    let err = op.batch_execute(register_rule).await.unwrap_err();
+    let detail: serde_json::Value =
+        serde_json::from_str(err.as_db_error().unwrap().detail().unwrap()).unwrap();
+    assert_eq!(
+        detail["error"]["reason"], "undeclared_dependency",
+        "{detail}"
+    );
+    assert_eq!(detail["error"]["dependency"], "app.projects", "{detail}");
+    let registered: i64 = s
+        .env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
+              WHERE r.physical_relation = 'notes'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 0);
+    // Declared with its impact function first, the same rule registers.
+    op.batch_execute(&format!(
+        "SELECT synchro.synchro_register_impact_function('app', 'notes', 'app', 'projects',
+                                                         'rules.project_notes(jsonb,jsonb)', 50);
+         {register_rule}"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(health(&s.env, "membership_dependencies").await, "ok");
 }

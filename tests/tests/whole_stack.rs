@@ -1112,3 +1112,79 @@ async fn a_lost_answer_to_the_first_connect_does_not_block_the_client() {
     assert_eq!(local_rows(&c), s.source_rows().await);
     let _ = std::fs::remove_dir_all(&s.dir);
 }
+
+/// An expired client (unacknowledged for longer than `client_ttl_days`) reconnects: the
+/// connect gives it a new generation with a null cursor for every scope it keeps, and the
+/// client records that generation in the same transaction as those cursors, so every scope
+/// rebuilds under it and the client converges. A failure inside that transaction (a crash
+/// there) leaves the old generation with the old cursors; they used to be stored apart,
+/// the generation first.
+#[tokio::test]
+async fn an_expired_client_records_its_new_generation_with_its_null_cursors() {
+    let s = Stack::start().await;
+    let mut c = s.client();
+    converge(&s, &mut c).await;
+    let state = |c: &Client<Proxy>| -> (i64, Vec<(String, Option<String>, i64)>) {
+        let conn = c.storage().connection();
+        let generation = conn
+            .query_row(
+                r#"SELECT "client_generation" FROM "_synchro_client""#,
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let mut q = conn
+            .prepare(r#"SELECT "scope_id", "cursor", "rebuild" FROM "_synchro_scopes" ORDER BY 1"#)
+            .unwrap();
+        let scopes = q
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        (generation, scopes)
+    };
+    let before = state(&c);
+    assert!(before
+        .1
+        .iter()
+        .all(|(_, cursor, rebuild)| cursor.is_some() && *rebuild == 0));
+    s.sql(
+        "UPDATE synchro.clients SET generation_started_at = now() - interval '31 days',
+                last_acknowledged_at = now() - interval '31 days';
+         UPDATE app.docs SET title = 'after expiry' WHERE id = 2",
+    )
+    .await;
+    // The reconnect fails inside the transaction that installs the null cursors.
+    c.storage()
+        .connection()
+        .execute_batch(
+            r#"CREATE TRIGGER crash BEFORE UPDATE ON "_synchro_scopes" BEGIN SELECT RAISE(ABORT, 'crash'); END"#,
+        )
+        .unwrap();
+    assert!(c.sync_once().await.is_err());
+    assert_eq!(state(&c), before, "the generation stays with its cursors");
+    c.storage()
+        .connection()
+        .execute_batch("DROP TRIGGER crash")
+        .unwrap();
+    // Reopened (as after a crash) and reconnected: every kept scope rebuilds under the
+    // new generation.
+    drop(c);
+    let mut c = s.client();
+    converge(&s, &mut c).await;
+    let after = state(&c);
+    assert!(after.0 > before.0, "{after:?}");
+    assert_eq!(
+        after.1.iter().map(|(s, _, _)| s).collect::<Vec<_>>(),
+        before.1.iter().map(|(s, _, _)| s).collect::<Vec<_>>()
+    );
+    assert!(after
+        .1
+        .iter()
+        .all(|(_, cursor, rebuild)| cursor.is_some() && *rebuild == 0));
+    assert_ne!(after.1, before.1, "new cursors");
+    assert!(local_rows(&c)
+        .iter()
+        .any(|r| r.0 == 2 && r.3.as_deref() == Some("after expiry")));
+    let _ = std::fs::remove_dir_all(&s.dir);
+}

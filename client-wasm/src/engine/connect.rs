@@ -88,7 +88,9 @@ impl<T: Transport> Client<T> {
         let added: BTreeSet<String> = b.scope_updates.added.iter().cloned().collect();
         let removed: BTreeSet<String> = b.scope_updates.removed.iter().cloned().collect();
         let affected: BTreeSet<String> = b.affected_scopes.iter().flatten().cloned().collect();
-        self.storage.record_connect(generation, scope_set_version)?;
+        // The generation is recorded with what came with it (its null cursors, the scope
+        // changes), in one transaction: by `apply_connect`, or by the migration's journal.
+        let client = (generation, scope_set_version);
         let action = b.schema.action;
         let connected = match action {
             SchemaActionKind::None => {
@@ -98,9 +100,13 @@ impl<T: Transport> Client<T> {
                     .ok_or(ClientError::Malformed("action none without a schema"))?;
                 // Scope updates for an unchanged schema.
                 let gone: Vec<String> = removed.iter().cloned().collect();
-                self.storage.release_scopes(&manifest, &gone)?;
-                self.storage.add_scopes(&added)?;
-                self.storage.settle_seed_receipts(&b.scope_cursor_updates)?;
+                self.storage.apply_connect(
+                    &manifest,
+                    client,
+                    &gone,
+                    &added,
+                    &b.scope_cursor_updates,
+                )?;
                 Connected::Unchanged
             }
             SchemaActionKind::Replace | SchemaActionKind::RebuildLocal => {
@@ -130,9 +136,11 @@ impl<T: Transport> Client<T> {
                     removed,
                     cursor_updates: b.scope_cursor_updates.clone(),
                     reset,
+                    client,
                 }))
             }
             SchemaActionKind::Unsupported => {
+                self.storage.record_connect(generation, scope_set_version)?;
                 self.storage.set_upgrade_required()?;
                 return Err(ClientError::UpgradeRequired(UpgradeReason::SchemaHistory));
             }

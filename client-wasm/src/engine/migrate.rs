@@ -48,6 +48,7 @@ impl<T: Transport> Client<T> {
             removed,
             mut cursor_updates,
             reset,
+            client,
         } = m;
         let source = self.manifest.clone();
         if let Some(active) = &source {
@@ -87,6 +88,7 @@ impl<T: Transport> Client<T> {
             cursor_updates: &cursor_updates,
             plan: &plan,
             reset,
+            client,
         })?;
         self.fail(Failpoint::AfterJournal)?;
         self.execute_journal()

@@ -117,6 +117,9 @@ struct Migration {
     cursor_updates: BTreeMap<String, Option<String>>,
     /// The connect asked for the explicit schema reset.
     reset: bool,
+    /// The client generation and scope set version the connect gave (recorded with the
+    /// journal, which carries their cursor updates).
+    client: (i64, Option<i64>),
 }
 
 /// What the connect step found.

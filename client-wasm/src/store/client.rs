@@ -74,13 +74,7 @@ impl Storage {
         generation: i64,
         scope_set_version: Option<i64>,
     ) -> Result<(), StorageError> {
-        self.neutral(|conn| {
-            conn.execute(
-            r#"UPDATE "_synchro_client" SET "client_generation" = ?, "scope_set_version" = ?, "refused_client_version" = NULL WHERE "id" = 1"#,
-            params![generation, scope_set_version],
-        )?;
-            Ok(())
-        })
+        self.neutral(|conn| Ok(record_client(conn, generation, scope_set_version)?))
     }
 
     /// The client version a server last refused with HTTP 426, if any.
@@ -152,6 +146,21 @@ pub(super) fn clear_reset(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute(
         r#"UPDATE "_synchro_client" SET "upgrade_required" = 0, "reset_requested" = 0 WHERE "id" = 1"#,
         [],
+    )?;
+    Ok(())
+}
+
+/// Records a connect's client generation and scope set version (a server that answered 200
+/// refuses this client's version no longer), on `conn` (a transaction that also installs
+/// what came with them: see [`Storage::apply_connect`]).
+pub(super) fn record_client(
+    conn: &Connection,
+    generation: i64,
+    scope_set_version: Option<i64>,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        r#"UPDATE "_synchro_client" SET "client_generation" = ?, "scope_set_version" = ?, "refused_client_version" = NULL WHERE "id" = 1"#,
+        params![generation, scope_set_version],
     )?;
     Ok(())
 }

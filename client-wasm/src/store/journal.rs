@@ -58,6 +58,9 @@ pub(crate) struct NewJournal<'a> {
     pub cursor_updates: &'a BTreeMap<String, Option<String>>,
     /// The derived plan.
     pub plan: &'a MigrationPlan,
+    /// The client generation and scope set version of the connect that asked for it,
+    /// recorded in the journal's transaction.
+    pub client: (i64, Option<i64>),
     /// An explicit incompatible-schema reset.
     pub reset: bool,
 }
@@ -251,6 +254,7 @@ impl Storage {
                     j.reset,
                 ],
             )?;
+            super::client::record_client(tx, j.client.0, j.client.1)?;
             Ok(())
         })
     }

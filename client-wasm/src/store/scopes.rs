@@ -251,15 +251,46 @@ impl Storage {
         })
     }
 
-    /// Records newly assigned scopes, each marked for rebuild (a scope already known keeps
-    /// its state).
-    pub(crate) fn add_scopes(&self, added: &BTreeSet<String>) -> Result<(), StorageError> {
-        self.neutral(|conn| {
+    /// Installs what a connect that keeps the schema returned, in one transaction: the
+    /// client generation and scope set version, the scopes released and added (each added
+    /// one marked for rebuild), a rebuild for every scope whose cursor came back null (a
+    /// client given a new generation, once expired: spec 003), and the seed receipts
+    /// settled. A crash keeps all of it or none: a generation recorded apart from its null
+    /// cursors had the client present the old generation's cursors under the new one.
+    pub(crate) fn apply_connect(
+        &mut self,
+        manifest: &Manifest,
+        (generation, scope_set_version): (i64, Option<i64>),
+        removed: &[String],
+        added: &BTreeSet<String>,
+        cursors: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), StorageError> {
+        let receipts = self.seed_receipts()?;
+        self.with_index_tx(|tx, ix| {
+            ix.for_manifest(manifest);
+            super::client::record_client(tx, generation, scope_set_version)?;
+            let pending = pending_keys(tx)?;
+            for scope in removed {
+                drop_scope(tx, ix, manifest, scope, &pending)?;
+            }
             for s in added {
-                conn.execute(
+                run(
+                    tx,
                     r#"INSERT OR IGNORE INTO "_synchro_scopes" ("scope_id", "rebuild") VALUES (?, 1)"#,
                     [s],
                 )?;
+            }
+            for (scope, cursor) in cursors {
+                match cursor {
+                    None if !removed.contains(scope) => replace_cursor(tx, scope, None)?,
+                    Some(c) if receipts.iter().any(|(s, _)| s == scope) => {
+                        install_final(tx, scope, Some(c))?
+                    }
+                    _ => {}
+                }
+            }
+            if !receipts.is_empty() {
+                run(tx, r#"DELETE FROM "_synchro_seed_receipts""#, [])?;
             }
             Ok(())
         })

@@ -398,10 +398,28 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp
 DECLARE
     v_rel synchro.relations%ROWTYPE;
     v_oid oid;
+    v_undeclared text;
 BEGIN
     v_rel := synchro.synchro_synced_relation(p_schema, p_relation);
     v_oid := synchro.synchro_rule_function(p_function, v_rel.relation_id, ARRAY[v_rel.primary_key_type]::oid[],
                                            'text'::regtype);
+    -- Every other relation's projection it reads is a declared dependency, with the impact
+    -- function that says which rows a change of it moves (spec 003 "Function
+    -- restrictions"): register those first. Otherwise a change there would never
+    -- re-evaluate these rows.
+    SELECT r.physical_schema || '.' || r.physical_relation INTO v_undeclared
+      FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid AND c.relnamespace = 'synchro_projection'::regnamespace
+      JOIN synchro.relations r ON r.physical_schema || '.' || r.physical_relation = c.relname
+     WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
+       AND r.relation_id <> v_rel.relation_id
+       AND NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies x
+                        WHERE x.target_relation_id = v_rel.relation_id AND x.dependency_relation_id = r.relation_id)
+     ORDER BY 1 LIMIT 1;
+    IF v_undeclared IS NOT NULL THEN
+        PERFORM synchro.synchro_registration_error('undeclared_dependency', v_rel.relation_id, NULL,
+            jsonb_build_object('problem', 'no_impact_function', 'dependency', v_undeclared,
+                'register_first', 'synchro_register_impact_function'));
+    END IF;
     IF EXISTS (SELECT 1 FROM synchro.membership_functions WHERE relation_id = v_rel.relation_id) THEN
         -- A rule change is staged: the live rule keeps serving until the worker has evaluated
         -- the new one over every row and activates it atomically.
