@@ -20,5 +20,3 @@ ALTER ROLE app_operator PASSWORD :'operator_password';
 GRANT synchro_adapter TO app_adapter;
 GRANT synchro_worker TO app_worker;
 GRANT synchro_operator TO app_operator;
--- The worker evaluates membership functions as their owner (docs/operator.md, "Membership").
-GRANT app_operator TO app_worker;

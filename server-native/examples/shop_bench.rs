@@ -122,7 +122,6 @@ async fn main() -> Result<()> {
              RESET ROLE;
              ANALYZE shop.customers, shop.orders, shop.order_items;
              CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-             GRANT synchro_dev_operator TO synchro_dev_worker;
              GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;"
         ))
         .await?;

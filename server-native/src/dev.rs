@@ -183,8 +183,6 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
             .await
             .context("creating the rules schema")?;
     }
-    // The worker evaluates membership rules as their owner.
-    grant_role_once(admin, "synchro_dev_operator", "synchro_dev_worker").await?;
     for (relation, function) in [("projects", "board_projects"), ("tasks", "board_tasks")] {
         let registered = operator
             .query_opt(

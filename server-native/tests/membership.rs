@@ -517,6 +517,12 @@ async fn membership_functions_run_as_their_owner_never_as_the_worker() {
     // (The rule tells its evaluating role by a privilege only the owner has: CURRENT_USER
     // is refused in a rule, which must not depend on the session.)
     let (env, mut worker) = setup().await;
+    // The worker login is a member of no rule owner's role: it calls the rule's evaluator,
+    // which runs as the owner (it used to SET ROLE to the owner, which needed that).
+    env.admin
+        .batch_execute("REVOKE synchro_dev_operator FROM synchro_dev_worker")
+        .await
+        .unwrap();
     let op = env.login("synchro_dev_operator").await;
     op.batch_execute(
         "CREATE FUNCTION rules.whoami(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
@@ -538,15 +544,22 @@ async fn membership_functions_run_as_their_owner_never_as_the_worker() {
         edge_set(&env).await,
         [("user:alice@owner".to_owned(), "\"1\"".to_owned())]
     );
-    // Without the right to act as the owner, evaluation fails closed.
-    drop(worker);
-    env.admin
-        .batch_execute("REVOKE synchro_dev_operator FROM synchro_dev_worker")
+    let evaluator: String = env
+        .admin
+        .query_one(
+            "SELECT evaluator_oid::regprocedure::text FROM synchro.rule_evaluators
+              WHERE function_oid = 'rules.whoami(bigint)'::regprocedure",
+            &[],
+        )
         .await
-        .unwrap();
-    let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
-        .await
-        .unwrap();
+        .unwrap()
+        .get(0);
+    // Without EXECUTE on the evaluator, evaluation fails closed.
+    op.batch_execute(&format!(
+        "REVOKE EXECUTE ON FUNCTION {evaluator} FROM synchro_worker"
+    ))
+    .await
+    .unwrap();
     env.admin
         .batch_execute("INSERT INTO app.docs VALUES (2, 'bob', NULL)")
         .await
@@ -911,7 +924,7 @@ async fn a_failing_live_rule_blocks_naming_its_relation_and_sqlstate_and_the_ope
                 .query_one(
                     "SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
                       WHERE usename = 'synchro_dev_worker' AND state = 'active'
-                        AND query LIKE '%doc_scopes%' AND now() - query_start > interval '200 milliseconds'",
+                        AND query LIKE '%synchro_eval.m_%' AND now() - query_start > interval '200 milliseconds'",
                     &[],
                 )
                 .await

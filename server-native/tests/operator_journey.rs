@@ -212,9 +212,9 @@ async fn deploy() -> Shop {
          CREATE ROLE app_monitor LOGIN; GRANT synchro_monitor TO app_monitor;
          CREATE ROLE app_adapter LOGIN; GRANT synchro_adapter TO app_adapter;
          CREATE ROLE app_worker LOGIN REPLICATION NOINHERIT; GRANT synchro_worker TO app_worker;
-         -- registration acts for the tables' owner; the worker evaluates rules as theirs
+         -- registration acts for the tables' owner (the worker is a member of no rule
+         -- owner: it calls each rule's evaluator, which runs as the owner)
          GRANT shop_app TO synchro_owner;
-         GRANT app_operator TO app_worker;
          CREATE SCHEMA rules AUTHORIZATION app_operator;",
     )
     .await

@@ -1105,7 +1105,7 @@ async fn an_exhausted_pool_is_a_typed_503_never_a_hang() {
         },
         events: Default::default(),
         membership_db: Some(ConnectionPool::new(vec![
-            env.login("synchro_dev_worker").await,
+            env.login("synchro_dev_adapter").await,
         ])),
         caches: Default::default(),
         rebuild_builds: Default::default(),

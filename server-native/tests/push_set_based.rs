@@ -388,17 +388,14 @@ async fn a_rules_read_fields_are_the_columns_its_body_names() {
     assert_eq!(read("rules.any_doc(bigint)").await, None);
 }
 
-/// The scopes of each probe from `synchro_push_scopes`, as the worker login calls it.
+/// The scopes of each probe from `synchro_push_scopes`, as the adapter login calls it.
 async fn scopes(env: &Env, probes: &[(&str, i64, &str)]) -> Vec<Vec<String>> {
-    let mut db = env.login("synchro_dev_worker").await;
+    let mut db = env.login("synchro_dev_adapter").await;
     let relations: Vec<&str> = probes.iter().map(|p| p.0).collect();
     let wires: Vec<String> = probes.iter().map(|p| format!("\"{}\"", p.1)).collect();
     let keys: Vec<String> = probes.iter().map(|p| p.1.to_string()).collect();
     let rows: Vec<&str> = probes.iter().map(|p| p.2).collect();
     let tx = db.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL ROLE synchro_worker")
-        .await
-        .unwrap();
     let mut out = vec![Vec::new(); probes.len()];
     for r in tx
         .query(

@@ -32,8 +32,6 @@ impl Env {
             .batch_execute(
                 "CREATE ROLE nobody LOGIN;
                  CREATE ROLE synchro_dev_worker LOGIN REPLICATION NOINHERIT; GRANT synchro_worker TO synchro_dev_worker;
-                 -- The worker evaluates membership and impact functions as their owner.
-                 GRANT synchro_dev_operator TO synchro_dev_worker;
                  CREATE ROLE app_owner NOLOGIN; GRANT app_owner TO synchro_owner;
                  CREATE SCHEMA app AUTHORIZATION app_owner;",
             )

@@ -128,7 +128,7 @@ impl<T: Transport> Client<T> {
                     ));
                 }
                 // A seed of another schema than the target: its scopes rebuild.
-                self.storage.settle_seed_receipts(&Default::default())?;
+                self.storage.forget_seed_receipts()?;
                 Connected::Migrate(Box::new(Migration {
                     target,
                     affected: affected.clone(),

@@ -232,6 +232,21 @@ pub(super) fn drop_scope(
     Ok(())
 }
 
+/// Releases `scopes` (see [`Storage::release_scopes`]) in `tx`.
+fn release(
+    tx: &Transaction<'_>,
+    ix: &mut ScopeIndex,
+    manifest: &Manifest,
+    scopes: &[String],
+) -> Result<(), StorageError> {
+    ix.for_manifest(manifest);
+    let pending = pending_keys(tx)?;
+    for scope in scopes {
+        drop_scope(tx, ix, manifest, scope, &pending)?;
+    }
+    Ok(())
+}
+
 impl Storage {
     /// Releases scopes the server no longer assigns (connect's `scope_updates.removed`):
     /// their provenance, the rows nothing else justifies, their staged rebuild rows and
@@ -241,14 +256,7 @@ impl Storage {
         manifest: &Manifest,
         scopes: &[String],
     ) -> Result<(), StorageError> {
-        self.with_index_tx(|tx, ix| {
-            ix.for_manifest(manifest);
-            let pending = pending_keys(tx)?;
-            for scope in scopes {
-                drop_scope(tx, ix, manifest, scope, &pending)?;
-            }
-            Ok(())
-        })
+        self.with_index_tx(|tx, ix| release(tx, ix, manifest, scopes))
     }
 
     /// Installs what a connect that keeps the schema returned, in one transaction: the
@@ -267,12 +275,8 @@ impl Storage {
     ) -> Result<(), StorageError> {
         let receipts = self.seed_receipts()?;
         self.with_index_tx(|tx, ix| {
-            ix.for_manifest(manifest);
             super::client::record_client(tx, generation, scope_set_version)?;
-            let pending = pending_keys(tx)?;
-            for scope in removed {
-                drop_scope(tx, ix, manifest, scope, &pending)?;
-            }
+            release(tx, ix, manifest, removed)?;
             for s in added {
                 run(
                     tx,

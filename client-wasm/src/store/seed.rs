@@ -21,7 +21,7 @@ use synchro_protocol::value::TypedValue;
 use super::index::{Loading, ScopeIndex};
 use super::index_load::stamp;
 use super::rows::{record_server_row, wire_row_values, write_row};
-use super::scopes::{add_edge, install_final, mark_rebuild, provenance};
+use super::scopes::{add_edge, mark_rebuild, provenance};
 use super::values::{decode_row, from_sql};
 use super::{run, Storage};
 use crate::error::StorageError;
@@ -214,27 +214,12 @@ impl Storage {
         Ok(has("_synchro_seed_receipts")? && !has("_synchro_client")?)
     }
 
-    /// Settles every seed receipt with connect's answer: a scope the server gave a cursor
-    /// (`Some`) installs it and is no longer marked for rebuild, so the next pull continues
-    /// from the seed's boundary; a refused receipt (`None`, or a scope the answer does not
-    /// name: a migration, a receipt the server no longer honours) leaves its scope marked
-    /// for rebuild, its rows a verified cache until the rebuild replaces them. Every receipt
-    /// is dropped, in one transaction: a receipt is presented once.
-    pub fn settle_seed_receipts(
-        &mut self,
-        cursors: &BTreeMap<String, Option<String>>,
-    ) -> Result<(), StorageError> {
-        let receipts = self.seed_receipts()?;
-        if receipts.is_empty() {
-            return Ok(());
-        }
-        self.with_tx(|tx| {
-            for (scope, _) in &receipts {
-                if let Some(Some(cursor)) = cursors.get(scope) {
-                    install_final(tx, scope, Some(cursor))?;
-                }
-            }
-            run(tx, r#"DELETE FROM "_synchro_seed_receipts""#, [])?;
+    /// Drops every seed receipt: a migration's connect (the seed is of another schema than
+    /// the target, so its scopes stay marked for rebuild). Otherwise connect's answer
+    /// settles them ([`Storage::apply_connect`]). A receipt is presented once.
+    pub(crate) fn forget_seed_receipts(&self) -> Result<(), StorageError> {
+        self.neutral(|conn| {
+            run(conn, r#"DELETE FROM "_synchro_seed_receipts""#, [])?;
             Ok(())
         })
     }

@@ -269,6 +269,127 @@ CREATE TABLE synchro.membership_unscoped (
 REVOKE ALL ON synchro.membership_unscoped FROM PUBLIC;
 GRANT SELECT, INSERT, DELETE ON synchro.membership_unscoped TO synchro_worker;
 
+-- Evaluators (spec 003: a rule is evaluated as its owner, never with the privileges of the
+-- worker or of synchro_owner, and its body cannot change role). For each registered
+-- membership or impact function, one SECURITY DEFINER function that calls it and nothing
+-- else, created by the registration actor (who owns the rule, and so owns the evaluator):
+-- synchro_eval.m_<rule oid>(key) and synchro_eval.i_<rule oid>(old, new). The worker and
+-- push (as synchro_owner) call the evaluator, which runs as the rule's owner, so no login
+-- needs membership in the owner's role; inside a security-definer function PostgreSQL
+-- refuses SET ROLE. An evaluator is checked at registration (owner, shape, only the call)
+-- and pinned like its rule (the SHA-256 of its definition, compared at every evaluation).
+CREATE SCHEMA synchro_eval;
+REVOKE ALL ON SCHEMA synchro_eval FROM PUBLIC;
+GRANT USAGE ON SCHEMA synchro_eval TO synchro_worker;
+GRANT USAGE, CREATE ON SCHEMA synchro_eval TO synchro_operator;
+
+-- The evaluator of each registered rule and the hash of its definition.
+CREATE TABLE synchro.rule_evaluators (
+    function_oid oid PRIMARY KEY,
+    evaluator_oid oid NOT NULL,
+    definition_sha256 text NOT NULL
+);
+REVOKE ALL ON synchro.rule_evaluators FROM PUBLIC;
+GRANT SELECT ON synchro.rule_evaluators TO synchro_worker;
+
+-- Creates the evaluator of rule p_function (p_kind 'm': membership, 'i': impact) as the
+-- caller, the registration actor, unless it exists; returns its OID. NULL when p_function
+-- names no function the caller owns with the kind's shape: the registration then refuses it
+-- with the precise problem. SECURITY INVOKER (the evaluator must be the rule owner's), so
+-- it does nothing the caller could not do: synchro_operator may create functions in
+-- synchro_eval, which nothing uses unless registered and checked.
+CREATE FUNCTION synchro.synchro_rule_evaluator(p_function text, p_kind text) RETURNS oid
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_oid oid;
+    v_proc pg_proc%ROWTYPE;
+    v_signature text;
+    v_eval oid;
+BEGIN
+    BEGIN
+        v_oid := to_regprocedure(p_function);
+    EXCEPTION WHEN OTHERS THEN
+        RETURN NULL;
+    END;
+    SELECT * INTO v_proc FROM pg_proc WHERE oid = v_oid;
+    -- (A function of the kind's shape that the caller owns; conditions as plain booleans:
+    -- PL/pgSQL's IF stops at the first THEN, a CASE's included.)
+    IF NOT FOUND OR v_proc.proowner <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
+       OR NOT v_proc.proretset OR p_kind NOT IN ('m', 'i')
+       OR (p_kind = 'm' AND (v_proc.pronargs <> 1 OR v_proc.prorettype <> 'text'::regtype))
+       OR (p_kind = 'i' AND (ARRAY(SELECT unnest(v_proc.proargtypes::oid[])) <> ARRAY['jsonb'::regtype, 'jsonb'::regtype]::oid[]
+                             OR v_proc.prorettype <> 'synchro.synchro_row_ref'::regtype)) THEN
+        RETURN NULL;
+    END IF;
+    v_signature := format('synchro_eval.%I(%s)', p_kind || '_' || v_oid,
+                          CASE p_kind WHEN 'm' THEN format_type(v_proc.proargtypes[0], NULL) ELSE 'jsonb, jsonb' END);
+    v_eval := to_regprocedure(v_signature);
+    IF v_eval IS NULL THEN
+        EXECUTE format(
+            'CREATE FUNCTION synchro_eval.%I(%s) RETURNS SETOF %s LANGUAGE sql STABLE SECURITY DEFINER
+             SET search_path = pg_catalog, pg_temp BEGIN ATOMIC %s; END',
+            p_kind || '_' || v_oid,
+            CASE p_kind WHEN 'm' THEN 'p_key ' || format_type(v_proc.proargtypes[0], NULL)
+                        ELSE 'p_old jsonb, p_new jsonb' END,
+            CASE p_kind WHEN 'm' THEN 'text' ELSE 'synchro.synchro_row_ref' END,
+            CASE p_kind WHEN 'm' THEN format('SELECT s FROM %s(p_key) AS s', v_oid::regproc)
+                        ELSE format('SELECT r.table_id, r.pk_type, r.pk_value FROM %s(p_old, p_new) AS r',
+                                    v_oid::regproc) END);
+        v_eval := to_regprocedure(v_signature);
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_eval::regprocedure);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO synchro_worker, synchro_owner', v_eval::regprocedure);
+    END IF;
+    RETURN v_eval;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_rule_evaluator(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_rule_evaluator(text, text) TO synchro_operator;
+
+-- Checks rule p_rule's evaluator p_evaluator (from synchro_rule_evaluator) and records it
+-- with its hash: in synchro_eval under its name, owned by the rule's owner, STABLE SQL
+-- SECURITY DEFINER with the fixed search_path, executable by synchro_worker and
+-- synchro_owner and not PUBLIC, and a body that calls the rule once and reads nothing else.
+-- Refused as invalid_scope_function: problem not_owned_by_registrant (no evaluator: the
+-- rule is not the registration actor's own) or evaluator_altered (drop it and register
+-- again).
+CREATE FUNCTION synchro.synchro_record_evaluator(p_evaluator oid, p_rule oid, p_kind text, p_relation_id text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_ok boolean;
+BEGIN
+    IF p_evaluator IS NULL THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', 'not_owned_by_registrant'));
+    END IF;
+    SELECT e.pronamespace = 'synchro_eval'::regnamespace AND e.proname = p_kind || '_' || p_rule
+           AND e.proowner = r.proowner AND e.prosecdef AND e.provolatile = 's' AND e.proretset
+           AND e.prolang = (SELECT oid FROM pg_language WHERE lanname = 'sql') AND e.prosqlbody IS NOT NULL
+           AND e.proconfig = ARRAY['search_path=pg_catalog, pg_temp']
+           AND NOT has_function_privilege('public', e.oid, 'EXECUTE')
+           AND has_function_privilege('synchro_worker', e.oid, 'EXECUTE')
+           AND has_function_privilege('synchro_owner', e.oid, 'EXECUTE')
+           AND ARRAY(SELECT m[1] FROM regexp_matches(e.prosqlbody::text,
+                                                     ':(?:funcid|opfuncid|aggfnoid|winfnoid) ([0-9]+)', 'g') AS m)
+               = ARRAY[p_rule::text]
+           AND e.prosqlbody::text !~ '[{](CONST|SUBLINK|SQLVALUEFUNCTION) '
+           -- (no relation read: a composite type's columns, synchro_row_ref's, are no read)
+           AND NOT EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
+                            WHERE d.classid = 'pg_proc'::regclass AND d.objid = e.oid
+                              AND d.refclassid = 'pg_class'::regclass AND c.relkind <> 'c')
+      INTO v_ok
+      FROM pg_proc e, pg_proc r WHERE e.oid = p_evaluator AND r.oid = p_rule;
+    IF v_ok IS NOT TRUE THEN
+        PERFORM synchro.synchro_registration_error('invalid_scope_function', p_relation_id, NULL,
+            jsonb_build_object('problem', 'evaluator_altered',
+                'drop', format('DROP FUNCTION %s', p_evaluator::regprocedure)));
+    END IF;
+    INSERT INTO synchro.rule_evaluators (function_oid, evaluator_oid, definition_sha256)
+    VALUES (p_rule, p_evaluator, synchro.synchro_function_definition_sha256(p_evaluator))
+    ON CONFLICT (function_oid) DO UPDATE
+       SET evaluator_oid = EXCLUDED.evaluator_oid, definition_sha256 = EXCLUDED.definition_sha256;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_record_evaluator(oid, oid, text, text) FROM PUBLIC;
+
 -- Resolves and checks a membership or impact function (spec 003 "Function signatures",
 -- "Function restrictions"): LANGUAGE sql with a SQL-standard body, exactly the given argument
 -- types, RETURNS SETOF p_returns, STABLE, SECURITY INVOKER, executable by synchro_worker and
@@ -392,7 +513,8 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_rule_function(text, text, oid[], oid)
 -- views its owner may read (no live relation, no function outside pg_catalog). A first rule
 -- and every change are staged: recorded as pending, evaluated by the worker in batches and
 -- activated atomically (42_staging).
-CREATE FUNCTION synchro.synchro_register_membership_function(p_schema text, p_relation text, p_function text)
+CREATE FUNCTION synchro.synchro_register_membership_rule(p_schema text, p_relation text, p_function text,
+    p_evaluator oid)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -403,6 +525,7 @@ BEGIN
     v_rel := synchro.synchro_synced_relation(p_schema, p_relation);
     v_oid := synchro.synchro_rule_function(p_function, v_rel.relation_id, ARRAY[v_rel.primary_key_type]::oid[],
                                            'text'::regtype);
+    PERFORM synchro.synchro_record_evaluator(p_evaluator, v_oid, 'm', v_rel.relation_id);
     -- Every other relation's projection it reads is a declared dependency, with the impact
     -- function that says which rows a change of it moves (spec 003 "Function
     -- restrictions"): register those first. Otherwise a change there would never
@@ -411,7 +534,9 @@ BEGIN
       FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid AND c.relnamespace = 'synchro_projection'::regnamespace
       JOIN synchro.relations r ON r.physical_schema || '.' || r.physical_relation = c.relname
      WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
-       AND r.relation_id <> v_rel.relation_id
+       -- (its own projection, whichever registration of the table: a retired one may wait
+       -- for capture beside the new one)
+       AND c.relname <> v_rel.physical_schema || '.' || v_rel.physical_relation
        AND NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies x
                         WHERE x.target_relation_id = v_rel.relation_id AND x.dependency_relation_id = r.relation_id)
      ORDER BY 1 LIMIT 1;
@@ -443,6 +568,18 @@ BEGIN
         VALUES (v_rel.relation_id, v_oid, v_oid::regprocedure::text, synchro.synchro_function_definition_sha256(v_oid),
             false, v_oid, v_oid::regprocedure::text, synchro.synchro_function_definition_sha256(v_oid), now());
     END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_register_membership_rule(text, text, text, oid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_register_membership_rule(text, text, text, oid) TO synchro_operator;
+
+-- The operator's entry point: creates the rule's evaluator as the registration actor
+-- (SECURITY INVOKER), then registers both (synchro_register_membership_rule checks them).
+CREATE FUNCTION synchro.synchro_register_membership_function(p_schema text, p_relation text, p_function text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    PERFORM synchro.synchro_register_membership_rule(p_schema, p_relation, p_function,
+                                                     synchro.synchro_rule_evaluator(p_function, 'm'));
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_register_membership_function(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_register_membership_function(text, text, text) TO synchro_operator;

@@ -81,8 +81,9 @@ GRANT SELECT ON synchro.membership_dependencies TO synchro_worker;
 -- the restrictions of a membership function (40_membership) with the signature
 -- (jsonb, jsonb) RETURNS SETOF synchro.synchro_row_ref. A (re)registration re-stages the
 -- target's rule (42_staging).
-CREATE FUNCTION synchro.synchro_register_impact_function(p_target_schema text, p_target_relation text,
-    p_dependency_schema text, p_dependency_relation text, p_function text, p_max_impact_rows integer)
+CREATE FUNCTION synchro.synchro_register_impact_rule(p_target_schema text, p_target_relation text,
+    p_dependency_schema text, p_dependency_relation text, p_function text, p_max_impact_rows integer,
+    p_evaluator oid)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -105,6 +106,7 @@ BEGIN
     END IF;
     v_oid := synchro.synchro_rule_function(p_function, v_target.relation_id, ARRAY['jsonb'::regtype, 'jsonb'::regtype]::oid[],
                                            'synchro.synchro_row_ref'::regtype);
+    PERFORM synchro.synchro_record_evaluator(p_evaluator, v_oid, 'i', v_target.relation_id);
     INSERT INTO synchro.membership_dependencies (dependency_id, target_relation_id, dependency_relation_id,
         impact_function_oid, impact_function_signature, definition_sha256, max_impact_rows)
     VALUES (synchro.synchro_new_id('dep_'), v_target.relation_id, v_dep.relation_id, v_oid,
@@ -116,6 +118,21 @@ BEGIN
            generation = synchro.membership_dependencies.generation + 1
     RETURNING dependency_id INTO v_id;
     RETURN v_id;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_register_impact_rule(text, text, text, text, text, integer, oid)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_register_impact_rule(text, text, text, text, text, integer, oid)
+    TO synchro_operator;
+
+-- The operator's entry point: creates the impact function's evaluator as the registration
+-- actor (SECURITY INVOKER, 40_membership), then registers both.
+CREATE FUNCTION synchro.synchro_register_impact_function(p_target_schema text, p_target_relation text,
+    p_dependency_schema text, p_dependency_relation text, p_function text, p_max_impact_rows integer)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    RETURN synchro.synchro_register_impact_rule(p_target_schema, p_target_relation, p_dependency_schema,
+        p_dependency_relation, p_function, p_max_impact_rows, synchro.synchro_rule_evaluator(p_function, 'i'));
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_register_impact_function(text, text, text, text, text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_register_impact_function(text, text, text, text, text, integer)

@@ -510,18 +510,20 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_push_rule_reads(text) TO synchro_adapt
 -- evaluated in one query per round: each evaluation still sees only its own placed row. A
 -- relation with a self-impact declaration (its function reads sibling rows) has each row
 -- placed and evaluated alone. One result per row, as (ordinal, scopes), NULL scopes
--- omitted. SECURITY INVOKER: the caller is the worker login, with SET LOCAL ROLE
--- synchro_worker, in a transaction it rolls back, and must be a member of each function's
--- owner.
+-- omitted. The adapter calls it (spec 001: push is identity-bearing, and the worker login
+-- has no client-facing grant) in a transaction it rolls back; each function runs as its
+-- owner through its evaluator (synchro_eval, 40_membership), never as synchro_owner. The
+-- caller gets 'function_unavailable', 'definition_changed' or 'insufficient_privilege'
+-- (SQLSTATE 55000) for a rule capture would not evaluate either.
 CREATE FUNCTION synchro.synchro_push_scopes(p_relation_ids text[], p_key_wires text[], p_keys text[],
     p_rows text[])
 RETURNS TABLE (ord integer, scopes text[])
-LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_relation text;
     v_function text;
     v_key_type text;
-    v_owner text;
+    v_unusable text;
     v_same integer[];
     v_same_keys text[];
     v_row record;
@@ -539,11 +541,24 @@ DECLARE
 BEGIN
     FOR v_relation IN SELECT DISTINCT r FROM unnest(p_relation_ids) AS r LOOP
         v_function := NULL;
-        SELECT m.function_oid, m.function_oid::regproc::text, r.primary_key_type::regtype::text, pg_get_userbyid(p.proowner)
-          INTO v_function_oid, v_function, v_key_type, v_owner
+        SELECT m.function_oid, 'synchro_eval.m_' || m.function_oid, r.primary_key_type::regtype::text,
+               CASE WHEN p.oid IS NULL OR e.oid IS NULL OR v.evaluator_oid IS NULL THEN 'function_unavailable'
+                    WHEN m.definition_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(p.oid)
+                         OR v.definition_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(e.oid)
+                    THEN 'definition_changed'
+                    WHEN NOT has_function_privilege('synchro_owner', e.oid, 'EXECUTE') THEN 'insufficient_privilege' END
+          INTO v_function_oid, v_function, v_key_type, v_unusable
           FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
-          JOIN pg_catalog.pg_proc p ON p.oid = m.function_oid
+          LEFT JOIN pg_catalog.pg_proc p ON p.oid = m.function_oid
+          LEFT JOIN synchro.rule_evaluators v ON v.function_oid = m.function_oid
+          LEFT JOIN pg_catalog.pg_proc e ON e.oid = v.evaluator_oid AND e.proname = 'm_' || m.function_oid
+                                         AND e.pronamespace = 'synchro_eval'::regnamespace
          WHERE r.relation_id = v_relation AND m.live;
+        IF v_unusable IS NOT NULL THEN
+            -- (v_unusable holds why the rule may not be evaluated: never anything but its pinned
+            -- definition, through the evaluator recorded with it.)
+            RAISE EXCEPTION 'membership rule unusable: %', v_unusable USING ERRCODE = '55000';
+        END IF;
         IF v_function IS NULL THEN
             -- No membership rule: the row would be in no scope.
             RETURN QUERY SELECT u.i::integer, '{}'::text[]
@@ -573,7 +588,6 @@ BEGIN
                  WHERE u.rel = v_relation) x;
         SELECT coalesce(array_agg(x.i), '{}'), coalesce(array_agg(x.key), '{}') INTO v_same, v_same_keys
           FROM unnest(v_is, v_keys, v_sames) AS x(i, key, same) WHERE x.same;
-        PERFORM set_config('role', v_owner, true);
         RETURN QUERY EXECUTE format(
             -- One evaluation per key (OFFSET 0): inlined into a join, an underestimating
             -- planner scanned and sorted the whole projection per batch (capture's
@@ -584,7 +598,6 @@ BEGIN
                          GROUP BY k.k)
              SELECT a.i, e.s FROM unnest($1, $2) AS a(i, k) JOIN e ON e.k = a.k', v_function, v_key_type)
           USING v_same, v_same_keys;
-        PERFORM set_config('role', 'synchro_worker', true);
         IF NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies d
                         WHERE d.target_relation_id = v_relation AND d.dependency_relation_id = v_relation) THEN
             -- Every other row placed with the others of its round, evaluated in one query.
@@ -599,7 +612,6 @@ BEGIN
                     INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
                     SELECT v_relation, r.kw, r.row, '0' FROM unnest(v_round.kws, v_round.rows) AS r(kw, row)
                     ON CONFLICT (relation_id, pk) DO UPDATE SET row_json = EXCLUDED.row_json;
-                    PERFORM set_config('role', v_owner, true);
                     EXECUTE format(
                         'SELECT array_agg(a.i), array_agg(a.s) FROM (
                            SELECT a.i, coalesce(array_remove(array_agg(e.s::text), NULL), ''{}'')::text AS s
@@ -607,7 +619,7 @@ BEGIN
                              LEFT JOIN LATERAL (SELECT f.s FROM %s(a.k::%s) AS f(s) OFFSET 0) AS e ON true
                             GROUP BY a.i) a', v_function, v_key_type)
                       INTO v_ords, v_texts USING v_round.ords, v_round.keys;
-                    -- Undo the placement (and the role): the results survive the rollback.
+                    -- Undo the placement: the results survive the rollback.
                     RAISE SQLSTATE 'SYRB1';
                 EXCEPTION WHEN SQLSTATE 'SYRB1' THEN
                     NULL;
@@ -624,11 +636,10 @@ BEGIN
                 INSERT INTO synchro.projection_rows (relation_id, pk, row_json, server_version)
                 VALUES (v_relation, v_row.kw, v_row.row, '0')
                 ON CONFLICT (relation_id, pk) DO UPDATE SET row_json = EXCLUDED.row_json;
-                PERFORM set_config('role', v_owner, true);
                 EXECUTE format('SELECT array_remove(array_agg(s::text), NULL) FROM %s($1::%s) AS s',
                                v_function, v_key_type)
                   INTO v_scopes USING v_row.key;
-                -- Undo the placement (and the role): v_scopes survives the rollback.
+                -- Undo the placement: v_scopes survives the rollback.
                 RAISE SQLSTATE 'SYRB1';
             EXCEPTION WHEN SQLSTATE 'SYRB1' THEN
                 NULL;
@@ -640,7 +651,7 @@ BEGIN
     END LOOP;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) TO synchro_worker;
+GRANT EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) TO synchro_adapter;
 
 -- The synced fields of a relation in attnum order, with their source type OIDs (the order
 -- of synchro_push_write_batch's images).

@@ -130,9 +130,9 @@ pub struct AppState {
     pub config: Config,
     /// Wakes change-notification streams (`POST /sync/events`).
     pub events: super::Notifier,
-    /// Connections as the capture worker's login, which push uses to evaluate written
-    /// rows' scopes with the membership function as its owner (in transactions that are
-    /// always rolled back). Without them, push answers 503 `push_unavailable`.
+    /// Adapter connections on which push evaluates written rows' scopes, each membership
+    /// function as its owner through its evaluator (in transactions that are always rolled
+    /// back). Without them, push answers 503 `push_unavailable`.
     pub membership_db: Option<ConnectionPool>,
     /// What this server keeps in memory between requests.
     pub caches: Caches,

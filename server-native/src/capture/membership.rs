@@ -284,10 +284,10 @@ pub(super) async fn membership_diff(
     })
 }
 
-/// A prepared membership evaluation and the role it runs as: its function's owner.
+/// A prepared membership evaluation (through the function's evaluator, which runs it as
+/// its owner).
 pub(super) struct Eval {
     pub(super) statement: Statement,
-    pub(super) owner: String,
     /// The function's `name(argument types)` and the prepared [`UNUSABLE`] check.
     signature: String,
     check: Statement,
@@ -304,7 +304,6 @@ impl Eval {
         as_owner(
             db,
             (&self.check, &self.signature),
-            &self.owner,
             &self.statement,
             &[&keys, &args],
         )
@@ -313,55 +312,54 @@ impl Eval {
 }
 
 /// Why a registered membership or impact function (`$1`: its `name(argument types)`, as the
-/// worker's session renders it) must not be evaluated, or NULL: asked in the transaction
+/// worker's session renders it) or its evaluator must not be evaluated, or NULL: asked in the transaction
 /// that evaluates it, so a definition replaced, or a grant revoked, before the source
 /// transaction committed is always seen (the registry load at the start of a step may
 /// precede it).
 const UNUSABLE: &str = "SELECT CASE WHEN count(*) = 0 THEN 'function_unavailable' ELSE min(
-               CASE WHEN p.oid IS NULL THEN 'function_unavailable'
+               CASE WHEN p.oid IS NULL OR e.oid IS NULL THEN 'function_unavailable'
                     WHEN r.sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(r.fn)
+                         OR v.definition_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(e.oid)
                     THEN 'definition_changed'
                     WHEN NOT (pg_catalog.has_schema_privilege('synchro_worker', p.pronamespace, 'USAGE')
-                              AND pg_catalog.has_function_privilege('synchro_worker', p.oid, 'EXECUTE'))
+                              AND pg_catalog.has_function_privilege('synchro_worker', p.oid, 'EXECUTE')
+                              AND pg_catalog.has_function_privilege('synchro_worker', e.oid, 'EXECUTE'))
                     THEN 'insufficient_privilege' END) END
        FROM (SELECT function_oid, definition_sha256 FROM synchro.membership_functions
              UNION ALL SELECT pending_function_oid, pending_sha256 FROM synchro.membership_functions
              UNION ALL SELECT impact_function_oid, definition_sha256 FROM synchro.membership_dependencies)
             AS r (fn, sha256)
        LEFT JOIN pg_catalog.pg_proc p ON p.oid = r.fn
+       LEFT JOIN synchro.rule_evaluators v ON v.function_oid = r.fn
+       -- (the evaluator called by name, synchro_eval.m_<oid> or i_<oid>, is the one recorded)
+       LEFT JOIN pg_catalog.pg_proc e ON e.oid = v.evaluator_oid
+                                      AND e.pronamespace = 'synchro_eval'::pg_catalog.regnamespace
+                                      AND e.proname IN ('m_' || r.fn, 'i_' || r.fn)
       WHERE r.fn = pg_catalog.to_regprocedure($1)";
 
 /// Runs a membership or impact evaluation as its function's owner (spec 003: never with
-/// the worker's own privileges, which reach synchro's internal tables), inside the
-/// materialization transaction so it sees this transaction's projections, then returns to
-/// synchro_worker. The worker login must be a (NOINHERIT) member of the owner role; any
-/// failure, including a missing membership or a revoked privilege, blocks capture.
+/// the worker's own privileges, which reach synchro's internal tables): `statement` calls
+/// the function's evaluator (`synchro_eval`, 40_membership), a security-definer function of
+/// the owner's, inside the materialization transaction so it sees this transaction's
+/// projections. The worker needs no membership in the owner's role. Any failure, a revoked
+/// privilege included, blocks capture.
 async fn as_owner(
     db: &Client,
     (check, signature): (&Statement, &str),
-    owner: &str,
     statement: &Statement,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>> {
     let failed = |e| EvaluationFailed::from_db(e, BlockDetail::FunctionError);
-    let set_owner = format!("SET LOCAL ROLE {}", crate::install::quote_ident(owner));
     // Pipelined (sent together, run in order in this transaction): the check costs no
     // round trip, and what it finds is the cause reported (the evaluation it discards
     // never commits, and may have failed for the same reason).
     let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&signature];
-    let (unusable, set, rows, reset) = futures_util::join!(
+    let (unusable, rows) = futures_util::join!(
         db.query_one(check, &check_params),
-        db.batch_execute(&set_owner),
         db.query(statement, params),
-        db.batch_execute("SET LOCAL ROLE synchro_worker"),
     );
     match unusable.map_err(failed)?.get::<_, Option<&str>>(0) {
-        None => {
-            set.map_err(failed)?;
-            let rows = rows.map_err(failed)?;
-            reset.map_err(failed)?;
-            Ok(rows)
-        }
+        None => Ok(rows.map_err(failed)?),
         Some("insufficient_privilege") => bail!(EvaluationFailed {
             detail: BlockDetail::InsufficientPrivilege,
             sqlstate: Some("42501".into()),
@@ -411,9 +409,9 @@ impl Functions {
         *self.unusable.lock().expect("unusable") = unusable;
     }
 
-    /// The owner a function is evaluated as; a function that is not to be evaluated (see
-    /// `unusable`) fails with its detail.
-    fn owner(&self, function: &str) -> Result<String> {
+    /// The evaluator of `function` (its `signature`: `name(argument types)`); a function
+    /// that is not to be evaluated (see `unusable`) fails with its detail.
+    fn evaluator(&self, function: &str, signature: &str) -> Result<String> {
         let unusable = self
             .unusable
             .lock()
@@ -428,8 +426,8 @@ impl Functions {
             Some(detail) => bail!(EvaluationFailed::new(detail)),
             None => {}
         }
-        let owner = self.owners.lock().expect("owners").get(function).cloned();
-        owner.ok_or_else(|| EvaluationFailed::new(BlockDetail::FunctionUnavailable).into())
+        let evaluator = self.owners.lock().expect("owners").get(signature).cloned();
+        evaluator.ok_or_else(|| EvaluationFailed::new(BlockDetail::FunctionUnavailable).into())
     }
 
     /// The statement cached under `key`, prepared from `sql()` on first use; a function that
@@ -468,23 +466,23 @@ impl Functions {
         function: &str,
         key_type: &str,
     ) -> Result<Eval> {
-        let owner = self.owner(function)?;
+        let signature = format!("{function}({key_type})");
+        let evaluator = self.evaluator(function, &signature)?;
         let statement = self
-            .prepared(db, format!("{function}\u{0}{key_type}"), || {
+            .prepared(db, format!("{evaluator}\u{0}{key_type}"), || {
                 // One evaluation per key (OFFSET 0 keeps it a parameterized loop): inlined
                 // into a join, a planner that underestimated the projection scanned, parsed
                 // and sorted the whole relation per batch (113 ms against 1.3 ms for 1,000
                 // keys of 20,000 rows: O(rows^2 / batch) for a staged rule).
                 format!(
                     "SELECT a.k, e.scope FROM unnest($1::text[], $2::text[]) AS a(k, arg), \
-                     LATERAL (SELECT f.scope FROM {function}(a.arg::{key_type}) AS f(scope) OFFSET 0) AS e"
+                     LATERAL (SELECT f.scope FROM {evaluator}(a.arg::{key_type}) AS f(scope) OFFSET 0) AS e"
                 )
             })
             .await?;
         Ok(Eval {
             statement,
-            owner,
-            signature: format!("{function}({key_type})"),
+            signature,
             check: self.check(db).await?,
         })
     }
@@ -500,27 +498,19 @@ impl Functions {
         olds: &[Option<String>],
         news: &[Option<String>],
     ) -> Result<Vec<String>> {
+        let signature = format!("{}(jsonb, jsonb)", impact.function);
+        let evaluator = self.evaluator(&impact.function, &signature)?;
         let statement = self
-            .prepared(db, format!("impact\u{0}{}", impact.function), || {
+            .prepared(db, format!("impact\u{0}{evaluator}"), || {
                 format!(
                     "SELECT a.n, r.table_id, r.pk_type, r.pk_value
                        FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(o, nw, n),
-                            LATERAL (SELECT * FROM {}(a.o::jsonb, a.nw::jsonb) OFFSET 0) AS r",
-                    impact.function
+                            LATERAL (SELECT * FROM {evaluator}(a.o::jsonb, a.nw::jsonb) OFFSET 0) AS r"
                 )
             })
             .await?;
-        let owner = self.owner(&impact.function)?;
         let check = self.check(db).await?;
-        let signature = format!("{}(jsonb, jsonb)", impact.function);
-        let rows = as_owner(
-            db,
-            (&check, &signature),
-            &owner,
-            &statement,
-            &[&olds, &news],
-        )
-        .await?;
+        let rows = as_owner(db, (&check, &signature), &statement, &[&olds, &news]).await?;
         let refs = rows.iter().map(|r| RowRef {
             event: r.get(0),
             table_id: r.get(1),

@@ -129,7 +129,8 @@ pub(super) fn by_id<'a>(relations: &'a Relations, relation_id: &str) -> Option<&
     relations.values().find(|r| r.relation_id == relation_id)
 }
 
-/// Owner roles by function (regproc text).
+/// The evaluator (`synchro_eval.m_<oid>` or `i_<oid>`, 40_membership) of each registered
+/// function, by the function's `name(argument types)`: it runs the function as its owner.
 pub(super) type Owners = HashMap<String, String>;
 
 /// Registered functions (regproc text) that must not be evaluated, and why: the definition
@@ -231,7 +232,8 @@ const MEMBERSHIPS: &str = "SELECT r.physical_relation_oid, m.function_oid::regpr
                     r.fanout_bound::bigint, m.pending_function_oid::regproc::text, m.staged_through,
                     m.membership_generation + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d
                                                          WHERE d.target_relation_id = m.relation_id), 0)::bigint,
-                    pg_catalog.pg_get_userbyid(lf.proowner)::text, pg_catalog.pg_get_userbyid(pf.proowner)::text,
+                    CASE WHEN lf.oid IS NOT NULL THEN 'synchro_eval.m_' || m.function_oid END,
+                    CASE WHEN pf.oid IS NOT NULL THEN 'synchro_eval.m_' || m.pending_function_oid END,
                     m.live, m.staging_epoch, m.staging_failed_at IS NOT NULL,
                     -- Whether a function's definition is no longer the registered one, and
                     -- whether the worker lost what it needs to call it.
@@ -250,7 +252,7 @@ const MEMBERSHIPS: &str = "SELECT r.physical_relation_oid, m.function_oid::regpr
 const IMPACTS: &str =
     "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
                     m.max_impact_rows::bigint,
-                    (SELECT pg_catalog.pg_get_userbyid(p.proowner)::text FROM pg_catalog.pg_proc p
+                    (SELECT 'synchro_eval.i_' || p.oid FROM pg_catalog.pg_proc p
                       WHERE p.oid = m.impact_function_oid),
                     EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = m.impact_function_oid)
                       AND m.definition_sha256
@@ -361,13 +363,13 @@ fn load_memberships(
             });
             reg.contract.current = r.get(6);
             reg.live = r.get(9);
-            // The live function and its owner, then the pending one and its owner.
-            for (function, owner) in [(1, 7), (4, 8)] {
-                if let (Some(f), Some(o)) = (
+            // The live function and its evaluator, then the pending one and its evaluator.
+            for (function, evaluator) in [(1, 7), (4, 8)] {
+                if let (Some(f), Some(e)) = (
                     r.get::<_, Option<String>>(function),
-                    r.get::<_, Option<String>>(owner),
+                    r.get::<_, Option<String>>(evaluator),
                 ) {
-                    owners.insert(f, o);
+                    owners.insert(format!("{f}({})", r.get::<_, String>(2)), e);
                 }
             }
         }
@@ -382,8 +384,11 @@ fn load_impacts(
     owners: &mut Owners,
 ) -> Result<()> {
     for r in rows {
-        if let Some(owner) = r.get::<_, Option<String>>(4) {
-            owners.insert(r.get(2), owner);
+        if let Some(evaluator) = r.get::<_, Option<String>>(4) {
+            owners.insert(
+                format!("{}(jsonb, jsonb)", r.get::<_, String>(2)),
+                evaluator,
+            );
         }
         if let Some(reg) = relations.get_mut(&r.get::<_, u32>(0)) {
             reg.impacts.push(Impact {

@@ -186,13 +186,13 @@ struct ServeArgs {
     #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL", hide_env_values = true)]
     assignment_url: Option<String>,
     /// Also run the capture worker in this process, as this worker login (REPLICATION,
-    /// member of synchro_worker). Without it, run `synchro-server capture` separately.
+    /// member of synchro_worker). Without it, run `synchro-server capture` separately;
+    /// every endpoint, push included, is served with the adapter login alone.
     #[arg(long, env = "SYNCHRO_WORKER_DATABASE_URL", hide_env_values = true)]
     worker_url: Option<String>,
-    /// With --worker-url, use that login only for push's scope evaluation and run no
-    /// capture worker in this process (it runs as `synchro-server capture`, e.g. its
-    /// own container).
-    #[arg(long, env = "SYNCHRO_NO_CAPTURE", requires = "worker_url")]
+    /// Run no capture worker in this process even with --worker-url (it runs as
+    /// `synchro-server capture`, e.g. its own container).
+    #[arg(long, env = "SYNCHRO_NO_CAPTURE")]
     no_capture: bool,
     /// Serve the seed artifacts `synchro-server seed export` wrote in this directory, and
     /// their evidence, at `GET /seeds/{name}` (behind a bearer token unless

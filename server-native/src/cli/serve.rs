@@ -40,18 +40,14 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         cursor_secret.as_ref().is_none_or(|s| s.len() >= min),
         "--cursor-secret (SYNCHRO_CURSOR_SECRET) must be at least {min} bytes"
     );
-    // The worker login also evaluates written rows' scopes for push, on a pool of
-    // its own so concurrent pushes do not queue behind one connection.
-    let membership_db = match &worker_url {
-        Some(url) => {
-            let mut pool = Vec::new();
-            for _ in 0..4 {
-                pool.push(connect_db(url).await?);
-            }
-            Some(ConnectionPool::reconnecting(url, pool))
-        }
-        None => None,
-    };
+    // Push evaluates written rows' scopes (each rule as its owner, through its evaluator) on
+    // adapter connections of their own, so concurrent pushes do not queue behind one: the
+    // worker login serves capture only.
+    let mut membership = Vec::new();
+    for _ in 0..4 {
+        membership.push(connect_db(&database_url).await?);
+    }
+    let membership_db = Some(ConnectionPool::reconnecting(&database_url, membership));
     let capture = worker_url
         .filter(|_| !no_capture)
         .map(|url| tokio::spawn(capture_loop(url)));
@@ -215,10 +211,7 @@ pub(super) async fn run_dev(
     dev::register_demo(&operator).await?;
     dev::create_board(&admin, &operator).await?;
     publish::publish(&mut operator).await?;
-    let (adapter_url, worker_url) = (
-        url_for("synchro_dev_adapter"),
-        url_for("synchro_dev_worker"),
-    );
+    let adapter_url = url_for("synchro_dev_adapter");
     let adapter = SharedConnection::new(&adapter_url, connect_db(&adapter_url).await?);
     let operator_url = url_for("synchro_dev_operator");
     let assignment = SharedConnection::new(&operator_url, connect_db(&operator_url).await?);
@@ -257,15 +250,15 @@ pub(super) async fn run_dev(
         connect_db(&adapter_url).await?,
     ];
     let membership = vec![
-        connect_db(&worker_url).await?,
-        connect_db(&worker_url).await?,
+        connect_db(&adapter_url).await?,
+        connect_db(&adapter_url).await?,
     ];
     serve(
         (
             adapter,
             ConnectionPool::reconnecting(&adapter_url, snapshot),
             Some(assignment),
-            Some(ConnectionPool::reconnecting(&worker_url, membership)),
+            Some(ConnectionPool::reconnecting(&adapter_url, membership)),
         ),
         crate::api::Notifier::listen(url_for("synchro_dev_adapter")),
         Authenticator::hs256(secret.as_bytes())?,

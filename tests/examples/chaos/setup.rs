@@ -58,7 +58,6 @@ pub async fn database(cluster: &TempCluster) -> Result<()> {
              INSERT INTO app.items SELECT g, 'shared', 0, 'seed-' || g FROM generate_series(1, {SEED_ROWS}) g;
              RESET ROLE;
              CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-             GRANT synchro_dev_operator TO synchro_dev_worker;
              GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;"
         ))
         .await?;

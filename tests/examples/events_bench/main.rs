@@ -263,7 +263,6 @@ async fn main() -> Result<()> {
              CREATE TABLE app.items (id bigint PRIMARY KEY, owner text NOT NULL, note text);
              RESET ROLE;
              CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-             GRANT synchro_dev_operator TO synchro_dev_worker;
              GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
         )
         .await?;

@@ -159,7 +159,6 @@ async fn main() -> Result<()> {
                FROM generate_series(1, {rows}) g;
              RESET ROLE;
              CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-             GRANT synchro_dev_operator TO synchro_dev_worker;
              GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;"
         ))
         .await?;
@@ -688,8 +687,8 @@ async fn serve_in_process(url: &dyn Fn(&str) -> String, seeds: &Path) -> Result<
         // As `serve` does: a LISTEN session wakes the events streams after each capture commit.
         events: synchro_server::api::Notifier::listen(url("synchro_dev_adapter")),
         membership_db: Some(synchro_server::api::ConnectionPool::new(vec![
-            connect_db(&url("synchro_dev_worker")).await?,
-            connect_db(&url("synchro_dev_worker")).await?,
+            connect_db(&url("synchro_dev_adapter")).await?,
+            connect_db(&url("synchro_dev_adapter")).await?,
         ])),
         caches: Default::default(),
         rebuild_builds: Default::default(),

@@ -1,7 +1,8 @@
 //! The scopes a written row is in, by its table's live membership function
-//! (`synchro.synchro_push_scopes`, 52_push): any number of rows in one call on a
-//! worker-login connection, each evaluated as if alone, with only that row placed in the
-//! projection, as the function's owner, in a transaction that is always rolled back.
+//! (`synchro.synchro_push_scopes`, 52_push): any number of rows in one call on an adapter
+//! connection, each evaluated as if alone, with only that row placed in the projection, as
+//! the function's owner (through its evaluator), in a transaction that is always rolled
+//! back.
 
 use std::collections::BTreeSet;
 
@@ -42,14 +43,12 @@ pub(super) async fn evaluate(
         (&rows, Type::TEXT_ARRAY),
     ];
     let tx = db.transaction().await?;
-    let (role, scopes) = futures_util::join!(
-        tx.batch_execute("SET LOCAL ROLE synchro_worker"),
-        tx.query_typed(
+    let scopes = tx
+        .query_typed(
             "SELECT ord, scopes FROM synchro.synchro_push_scopes($1, $2, $3, $4)",
             &params,
         )
-    );
-    role?;
+        .await;
     let scopes = match scopes {
         Ok(scopes) => scopes,
         Err(e) if rule_failed(&e) => return Ok(None),
@@ -83,7 +82,9 @@ fn rule_failed(e: &tokio_postgres::Error) -> bool {
         return false;
     };
     let class = &db.code().code()[..2];
-    // 08 connection, 40 rollback (serialization, deadlock), 53 resources, 57 operator
-    // intervention (cancel, shutdown), 58 system, XX internal.
-    !matches!(class, "08" | "40" | "53" | "57" | "58" | "XX")
+    // 08 connection, 40 rollback (serialization, deadlock), 53 resources, 55 prerequisite
+    // state (a lock not available; a rule whose definition or evaluator is not the
+    // registered one, which capture blocks on too), 57 operator intervention (cancel,
+    // shutdown), 58 system, XX internal.
+    !matches!(class, "08" | "40" | "53" | "55" | "57" | "58" | "XX")
 }
