@@ -176,7 +176,6 @@ async fn main() -> Result<()> {
         snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             connect_db(&url("synchro_dev_adapter")).await?,
         ]),
-        assignment_db: None,
         auth: Authenticator::hs256(SECRET)?,
         cursor_keys: Keyring::new("k1", &[7; 32])?,
         config: Config::default(),

@@ -65,7 +65,6 @@ async fn start(config: Config) -> Server {
             env.login("synchro_dev_adapter").await,
         ]),
         cursor_keys: synchro_protocol::token::Keyring::new("k1", &[9; 32]).unwrap(),
-        assignment_db: Some(env.login("synchro_dev_operator").await.into()),
         auth: Authenticator::hs256(SECRET).unwrap(),
         config,
         events: Default::default(),
@@ -542,7 +541,6 @@ async fn a_database_failure_is_503_and_readiness_fails_closed() {
         .await
         .unwrap()]),
         cursor_keys: synchro_protocol::token::Keyring::new("k1", &[9; 32]).unwrap(),
-        assignment_db: None,
         auth: Authenticator::hs256(SECRET).unwrap(),
         config: Config::default(),
         events: Default::default(),

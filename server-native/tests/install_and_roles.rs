@@ -519,6 +519,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
         "synchro_assignment_function_check",
         &["synchro_adapter", "synchro_monitor"],
     ),
+    ("synchro_assignment_scopes", &["synchro_adapter"]),
     ("synchro_bootstrap_columns", &["synchro_worker"]),
     ("synchro_bootstrap_lock", &["synchro_worker"]),
     ("synchro_bootstrap_rows", &["synchro_worker"]),
@@ -590,6 +591,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
         "synchro_register_assignment_function",
         &["synchro_operator"],
     ),
+    ("synchro_register_assignment_rule", &["synchro_operator"]),
     ("synchro_register_impact_function", &["synchro_operator"]),
     ("synchro_register_impact_rule", &["synchro_operator"]),
     (

@@ -66,7 +66,6 @@ async fn stack_with(config: Config) -> Stack {
         snapshot_db: synchro_server::api::SnapshotPool::new(vec![
             env.login("synchro_dev_adapter").await,
         ]),
-        assignment_db: None,
         auth: Authenticator::hs256(SECRET).unwrap(),
         cursor_keys: Keyring::new("k1", &[3; 32]).unwrap(),
         config,

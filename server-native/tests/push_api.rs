@@ -1096,7 +1096,6 @@ async fn an_exhausted_pool_is_a_typed_503_never_a_hang() {
     let state = Arc::new(AppState {
         db: env.login("synchro_dev_adapter").await.into(),
         snapshot_db: ConnectionPool::new(vec![env.login("synchro_dev_adapter").await]),
-        assignment_db: None,
         auth: synchro_server::auth::Authenticator::hs256(SECRET.as_bytes()).unwrap(),
         cursor_keys: synchro_protocol::token::Keyring::new("k1", &[3; 32]).unwrap(),
         config: Config {

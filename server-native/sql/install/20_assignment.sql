@@ -108,8 +108,11 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_function_definition_sha256(oid) TO syn
 -- STABLE, SECURITY INVOKER, (text) RETURNS SETOF text, search_path pinned to
 -- "pg_catalog, synchro", owned by the registering session user, executable by
 -- synchro_owner and not by PUBLIC, calling only pg_catalog functions and reading no synchro
--- relation. NULL registers nothing.
-CREATE FUNCTION synchro.synchro_register_assignment_function(p_function text, p_max_scopes integer DEFAULT 1000)
+-- relation. NULL registers nothing. p_evaluator is its evaluator (synchro_eval.a_<oid>,
+-- 40_membership), created by the entry point below as the registration actor: connect and
+-- pull call it (synchro_assignment_scopes), so the function runs as its owner on the
+-- adapter's connection, never as synchro_owner, and no login of the owner's is configured.
+CREATE FUNCTION synchro.synchro_register_assignment_rule(p_function text, p_max_scopes integer, p_evaluator oid)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -162,11 +165,27 @@ BEGIN
     IF synchro.synchro_function_definition_sha256(v_oid) IS DISTINCT FROM v_before THEN
         PERFORM synchro.synchro_registration_error('invalid_scope_function');
     END IF;
+    PERFORM synchro.synchro_record_evaluator(p_evaluator, v_oid, 'a', NULL);
     DELETE FROM synchro.assignment_function;
     INSERT INTO synchro.assignment_function (function_oid, function_schema, function_name, max_scopes,
                                              definition_sha256, registered_by)
     SELECT v_oid, n.nspname, v_proc.proname, p_max_scopes, v_before, session_user
       FROM pg_namespace n WHERE n.oid = v_proc.pronamespace;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_register_assignment_rule(text, integer, oid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_register_assignment_rule(text, integer, oid) TO synchro_operator;
+
+-- The operator's entry point (spec 003): creates the function's evaluator as the
+-- registration actor (SECURITY INVOKER), then registers both.
+CREATE FUNCTION synchro.synchro_register_assignment_function(p_function text, p_max_scopes integer DEFAULT 1000)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    IF p_function IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM synchro.synchro_register_assignment_rule(p_function, p_max_scopes,
+                                                     synchro.synchro_rule_evaluator(p_function, 'a'));
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_register_assignment_function(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_register_assignment_function(text, integer) TO synchro_operator;
@@ -178,15 +197,5 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_unregister_assignment_function() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_unregister_assignment_function() TO synchro_operator;
 
--- For connect: the registered function, and whether it still exists with its checked
--- definition. No row when none is registered.
-CREATE FUNCTION synchro.synchro_assignment_function_check()
-RETURNS TABLE (function_schema name, function_name name, max_scopes integer, intact boolean)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT a.function_schema, a.function_name, a.max_scopes,
-           EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = a.function_oid)
-           AND synchro.synchro_function_definition_sha256(a.function_oid) = a.definition_sha256
-      FROM synchro.assignment_function a
-$$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_assignment_function_check() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_assignment_function_check() TO synchro_adapter, synchro_monitor;
+-- (synchro_assignment_function_check and synchro_assignment_scopes, which read the
+-- function's evaluator, are in 40_membership, after the evaluators.)

@@ -273,8 +273,9 @@ GRANT SELECT, INSERT, DELETE ON synchro.membership_unscoped TO synchro_worker;
 -- worker or of synchro_owner, and its body cannot change role). For each registered
 -- membership or impact function, one SECURITY DEFINER function that calls it and nothing
 -- else, created by the registration actor (who owns the rule, and so owns the evaluator):
--- synchro_eval.m_<rule oid>(key) and synchro_eval.i_<rule oid>(old, new). The worker and
--- push (as synchro_owner) call the evaluator, which runs as the rule's owner, so no login
+-- synchro_eval.m_<rule oid>(key), synchro_eval.i_<rule oid>(old, new) and, for the
+-- scope-assignment function, synchro_eval.a_<oid>(user). The worker and push (as
+-- synchro_owner), and connect and pull for assignment, call the evaluator, which runs as the rule's owner, so no login
 -- needs membership in the owner's role; inside a security-definer function PostgreSQL
 -- refuses SET ROLE. An evaluator is checked at registration (owner, shape, only the call)
 -- and pinned like its rule (the SHA-256 of its definition, compared at every evaluation).
@@ -292,7 +293,8 @@ CREATE TABLE synchro.rule_evaluators (
 REVOKE ALL ON synchro.rule_evaluators FROM PUBLIC;
 GRANT SELECT ON synchro.rule_evaluators TO synchro_worker;
 
--- Creates the evaluator of rule p_function (p_kind 'm': membership, 'i': impact) as the
+-- Creates the evaluator of rule p_function (p_kind 'm': membership, 'i': impact, 'a': the
+-- scope-assignment function, 20_assignment) as the
 -- caller, the registration actor, unless it exists; returns its OID. NULL when p_function
 -- names no function the caller owns with the kind's shape: the registration then refuses it
 -- with the precise problem. SECURITY INVOKER (the evaluator must be the rule owner's), so
@@ -307,7 +309,8 @@ DECLARE
     v_eval oid;
 BEGIN
     BEGIN
-        v_oid := to_regprocedure(p_function);
+        -- (an assignment function may be named without its argument list)
+        v_oid := CASE WHEN strpos(p_function, '(') > 0 THEN to_regprocedure(p_function) ELSE to_regproc(p_function) END;
     EXCEPTION WHEN OTHERS THEN
         RETURN NULL;
     END;
@@ -315,26 +318,26 @@ BEGIN
     -- (A function of the kind's shape that the caller owns; conditions as plain booleans:
     -- PL/pgSQL's IF stops at the first THEN, a CASE's included.)
     IF NOT FOUND OR v_proc.proowner <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
-       OR NOT v_proc.proretset OR p_kind NOT IN ('m', 'i')
-       OR (p_kind = 'm' AND (v_proc.pronargs <> 1 OR v_proc.prorettype <> 'text'::regtype))
+       OR NOT v_proc.proretset OR p_kind NOT IN ('m', 'i', 'a')
+       OR (p_kind IN ('m', 'a') AND (v_proc.pronargs <> 1 OR v_proc.prorettype <> 'text'::regtype))
        OR (p_kind = 'i' AND (ARRAY(SELECT unnest(v_proc.proargtypes::oid[])) <> ARRAY['jsonb'::regtype, 'jsonb'::regtype]::oid[]
                              OR v_proc.prorettype <> 'synchro.synchro_row_ref'::regtype)) THEN
         RETURN NULL;
     END IF;
     v_signature := format('synchro_eval.%I(%s)', p_kind || '_' || v_oid,
-                          CASE p_kind WHEN 'm' THEN format_type(v_proc.proargtypes[0], NULL) ELSE 'jsonb, jsonb' END);
+                          CASE WHEN p_kind = 'i' THEN 'jsonb, jsonb' ELSE format_type(v_proc.proargtypes[0], NULL) END);
     v_eval := to_regprocedure(v_signature);
     IF v_eval IS NULL THEN
         EXECUTE format(
             'CREATE FUNCTION synchro_eval.%I(%s) RETURNS SETOF %s LANGUAGE sql STABLE SECURITY DEFINER
              SET search_path = pg_catalog, pg_temp BEGIN ATOMIC %s; END',
             p_kind || '_' || v_oid,
-            CASE p_kind WHEN 'm' THEN 'p_key ' || format_type(v_proc.proargtypes[0], NULL)
-                        ELSE 'p_old jsonb, p_new jsonb' END,
-            CASE p_kind WHEN 'm' THEN 'text' ELSE 'synchro.synchro_row_ref' END,
-            CASE p_kind WHEN 'm' THEN format('SELECT s FROM %s(p_key) AS s', v_oid::regproc)
-                        ELSE format('SELECT r.table_id, r.pk_type, r.pk_value FROM %s(p_old, p_new) AS r',
-                                    v_oid::regproc) END);
+            CASE WHEN p_kind = 'i' THEN 'p_old jsonb, p_new jsonb'
+                 ELSE 'p_key ' || format_type(v_proc.proargtypes[0], NULL) END,
+            CASE WHEN p_kind = 'i' THEN 'synchro.synchro_row_ref' ELSE 'text' END,
+            CASE WHEN p_kind = 'i'
+                 THEN format('SELECT r.table_id, r.pk_type, r.pk_value FROM %s(p_old, p_new) AS r', v_oid::regproc)
+                 ELSE format('SELECT s FROM %s(p_key) AS s', v_oid::regproc) END);
         v_eval := to_regprocedure(v_signature);
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_eval::regprocedure);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO synchro_worker, synchro_owner', v_eval::regprocedure);
@@ -389,6 +392,46 @@ BEGIN
        SET evaluator_oid = EXCLUDED.evaluator_oid, definition_sha256 = EXCLUDED.definition_sha256;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_record_evaluator(oid, oid, text, text) FROM PUBLIC;
+
+-- For connect (20_assignment): the registered assignment function, and whether it and its
+-- evaluator still exist with their checked definitions. No row when none is registered.
+CREATE FUNCTION synchro.synchro_assignment_function_check()
+RETURNS TABLE (function_schema name, function_name name, max_scopes integer, intact boolean)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT a.function_schema, a.function_name, a.max_scopes,
+           EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = a.function_oid)
+           AND synchro.synchro_function_definition_sha256(a.function_oid) = a.definition_sha256
+           -- and its evaluator, the one recorded, unchanged
+           AND EXISTS (SELECT 1 FROM synchro.rule_evaluators v JOIN pg_proc e ON e.oid = v.evaluator_oid
+                        WHERE v.function_oid = a.function_oid AND e.proname = 'a_' || a.function_oid
+                          AND e.pronamespace = 'synchro_eval'::regnamespace
+                          AND synchro.synchro_function_definition_sha256(e.oid) = v.definition_sha256)
+      FROM synchro.assignment_function a
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_assignment_function_check() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_assignment_function_check() TO synchro_adapter, synchro_monitor;
+
+-- The scopes the registered assignment function gives p_user_id (spec 003), distinct, at
+-- most max_scopes + 1 of them (the caller refuses more than max_scopes), through its
+-- evaluator: the function runs as its owner, never as synchro_owner. Nothing when none is
+-- registered; the caller checks synchro_assignment_function_check first.
+CREATE FUNCTION synchro.synchro_assignment_scopes(p_user_id text) RETURNS SETOF text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_oid oid;
+    v_max integer;
+BEGIN
+    SELECT a.function_oid, a.max_scopes INTO v_oid, v_max FROM synchro.assignment_function a;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE format('SELECT DISTINCT s FROM synchro_eval.%I($1) AS s%s', 'a_' || v_oid,
+                                CASE WHEN v_max IS NULL THEN '' ELSE ' LIMIT ' || (v_max + 1) END)
+        USING p_user_id;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_assignment_scopes(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_assignment_scopes(text) TO synchro_adapter;
+
 
 -- Resolves and checks a membership or impact function (spec 003 "Function signatures",
 -- "Function restrictions"): LANGUAGE sql with a SQL-standard body, exactly the given argument

@@ -187,8 +187,6 @@ impl IntoResponse for ApiError {
 pub(crate) enum Integrity {
     /// The registered assignment function is missing or changed since its registration.
     AssignmentChanged,
-    /// An assignment function is registered but no evaluator connection is configured.
-    AssignmentUnconfigured,
     /// The assignment function failed.
     AssignmentFailed,
     /// The assignment function returned a null, blank or `user:` scope.
@@ -210,7 +208,6 @@ impl Integrity {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Integrity::AssignmentChanged => "assignment_changed",
-            Integrity::AssignmentUnconfigured => "assignment_unconfigured",
             Integrity::AssignmentFailed => "assignment_failed",
             Integrity::AssignmentInvalidScope => "assignment_invalid_scope",
             Integrity::AssignmentBoundExceeded => "assignment_bound_exceeded",
@@ -224,7 +221,6 @@ impl Integrity {
     fn message(self) -> &'static str {
         match self {
             Integrity::AssignmentChanged
-            | Integrity::AssignmentUnconfigured
             | Integrity::AssignmentFailed
             | Integrity::AssignmentInvalidScope
             | Integrity::AssignmentBoundExceeded => "scope assignment could not be evaluated",

@@ -117,35 +117,32 @@ async fn assigned_by_function(state: &AppState, user_id: &str) -> Result<Vec<Str
         .get()
         .await?
         .query_opt(
-            "SELECT function_schema::text, function_name::text, max_scopes, intact
-               FROM synchro.synchro_assignment_function_check()",
+            "SELECT max_scopes, intact FROM synchro.synchro_assignment_function_check()",
             &[],
         )
         .await?
     else {
         return Ok(Vec::new());
     };
-    let (schema, name, max, intact): (String, String, Option<i32>, bool) =
-        (check.get(0), check.get(1), check.get(2), check.get(3));
+    let (max, intact): (Option<i32>, bool) = (check.get(0), check.get(1));
     if !intact {
         return Err(ApiError::integrity(Integrity::AssignmentChanged));
     }
-    let Some(owner_db) = &state.assignment_db else {
-        return Err(ApiError::integrity(Integrity::AssignmentUnconfigured));
-    };
-    let limit = max.map_or(String::new(), |m| format!(" LIMIT {}", i64::from(m) + 1));
-    let sql = format!(
-        "SELECT DISTINCT s FROM {}.{}($1) AS s{limit}",
-        crate::install::quote_ident(&schema),
-        crate::install::quote_ident(&name)
-    );
-    let owner_db = owner_db.get().await?;
-    let rows = owner_db.query(&sql, &[&user_id]).await.map_err(|e| {
-        if super::error::transient(&e) {
-            return ApiError::from(e); // retryable: the next request connects again
-        }
-        ApiError::integrity(Integrity::AssignmentFailed)
-    })?;
+    // Through its evaluator, on the adapter's connection: the function runs as its owner
+    // (it used to need a connection of the owner's login, `--assignment-url`).
+    let db = state.db.get().await?;
+    let rows = db
+        .query(
+            "SELECT s FROM synchro.synchro_assignment_scopes($1) AS s",
+            &[&user_id],
+        )
+        .await
+        .map_err(|e| {
+            if super::error::transient(&e) {
+                return ApiError::from(e); // retryable: the next request connects again
+            }
+            ApiError::integrity(Integrity::AssignmentFailed)
+        })?;
     let mut scopes = Vec::with_capacity(rows.len());
     for row in rows {
         let scope: Option<String> = row.get(0);

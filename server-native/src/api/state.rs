@@ -115,10 +115,6 @@ impl Default for ConnectionLimits {
 pub struct AppState {
     /// Adapter connection (member of synchro_adapter only).
     pub db: SharedConnection,
-    /// Connection as the owner of the registered assignment function, which evaluates it
-    /// with its owner's privileges and never synchro_owner's (spec 003). Without one, a
-    /// registered function makes connect fail closed.
-    pub assignment_db: Option<SharedConnection>,
     /// Adapter connections for pull's and rebuild's read-only REPEATABLE READ snapshots
     /// (a transaction needs exclusive use of its connection).
     pub snapshot_db: SnapshotPool,

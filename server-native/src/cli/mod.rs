@@ -181,10 +181,6 @@ struct ServeArgs {
     /// value refuses to start.
     #[arg(long, env = "SYNCHRO_MIN_CLIENT_VERSION", value_parser = semver_version)]
     min_client_version: Option<String>,
-    /// Connection as the owner of the registered scope-assignment function (evaluated
-    /// with that owner's privileges).
-    #[arg(long, env = "SYNCHRO_ASSIGNMENT_DATABASE_URL", hide_env_values = true)]
-    assignment_url: Option<String>,
     /// Also run the capture worker in this process, as this worker login (REPLICATION,
     /// member of synchro_worker). Without it, run `synchro-server capture` separately;
     /// every endpoint, push included, is served with the adapter login alone.

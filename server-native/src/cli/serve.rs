@@ -22,7 +22,6 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         seed_dir,
         public_seeds,
         min_client_version,
-        assignment_url,
         worker_url,
         no_capture,
         cursor_secret,
@@ -60,10 +59,6 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         snapshot_db.push(connect_db(&database_url).await?);
     }
     let snapshot_db = ConnectionPool::reconnecting(&database_url, snapshot_db);
-    let assignment_db = match assignment_url {
-        Some(url) => Some(SharedConnection::new(&url, connect_db(&url).await?)),
-        None => None,
-    };
     if let Some(dir) = &seed_dir {
         anyhow::ensure!(dir.is_dir(), "--seed-dir is not a directory");
     }
@@ -76,7 +71,7 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
     });
     let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
     serve(
-        (db, snapshot_db, assignment_db, membership_db),
+        (db, snapshot_db, membership_db),
         crate::api::Notifier::listen(database_url.clone()),
         Authenticator::hs256_with_max_lifetime(jwt_secret.as_bytes(), max_token_lifetime_secs)?,
         cursor_root.as_bytes(),
@@ -127,15 +122,10 @@ async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
         .with_context(|| format!("binding {listen}"))
 }
 
-type Connections = (
-    SharedConnection,
-    ConnectionPool,
-    Option<SharedConnection>,
-    Option<ConnectionPool>,
-);
+type Connections = (SharedConnection, ConnectionPool, Option<ConnectionPool>);
 
 async fn serve(
-    (db, snapshot_db, assignment_db, membership_db): Connections,
+    (db, snapshot_db, membership_db): Connections,
     events: crate::api::Notifier,
     auth: Authenticator,
     cursor_root: &[u8],
@@ -150,7 +140,6 @@ async fn serve(
         db,
         snapshot_db,
         cursor_keys,
-        assignment_db,
         auth,
         config,
         events,
@@ -213,8 +202,6 @@ pub(super) async fn run_dev(
     publish::publish(&mut operator).await?;
     let adapter_url = url_for("synchro_dev_adapter");
     let adapter = SharedConnection::new(&adapter_url, connect_db(&adapter_url).await?);
-    let operator_url = url_for("synchro_dev_operator");
-    let assignment = SharedConnection::new(&operator_url, connect_db(&operator_url).await?);
     tokio::spawn(capture_loop(url_for("synchro_dev_worker")));
     let listener = bind(listen).await?;
     let secret = "synchro-dev-secret-not-for-production";
@@ -257,7 +244,6 @@ pub(super) async fn run_dev(
         (
             adapter,
             ConnectionPool::reconnecting(&adapter_url, snapshot),
-            Some(assignment),
             Some(ConnectionPool::reconnecting(&adapter_url, membership)),
         ),
         crate::api::Notifier::listen(url_for("synchro_dev_adapter")),

@@ -677,7 +677,6 @@ async fn serve_in_process(url: &dyn Fn(&str) -> String, seeds: &Path) -> Result<
     let state = Arc::new(AppState {
         db: connect_db(&url("synchro_dev_adapter")).await?.into(),
         snapshot_db: synchro_server::api::SnapshotPool::new(pool),
-        assignment_db: None,
         auth: Authenticator::hs256(SECRET)?,
         cursor_keys: Keyring::new("k1", &[7; 32])?,
         config: Config {
