@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks server-native/compose.yaml without a compose engine (none runs on the CI machine):
 it parses as YAML; PostgreSQL runs with wal_level=logical; the synchro services build
-server-native/Dockerfile and run `install`, `serve` and `capture`; every environment
+server-native/Dockerfile and run `install`, `serve`, `capture` and `compact --every` (nothing
+else compacts retention); every environment
 variable a synchro service sets is one its subcommand reads (from `synchro-server <command>
 --help`, so a renamed variable fails here); every mounted file exists; and, when
 docker compose or a podman-compose with `config` is installed, `config` accepts the file.
@@ -32,19 +33,21 @@ def main():
     with open(path) as f:
         doc = yaml.safe_load(f)
     services = doc.get("services") or fail("no services")
-    for name in ("postgres", "install", "server", "capture"):
+    for name in ("postgres", "install", "server", "capture", "compaction"):
         if name not in services:
             fail(f"no service {name}")
     if "wal_level=logical" not in services["postgres"].get("command", []):
         fail("postgres does not run with wal_level=logical")
-    expected = {"install": "install", "server": "serve", "capture": "capture"}
-    for name, command in expected.items():
+    expected = {"install": ["install"], "server": ["serve"], "capture": ["capture"],
+                "compaction": ["compact", "--every", "60"]}
+    for name, args in expected.items():
         s = services[name]
+        command = args[0]
         build = s.get("build") or {}
         if build.get("dockerfile") != "server-native/Dockerfile":
             fail(f"{name} does not build server-native/Dockerfile")
-        if s.get("command") != [command]:
-            fail(f"{name} runs {s.get('command')}, not [{command!r}]")
+        if s.get("command") != args:
+            fail(f"{name} runs {s.get('command')}, not {args!r}")
         accepted = env_names(binary, command)
         for var in s.get("environment", {}):
             if var not in accepted:

@@ -56,3 +56,28 @@ pub async fn compact(db: &Client, batch_size: i32) -> Result<Compaction> {
     }
     Ok(out)
 }
+
+/// Runs a compaction pass every `every` for ever, the first after one interval, each on a
+/// new connection of `url` (an operator login); `report` gets each pass's counts. A failed
+/// pass is logged (its kind only) and the next one tried.
+pub async fn every(
+    url: &str,
+    batch_size: i32,
+    every: std::time::Duration,
+    report: impl Fn(Compaction),
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let pass = async {
+            let db = crate::connect_db(url).await?;
+            compact(&db, batch_size).await
+        };
+        match pass.await {
+            Ok(c) => report(c),
+            Err(e) => tracing::warn!(cause = %crate::capture::cause(&e), "compaction pass failed"),
+        }
+    }
+}

@@ -653,16 +653,6 @@ const EXECUTE: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// What differs from [`EXECUTE`] today, each (function, role, executes): known and open
-/// (issue 32: the capture leader still runs retention compaction, so the worker still
-/// executes the compaction functions, which spec 001 gives the operator alone). The test
-/// fails when this list is not exactly what the catalog shows, fixed or grown.
-const KNOWN_DEVIATIONS: &[(&str, &str, bool)] = &[
-    ("synchro_compact_scope", "synchro_worker", true),
-    ("synchro_compaction_scopes", "synchro_worker", true),
-    ("synchro_expire", "synchro_worker", true),
-];
-
 /// The privileges the worker has on each table and sequence of the synchro schema (every
 /// other role has none: spec 001, tables stay inaccessible to adapter, seed and monitor,
 /// and the operator works through functions).
@@ -778,12 +768,9 @@ async fn every_role_executes_and_reads_exactly_what_spec_001_grants_it() {
             }
         }
     }
-    let known: Vec<(String, String, bool, bool)> = KNOWN_DEVIATIONS
-        .iter()
-        .map(|(f, r, got)| (f.to_string(), r.to_string(), *got, false))
-        .collect();
     assert_eq!(
-        deviations, known,
+        deviations,
+        Vec::<(String, String, bool, bool)>::new(),
         "(function, role, executes, is a trigger)"
     );
     // Every function listed exists (a renamed one would silently leave the list).

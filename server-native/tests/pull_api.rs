@@ -727,11 +727,8 @@ async fn compaction_keeps_acknowledged_history_and_stales_cursors_below_the_floo
     let token = mint(SECRET, "alice", 3600);
     let g1 = s.connect(&token, "c1").await;
     let g2 = s.connect(&token, "c2").await;
-    let worker_db = s.env.login("synchro_dev_worker").await;
-    worker_db
-        .batch_execute("SET ROLE synchro_worker")
-        .await
-        .unwrap();
+    // Compaction is the operator's (spec 001; the worker may not run it).
+    let operator_db = s.env.login("synchro_dev_operator").await;
     s.env
         .admin
         .batch_execute(
@@ -760,7 +757,7 @@ async fn compaction_keeps_acknowledged_history_and_stales_cursors_below_the_floo
     // Bad batch sizes are refused before any work.
     assert_eq!(
         common::sqlstate(
-            &worker_db,
+            &operator_db,
             "SELECT synchro.synchro_compact_scope('user:alice', 0)"
         )
         .await,
@@ -776,7 +773,7 @@ async fn compaction_keeps_acknowledged_history_and_stales_cursors_below_the_floo
         .await
         .unwrap()
         .get(0);
-    let c = synchro_server::retention::compact(&worker_db, 1)
+    let c = synchro_server::retention::compact(&operator_db, 1)
         .await
         .unwrap();
     assert!(c.effects_deleted > 0, "{c:?}");
@@ -824,7 +821,7 @@ async fn compaction_keeps_acknowledged_history_and_stales_cursors_below_the_floo
         )
         .await
         .unwrap();
-    let c = synchro_server::retention::compact(&worker_db, 1000)
+    let c = synchro_server::retention::compact(&operator_db, 1000)
         .await
         .unwrap();
     assert_eq!(c.clients_expired, 2);
@@ -863,6 +860,107 @@ async fn compaction_keeps_acknowledged_history_and_stales_cursors_below_the_floo
     let (_, rebuild, digest) = follow(&s, &token, "c1", g1, q1).await;
     assert!(!rebuild);
     assert_eq!(digest, digest_from_source(&s, "alice").await);
+}
+
+/// Compaction is the operator's alone (spec 001's role table): the worker login cannot run
+/// it and the capture worker does not; `synchro-server compact` refuses bad arguments
+/// before connecting, refuses a login that is not the operator's, and with `--every` runs a
+/// pass per interval, each recorded for the health report (`last_compaction_at`).
+#[tokio::test]
+async fn compaction_runs_as_the_operator_on_its_schedule() {
+    let mut s = stack().await;
+    let worker = s.env.login("synchro_dev_worker").await;
+    worker
+        .batch_execute("SET ROLE synchro_worker")
+        .await
+        .unwrap();
+    for call in [
+        "SELECT synchro.synchro_expire()",
+        "SELECT synchro.synchro_compaction_scopes()",
+        "SELECT synchro.synchro_compact_scope('user:alice', 10)",
+    ] {
+        assert_eq!(common::sqlstate(&worker, call).await, "42501", "{call}");
+    }
+    // Capture alone never compacts.
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'a')")
+        .await
+        .unwrap();
+    s.capture().await;
+    let last = || async {
+        s.env
+            .admin
+            .query_one(
+                "SELECT synchro.synchro_capture_report()->>'last_compaction_at'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<String>>(0)
+    };
+    assert_eq!(last().await, None);
+
+    let bin = env!("CARGO_BIN_EXE_synchro-server");
+    let operator_url = s.env.cluster.url("synchro_dev_operator", "app");
+    for (args, flag) in [
+        (&["--batch-size", "0"][..], "--batch-size"),
+        (&["--batch-size=-3"][..], "--batch-size"),
+        (&["--every", "0"][..], "--every"),
+        (&["--every", "1.5"][..], "--every"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .arg("compact")
+            .args(args)
+            .env("DATABASE_URL", &operator_url)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(flag),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(last().await, None, "a refused command ran no pass");
+    let as_worker = std::process::Command::new(bin)
+        .arg("compact")
+        .env(
+            "DATABASE_URL",
+            s.env.cluster.url("synchro_dev_worker", "app"),
+        )
+        .output()
+        .unwrap();
+    assert!(!as_worker.status.success(), "{as_worker:?}");
+    assert_eq!(last().await, None);
+
+    let mut every = std::process::Command::new(bin)
+        .args(["compact", "--every", "1"])
+        .env("DATABASE_URL", &operator_url)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while seen.len() < 3 && std::time::Instant::now() < deadline {
+        if let Some(at) = last().await {
+            if seen.last() != Some(&at) {
+                seen.push(at);
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    every.kill().unwrap();
+    let out = every.wait_with_output().unwrap();
+    assert_eq!(seen.len(), 3, "three passes recorded: {seen:?}");
+    let passes: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(passes.len() >= 3, "{passes:?}");
+    assert!(
+        passes.iter().all(|p| p["effects_deleted"].is_i64()),
+        "{passes:?}"
+    );
 }
 
 /// Reads the next server-sent event (skipping comments) as (name, data).
@@ -1515,11 +1613,7 @@ async fn a_rebuild_after_compaction_hands_over_to_incremental_pulls() {
     let mut s = stack().await;
     let token = mint(SECRET, "alice", 3600);
     let g1 = s.connect(&token, "c1").await;
-    let worker_db = s.env.login("synchro_dev_worker").await;
-    worker_db
-        .batch_execute("SET ROLE synchro_worker")
-        .await
-        .unwrap();
+    let operator_db = s.env.login("synchro_dev_operator").await;
     s.env
         .admin
         .batch_execute("INSERT INTO app.docs SELECT g, 'alice', 'v1' FROM generate_series(1, 5) g; INSERT INTO app.docs VALUES (9, 'bob', 'b')")
@@ -1530,7 +1624,7 @@ async fn a_rebuild_after_compaction_hands_over_to_incremental_pulls() {
     let (q1, _, _) = follow(&s, &token, "c1", g1, Value::Null).await;
     let (q1, rebuild, _) = follow(&s, &token, "c1", g1, q1).await;
     assert!(!rebuild);
-    let c = synchro_server::retention::compact(&worker_db, 1000)
+    let c = synchro_server::retention::compact(&operator_db, 1000)
         .await
         .unwrap();
     assert!(c.effects_deleted > 0, "{c:?}");

@@ -50,12 +50,24 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_record_acks(text, text, bigint, text[], bigint[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_record_acks(text, text, bigint, text[], bigint[]) TO synchro_adapter;
 
--- Makes expiry durable and drops expired rebuild sessions. Returns the clients expired.
+-- When the last compaction pass began (one row; the health report shows it, since nothing
+-- but an operator-scheduled `synchro-server compact` runs compaction: spec 001 gives it to
+-- synchro_operator alone).
+CREATE TABLE synchro.retention_state (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_pass_at timestamptz
+);
+INSERT INTO synchro.retention_state DEFAULT VALUES;
+REVOKE ALL ON synchro.retention_state FROM PUBLIC;
+
+-- Makes expiry durable and drops expired rebuild sessions (the first step of a compaction
+-- pass, which it records). Returns the clients expired.
 CREATE FUNCTION synchro.synchro_expire() RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_expired bigint;
 BEGIN
+    UPDATE synchro.retention_state SET last_pass_at = now();
     UPDATE synchro.clients c SET expired_at = now()
      WHERE c.expired_at IS NULL
        AND coalesce(c.last_acknowledged_at, c.generation_started_at)
@@ -78,7 +90,7 @@ BEGIN
     RETURN v_expired;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_expire() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_expire() TO synchro_worker, synchro_operator;
+GRANT EXECUTE ON FUNCTION synchro.synchro_expire() TO synchro_operator;
 
 -- Scopes that have retained effects.
 CREATE FUNCTION synchro.synchro_compaction_scopes() RETURNS SETOF text
@@ -86,7 +98,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
     SELECT DISTINCT scope_id FROM synchro.scope_effects
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_compaction_scopes() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_compaction_scopes() TO synchro_worker, synchro_operator;
+GRANT EXECUTE ON FUNCTION synchro.synchro_compaction_scopes() TO synchro_operator;
 
 -- One compaction batch of one scope: deletes at most p_batch_size of its oldest effects at
 -- or below the safe position and raises the floor to the largest deleted position, in this
@@ -141,4 +153,4 @@ BEGIN
     RETURN v_deleted;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_compact_scope(text, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_compact_scope(text, integer) TO synchro_worker, synchro_operator;
+GRANT EXECUTE ON FUNCTION synchro.synchro_compact_scope(text, integer) TO synchro_operator;

@@ -282,7 +282,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
         'retained_effects_estimate', (SELECT greatest(reltuples, 0)::bigint FROM pg_class
                                        WHERE oid = 'synchro.scope_effects'::regclass),
         'oldest_unexpired_client_since', (SELECT min(coalesce(c.last_acknowledged_at, c.generation_started_at))
-                                            FROM synchro.clients c WHERE c.expired_at IS NULL))
+                                            FROM synchro.clients c WHERE c.expired_at IS NULL),
+        -- When the last compaction pass began (null: never; the operator schedules it).
+        'last_compaction_at', (SELECT r.last_pass_at FROM synchro.retention_state r))
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_capture_report() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_capture_report() TO synchro_monitor, synchro_operator;

@@ -63,9 +63,7 @@ use values::SESSION_SETTINGS;
 /// The worker's public items under their original path (`capture::worker::Worker`, …).
 pub mod worker {
     pub use super::block::BlockReason;
-    pub use super::{
-        run_forever, Failpoint, StepOutcome, Worker, COMPACTION_INTERVAL, LEADER_LOCK,
-    };
+    pub use super::{run_forever, Failpoint, StepOutcome, Worker, LEADER_LOCK};
 }
 
 /// What one step did.
@@ -92,9 +90,6 @@ pub enum Failpoint {
     AfterBatchCommitBeforeAdvance,
 }
 
-/// How often the leader compacts retention.
-pub const COMPACTION_INTERVAL: Duration = Duration::from_secs(60);
-
 /// The capture worker of one database.
 pub struct Worker {
     /// The worker login's connection string (the replication stream opens its own session).
@@ -113,7 +108,6 @@ pub struct Worker {
     /// Prepared membership and impact evaluations and the owners they run as.
     functions: Functions,
     slot: String,
-    last_compaction: Instant,
     last_heartbeat: Instant,
     /// The registry generation of the last registry loaded, and the one last recorded as
     /// applied (`capture_state.applied_registry_generation`, which readiness compares).
@@ -168,7 +162,6 @@ impl Worker {
             registry_queries,
             functions: Functions::default(),
             slot,
-            last_compaction: Instant::now(),
             last_heartbeat: Instant::now()
                 .checked_sub(step::HEARTBEAT_INTERVAL)
                 .unwrap_or_else(Instant::now),
@@ -238,25 +231,6 @@ impl Worker {
             self.analyze_materialized().await;
         }
     }
-
-    /// Compacts retention when [`COMPACTION_INTERVAL`] has passed since the last time.
-    async fn compact_if_due(&mut self) {
-        if self.last_compaction.elapsed() < COMPACTION_INTERVAL {
-            return;
-        }
-        self.last_compaction = Instant::now();
-        match crate::retention::compact(&self.materialize, crate::retention::DEFAULT_BATCH_SIZE)
-            .await
-        {
-            Ok(c) => tracing::info!(
-                clients_expired = c.clients_expired,
-                scopes = c.scopes_compacted,
-                effects = c.effects_deleted,
-                "compaction"
-            ),
-            Err(_) => tracing::warn!("compaction failed"),
-        }
-    }
 }
 
 /// Creates the logical slot when it does not exist, and records where it begins as
@@ -296,14 +270,14 @@ async fn ensure_slot(control: &Client, materialize: &Client, slot: &str) -> Resu
 /// Runs the worker forever: reconnects after errors, idles while blocked or not leader; a
 /// caught-up leader steps again when its stream delivers, or after `interval`.
 /// Logs carry no row data (a failed step logs only that it failed).
-/// The leader also compacts retention every [`COMPACTION_INTERVAL`].
+/// Compaction is not the worker's (spec 001 gives it to `synchro_operator`: `synchro-server
+/// compact --every`).
 pub async fn run_forever(url: String, interval: Duration) {
     loop {
         match Worker::connect(&url).await {
             Ok(mut worker) => loop {
                 match worker.step(Failpoint::None).await {
                     Ok(StepOutcome::Applied(0)) => {
-                        worker.compact_if_due().await;
                         if worker.idle(interval).await.is_err() {
                             tracing::warn!("capture stream failed; reconnecting");
                             break;
@@ -327,7 +301,7 @@ pub async fn run_forever(url: String, interval: Duration) {
 
 /// A bounded description of why a step failed, for the log: the SQLSTATE of a database
 /// error (never its message, which can quote values), or what kind of failure it was.
-fn cause(e: &anyhow::Error) -> String {
+pub(crate) fn cause(e: &anyhow::Error) -> String {
     for c in e.chain() {
         if let Some(pg) = c.downcast_ref::<tokio_postgres::Error>() {
             return match pg.code() {

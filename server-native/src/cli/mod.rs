@@ -89,16 +89,29 @@ enum Command {
         #[arg(long, env = "SYNCHRO_LISTEN", default_value = "127.0.0.1:8787")]
         listen: SocketAddr,
     },
-    /// Run one retention compaction pass now (the capture leader also runs one every
-    /// minute): expires stale client generations, deletes acknowledged scope effects and
-    /// raises resume floors. Prints counts only.
+    /// Retention compaction (synchro_operator login; nothing else compacts, so schedule it):
+    /// expires stale client generations, deletes acknowledged scope effects and raises
+    /// resume floors. One pass, or with --every one pass per interval for ever. Prints one
+    /// JSON object of counts per pass.
     Compact {
-        /// Operator or worker login connection string.
+        /// Operator login connection string.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// Effects deleted per transaction (compaction.batch_size), a positive integer.
-        #[arg(long, default_value_t = crate::retention::DEFAULT_BATCH_SIZE)]
+        #[arg(
+            long,
+            default_value_t = crate::retention::DEFAULT_BATCH_SIZE,
+            value_parser = clap::value_parser!(i32).range(1..)
+        )]
         batch_size: i32,
+        /// Run for ever, one pass every this many seconds (1 to 86400); a failed pass is
+        /// logged and the next one tried.
+        #[arg(
+            long,
+            env = "SYNCHRO_COMPACT_EVERY_SECS",
+            value_parser = clap::value_parser!(u64).range(1..=86_400)
+        )]
+        every: Option<u64>,
     },
     /// Portable seeds: which shared scopes may be exported into a seed artifact
     /// (synchro_operator login).
@@ -733,7 +746,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Compact {
             database_url,
             batch_size,
-        } => operator::compact(&database_url, batch_size).await,
+            every,
+        } => operator::compact(&database_url, batch_size, every).await,
         Command::Seed { command } => operator::seed_command(command).await,
         Command::Dev {
             database_url,

@@ -84,15 +84,32 @@ pub(super) async fn settings(database_url: &str, set: Option<Vec<String>>) -> Re
     operator_function(database_url, sql, &args).await
 }
 
-/// `compact`: one retention pass now; counts only.
-pub(super) async fn compact(database_url: &str, batch_size: i32) -> Result<ExitCode> {
+/// `compact`: one retention pass now, or with `every` one per interval for ever (a failed
+/// pass after the first is logged and retried at the next interval, on a new connection).
+/// Counts only.
+pub(super) async fn compact(
+    database_url: &str,
+    batch_size: i32,
+    every: Option<u64>,
+) -> Result<ExitCode> {
+    let print = |c: crate::retention::Compaction| {
+        println!(
+            "{}",
+            serde_json::json!({"clients_expired": c.clients_expired, "scopes_compacted": c.scopes_compacted,
+                               "effects_deleted": c.effects_deleted})
+        )
+    };
+    // The first pass fails the command: a wrong login or URL shows at once.
     let db = connect_db(database_url).await?;
-    let c = crate::retention::compact(&db, batch_size).await?;
-    println!(
-        "{}",
-        serde_json::json!({"clients_expired": c.clients_expired, "scopes_compacted": c.scopes_compacted,
-                           "effects_deleted": c.effects_deleted})
-    );
+    print(crate::retention::compact(&db, batch_size).await?);
+    drop(db);
+    if let Some(every) = every {
+        let every = std::time::Duration::from_secs(every);
+        tokio::select! {
+            () = crate::retention::every(database_url, batch_size, every, print) => {}
+            () = super::serve::shutdown_signal() => {}
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -107,7 +107,7 @@ async fn capture_loop(url: String) {
 
 /// SIGINT or SIGTERM (a container stop): finish in-flight requests, then return, which
 /// also stops a `dev` throwaway cluster.
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("installing a SIGTERM handler");
     tokio::select! {
@@ -203,6 +203,26 @@ pub(super) async fn run_dev(
     let adapter_url = url_for("synchro_dev_adapter");
     let adapter = SharedConnection::new(&adapter_url, connect_db(&adapter_url).await?);
     tokio::spawn(capture_loop(url_for("synchro_dev_worker")));
+    // Retention compaction, as the operator (what `synchro-server compact --every 60` does
+    // in a deployment).
+    let operator_url = url_for("synchro_dev_operator");
+    tokio::spawn(async move {
+        let every = std::time::Duration::from_secs(60);
+        crate::retention::every(
+            &operator_url,
+            crate::retention::DEFAULT_BATCH_SIZE,
+            every,
+            |c| {
+                tracing::info!(
+                    clients_expired = c.clients_expired,
+                    scopes = c.scopes_compacted,
+                    effects = c.effects_deleted,
+                    "compaction"
+                )
+            },
+        )
+        .await
+    });
     let listener = bind(listen).await?;
     let secret = "synchro-dev-secret-not-for-production";
     let token = mint(secret.as_bytes(), "dev-user", 30 * 24 * 3600);
