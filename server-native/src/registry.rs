@@ -50,7 +50,10 @@ impl RegisterRequest {
 /// A registration failure.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
-    /// The spec's administrative error: `{"error":{"code":"invalid_registration","reason",...}}`.
+    /// The spec's administrative error, `{"error":{"code":"invalid_registration","reason",...}}`
+    /// with a reason of its closed list, or a column refusal the list has no entry for,
+    /// `{"error":{"code":"invalid_column","reason":"unsupported_column_type"|"missing_field"|
+    /// "unrepresentable_value","column",...}}`.
     #[error("invalid registration: {0}")]
     Invalid(Value, String),
     /// Any other database failure (permissions, connection).
@@ -208,7 +211,10 @@ impl ReconfigurePlan {
 /// A database error of a registry function: the spec's administrative error body when it is one.
 pub(crate) fn registration_error(e: tokio_postgres::Error) -> RegistrationError {
     match e.as_db_error() {
-        Some(d) if d.message().starts_with("invalid_registration") => {
+        Some(d)
+            if d.message().starts_with("invalid_registration")
+                || d.message().starts_with("invalid_column") =>
+        {
             let body = d
                 .detail()
                 .and_then(|t| serde_json::from_str(t).ok())

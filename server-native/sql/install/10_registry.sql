@@ -58,20 +58,35 @@ CREATE TABLE synchro.fields (
 REVOKE ALL ON synchro.fields FROM PUBLIC;
 GRANT SELECT ON synchro.fields TO synchro_worker;
 
--- Raises invalid_registration with the spec's error body as DETAIL: SQLSTATE 22023 for
--- invalid_limit, 42P17 for every other reason.
+-- Raises a registration refusal with its error body as DETAIL: SQLSTATE 22023 for
+-- invalid_limit, 42P17 for every other reason. The code is invalid_registration for the
+-- reasons of spec 000's closed list, and invalid_column for the column refusals the list
+-- has no entry for (a column with no portable type, a registered column gone, a value its
+-- portable type cannot hold); any other reason is an internal error, so the closed list
+-- holds by construction. relation_id and field_id are passed only when already assigned.
 CREATE FUNCTION synchro.synchro_registration_error(p_reason text, p_relation_id text DEFAULT NULL,
     p_field_id text DEFAULT NULL, p_extra jsonb DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
-    v_error jsonb := jsonb_build_object('code', 'invalid_registration', 'reason', p_reason);
+    v_code text := CASE
+        WHEN p_reason IN ('ambiguous_physical_relation', 'missing_primary_key', 'nullable_primary_key',
+                          'composite_primary_key', 'partial_primary_key', 'unsupported_primary_key_type',
+                          'unsupported_replica_identity', 'invalid_scope_function', 'undeclared_dependency',
+                          'invalid_limit') THEN 'invalid_registration'
+        WHEN p_reason IN ('unsupported_column_type', 'missing_field', 'unrepresentable_value') THEN 'invalid_column'
+        END;
+    v_error jsonb := jsonb_build_object('code', v_code, 'reason', p_reason);
 BEGIN
+    IF v_code IS NULL THEN
+        RAISE EXCEPTION 'synchro internal error: registration reason outside the closed list'
+            USING ERRCODE = 'XX000';
+    END IF;
     IF p_relation_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('relation_id', p_relation_id); END IF;
     IF p_field_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('field_id', p_field_id); END IF;
     -- Members that say what to fix (a column and its type, a missing grant): catalog names
     -- the operator wrote, never row values.
     IF p_extra IS NOT NULL THEN v_error := p_extra || v_error; END IF;
-    RAISE EXCEPTION 'invalid_registration: %', p_reason
+    RAISE EXCEPTION '%: %', v_code, p_reason
         USING ERRCODE = CASE WHEN p_reason = 'invalid_limit' THEN '22023' ELSE '42P17' END,
               DETAIL = jsonb_build_object('error', v_error)::text;
 END $$;
@@ -321,9 +336,11 @@ BEGIN
             END IF;
             IF v_type IS NULL THEN
                 -- No portable type: the relation cannot be represented (see protocol-decisions).
-                -- The error names no ID this registration made (they are rolled back with it;
-                -- spec 003: relation_id only "when already assigned").
-                PERFORM synchro.synchro_registration_error('unsupported_column_type');
+                -- The error names the column and its type, and no ID this registration made
+                -- (they are rolled back with it; spec 003: relation_id only "when already
+                -- assigned").
+                PERFORM synchro.synchro_registration_error('unsupported_column_type', NULL, NULL,
+                    jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod)));
             END IF;
             v_field_id := synchro.synchro_new_id('fld_');
             INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,

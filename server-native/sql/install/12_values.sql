@@ -352,7 +352,17 @@ BEGIN
                    v_rel.physical_schema, v_rel.physical_relation, v_predicate)
        INTO v_found;
     IF v_found THEN
-        PERFORM synchro.synchro_registration_error('unrepresentable_value', NEW.relation_id, NEW.field_id);
+        -- Names the column, and only IDs already assigned before this transaction (spec 000:
+        -- "present only when already assigned"): a registration's relation has no registry
+        -- generation until it completes, and a field inserted here is new unless it is a
+        -- retained field a reconfiguration restages.
+        PERFORM synchro.synchro_registration_error('unrepresentable_value',
+            CASE WHEN EXISTS (SELECT 1 FROM synchro.registry_generations g WHERE g.relation_id = NEW.relation_id)
+                 THEN NEW.relation_id END,
+            CASE WHEN TG_TABLE_NAME = 'pending_fields'
+                      AND EXISTS (SELECT 1 FROM synchro.fields f WHERE f.field_id = NEW.field_id)
+                 THEN NEW.field_id END,
+            jsonb_build_object('column', NEW.column_name));
     END IF;
     RETURN NULL;
 END $$;

@@ -255,7 +255,8 @@ BEGIN
                           AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = f.column_name)
      LIMIT 1;
     IF FOUND THEN
-        PERFORM synchro.synchro_registration_error('missing_field', v_rel.relation_id, v_old.field_id);
+        PERFORM synchro.synchro_registration_error('missing_field', v_rel.relation_id, v_old.field_id,
+            jsonb_build_object('column', v_old.column_name));
     END IF;
 
     v_lifecycle := coalesce(p_lifecycle, v_rel.lifecycle);
@@ -285,7 +286,8 @@ BEGIN
         SELECT t.* INTO v_type FROM synchro.synchro_portable_type(v_col.atttypid, v_col.atttypmod) t;
         IF v_type.portable_type IS NULL THEN
             -- No portable type: declare it server-only (or retire it, when it was synced).
-            PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id);
+            PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id,
+                jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod)));
         END IF;
         v_nullable := NOT v_col.attnotnull;
         v_writable := v_col.attgenerated = '' AND v_col.attidentity <> 'a'
@@ -293,7 +295,8 @@ BEGIN
         IF v_old.field_id IS NOT NULL AND v_old.portable_type <> v_type.portable_type THEN
             -- An in-place type change is Class 4 through a new field: add a column, migrate,
             -- retire the old one (the operator guide's expand, migrate, contract).
-            PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id);
+            PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id,
+                jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod)));
         END IF;
         IF v_old.field_id IS NULL THEN
             -- Derived from what the plan sees too (the relation, the column, how many
