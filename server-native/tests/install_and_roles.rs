@@ -540,6 +540,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
     ("synchro_client_state", &["synchro_adapter"]),
     ("synchro_column_has_values", &["synchro_operator"]),
     ("synchro_compact_scope", &["synchro_operator"]),
+    ("synchro_clear_evaluator_name", &["synchro_operator"]),
     ("synchro_compaction_scopes", &["synchro_operator"]),
     (
         "synchro_contract_check",

@@ -580,6 +580,141 @@ async fn membership_functions_run_as_their_owner_never_as_the_worker() {
     );
 }
 
+/// An evaluator's name is predictable (`synchro_eval.m_<rule oid>`) and every operator may
+/// create functions in `synchro_eval`: another operator who takes the name first, or an
+/// owner who alters their own evaluator (another body, another result type), cannot stop
+/// the rule: registering it again drops the squatter (it is not the rule owner's) and
+/// replaces the evaluator, with no superuser and no DROP by hand.
+#[tokio::test]
+async fn an_evaluator_name_taken_or_altered_is_repaired_by_registering_again() {
+    let (env, mut worker) = setup().await;
+    env.admin
+        .batch_execute(
+            "CREATE ROLE squatter LOGIN; GRANT synchro_operator TO squatter;
+             GRANT USAGE ON SCHEMA rules TO squatter;",
+        )
+        .await
+        .unwrap();
+    let op = env.login("synchro_dev_operator").await;
+    op.batch_execute(&create_rule("owner_only", "'user:' || owner", ""))
+        .await
+        .unwrap();
+    let rule: u32 = env
+        .admin
+        .query_one("SELECT 'rules.owner_only(bigint)'::regprocedure::oid", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let squatter = env.login("squatter").await;
+    squatter
+        .batch_execute(&format!(
+            "CREATE FUNCTION synchro_eval.m_{rule}(p_key bigint) RETURNS SETOF text LANGUAGE sql STABLE
+             BEGIN ATOMIC SELECT 'user:mallory'; END;
+             CREATE FUNCTION synchro_eval.m_{rule}(p_key text) RETURNS SETOF text LANGUAGE sql STABLE
+             BEGIN ATOMIC SELECT 'user:mallory'; END;"
+        ))
+        .await
+        .unwrap();
+    // Not the evaluator name of the rule given: refused, nothing dropped.
+    assert_eq!(
+        common::sqlstate(
+            &op,
+            &format!(
+                "SELECT synchro.synchro_clear_evaluator_name('m_{}', {rule})",
+                rule + 1
+            )
+        )
+        .await,
+        "22023"
+    );
+    op.batch_execute(&register_rule("owner_only"))
+        .await
+        .unwrap();
+    let owners = || async {
+        env.admin
+            .query(
+                &format!(
+                    "SELECT p.oid::regprocedure::text || ' ' || pg_get_userbyid(p.proowner) FROM pg_proc p
+                      WHERE p.pronamespace = 'synchro_eval'::regnamespace AND p.proname = 'm_{rule}'
+                      ORDER BY 1"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        owners().await,
+        [format!(
+            "synchro_eval.m_{rule}(bigint) synchro_dev_operator"
+        )]
+    );
+    drain(&mut worker).await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', NULL)")
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(
+        edge_set(&env).await,
+        [("user:alice".to_owned(), "\"1\"".to_owned())]
+    );
+
+    // The owner alters the evaluator: capture blocks (pinned), registering again repairs it.
+    for altered in [
+        format!(
+            "CREATE OR REPLACE FUNCTION synchro_eval.m_{rule}(p_key bigint) RETURNS SETOF text
+             LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+             BEGIN ATOMIC SELECT 'user:mallory'; END"
+        ),
+        format!(
+            "DROP FUNCTION synchro_eval.m_{rule}(bigint);
+             CREATE FUNCTION synchro_eval.m_{rule}(p_key bigint) RETURNS SETOF integer
+             LANGUAGE sql STABLE BEGIN ATOMIC SELECT 1; END"
+        ),
+    ] {
+        op.batch_execute(&altered).await.unwrap();
+        env.admin
+            .batch_execute("UPDATE app.docs SET owner = owner || 'x' WHERE id = 1")
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let outcome = loop {
+            match worker.step(Failpoint::None).await.unwrap() {
+                StepOutcome::NotLeader if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                }
+                StepOutcome::Applied(n) if n > 0 => {}
+                other => break other,
+            }
+        };
+        assert!(
+            matches!(outcome, StepOutcome::Blocked(_)),
+            "{altered}: {outcome:?}"
+        );
+        op.batch_execute(&register_rule("owner_only"))
+            .await
+            .unwrap();
+        op.batch_execute("SELECT synchro.synchro_capture_unblock()")
+            .await
+            .unwrap();
+        drain(&mut worker).await;
+        assert_eq!(
+            owners().await,
+            [format!(
+                "synchro_eval.m_{rule}(bigint) synchro_dev_operator"
+            )]
+        );
+    }
+    assert_eq!(
+        edge_set(&env).await,
+        [("user:alicexx".to_owned(), "\"1\"".to_owned())]
+    );
+}
+
 /// The health check of membership coverage and the relation IDs with uncovered rows.
 async fn coverage(env: &Env) -> (String, serde_json::Value) {
     let row = env

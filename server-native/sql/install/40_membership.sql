@@ -293,19 +293,47 @@ CREATE TABLE synchro.rule_evaluators (
 REVOKE ALL ON synchro.rule_evaluators FROM PUBLIC;
 GRANT SELECT ON synchro.rule_evaluators TO synchro_worker;
 
--- Creates the evaluator of rule p_function (p_kind 'm': membership, 'i': impact, 'a': the
--- scope-assignment function, 20_assignment) as the
--- caller, the registration actor, unless it exists; returns its OID. NULL when p_function
--- names no function the caller owns with the kind's shape: the registration then refuses it
--- with the precise problem. SECURITY INVOKER (the evaluator must be the rule owner's), so
--- it does nothing the caller could not do: synchro_operator may create functions in
--- synchro_eval, which nothing uses unless registered and checked.
+-- Drops every function in synchro_eval named p_name (an evaluator's name for rule p_rule)
+-- that is not owned by the rule's owner: synchro_operator may create functions there, so
+-- another operator could take the name of a rule's evaluator first, which its owner cannot
+-- drop. synchro_owner owns synchro_eval, and a schema's owner may drop what is in it.
+-- Nothing such a function could be is usable: an evaluator is checked to be the rule owner's.
+CREATE FUNCTION synchro.synchro_clear_evaluator_name(p_name text, p_rule oid) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_squatter regprocedure;
+BEGIN
+    IF p_name IS NULL OR p_rule IS NULL OR p_name !~ '^[mia]_[0-9]{1,10}$' OR substr(p_name, 3) <> p_rule::text THEN
+        RAISE EXCEPTION 'not the evaluator name of this rule' USING ERRCODE = '22023';
+    END IF;
+    FOR v_squatter IN
+        SELECT e.oid FROM pg_proc e
+         WHERE e.pronamespace = 'synchro_eval'::regnamespace AND e.proname = p_name
+           AND e.proowner IS DISTINCT FROM (SELECT r.proowner FROM pg_proc r WHERE r.oid = p_rule)
+    LOOP
+        EXECUTE format('DROP FUNCTION %s', v_squatter);
+    END LOOP;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_clear_evaluator_name(text, oid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_clear_evaluator_name(text, oid) TO synchro_operator;
+
+-- Creates (or replaces) the evaluator of rule p_function (p_kind 'm': membership, 'i':
+-- impact, 'a': the scope-assignment function, 20_assignment) as the caller, the
+-- registration actor; returns its OID. A function of the evaluator's name that someone
+-- else made is dropped first, and one the caller altered is replaced, so registering again
+-- always repairs the evaluator (a replacement is atomic: a concurrent evaluation sees the
+-- old or the new definition). NULL when p_function names no function the caller owns with
+-- the kind's shape: the registration then refuses it with the precise problem. SECURITY
+-- INVOKER (the evaluator must be the rule owner's), so it does nothing the caller could not
+-- do: synchro_operator may create functions in synchro_eval, which nothing uses unless
+-- registered and checked.
 CREATE FUNCTION synchro.synchro_rule_evaluator(p_function text, p_kind text) RETURNS oid
 LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_oid oid;
     v_proc pg_proc%ROWTYPE;
     v_signature text;
+    v_create text;
     v_eval oid;
 BEGIN
     BEGIN
@@ -326,22 +354,27 @@ BEGIN
     END IF;
     v_signature := format('synchro_eval.%I(%s)', p_kind || '_' || v_oid,
                           CASE WHEN p_kind = 'i' THEN 'jsonb, jsonb' ELSE format_type(v_proc.proargtypes[0], NULL) END);
+    PERFORM synchro.synchro_clear_evaluator_name(p_kind || '_' || v_oid, v_oid);
+    v_create := format(
+        'CREATE OR REPLACE FUNCTION synchro_eval.%I(%s) RETURNS SETOF %s LANGUAGE sql STABLE SECURITY DEFINER
+         SET search_path = pg_catalog, pg_temp BEGIN ATOMIC %s; END',
+        p_kind || '_' || v_oid,
+        CASE WHEN p_kind = 'i' THEN 'p_old jsonb, p_new jsonb'
+             ELSE 'p_key ' || format_type(v_proc.proargtypes[0], NULL) END,
+        CASE WHEN p_kind = 'i' THEN 'synchro.synchro_row_ref' ELSE 'text' END,
+        CASE WHEN p_kind = 'i'
+             THEN format('SELECT r.table_id, r.pk_type, r.pk_value FROM %s(p_old, p_new) AS r', v_oid::regproc)
+             ELSE format('SELECT s FROM %s(p_key) AS s', v_oid::regproc) END);
+    BEGIN
+        EXECUTE v_create;
+    EXCEPTION WHEN invalid_function_definition THEN
+        -- The caller's own evaluator, altered to another result type: replace it whole.
+        EXECUTE format('DROP FUNCTION %s', v_signature);
+        EXECUTE v_create;
+    END;
     v_eval := to_regprocedure(v_signature);
-    IF v_eval IS NULL THEN
-        EXECUTE format(
-            'CREATE FUNCTION synchro_eval.%I(%s) RETURNS SETOF %s LANGUAGE sql STABLE SECURITY DEFINER
-             SET search_path = pg_catalog, pg_temp BEGIN ATOMIC %s; END',
-            p_kind || '_' || v_oid,
-            CASE WHEN p_kind = 'i' THEN 'p_old jsonb, p_new jsonb'
-                 ELSE 'p_key ' || format_type(v_proc.proargtypes[0], NULL) END,
-            CASE WHEN p_kind = 'i' THEN 'synchro.synchro_row_ref' ELSE 'text' END,
-            CASE WHEN p_kind = 'i'
-                 THEN format('SELECT r.table_id, r.pk_type, r.pk_value FROM %s(p_old, p_new) AS r', v_oid::regproc)
-                 ELSE format('SELECT s FROM %s(p_key) AS s', v_oid::regproc) END);
-        v_eval := to_regprocedure(v_signature);
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_eval::regprocedure);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO synchro_worker, synchro_owner', v_eval::regprocedure);
-    END IF;
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_eval::regprocedure);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO synchro_worker, synchro_owner', v_eval::regprocedure);
     RETURN v_eval;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_rule_evaluator(text, text) FROM PUBLIC;
