@@ -541,6 +541,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
     ("synchro_column_has_values", &["synchro_operator"]),
     ("synchro_compact_scope", &["synchro_operator"]),
     ("synchro_clear_evaluator_name", &["synchro_operator"]),
+    ("synchro_rule_unusable", &["synchro_worker"]),
     ("synchro_compaction_scopes", &["synchro_operator"]),
     (
         "synchro_contract_check",

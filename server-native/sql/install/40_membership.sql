@@ -426,19 +426,41 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_record_evaluator(oid, oid, text, text) FROM PUBLIC;
 
+-- Why registered rule p_rule (p_sha256: the hash of the definition it was registered with;
+-- p_kind 'm' membership, 'i' impact, 'a' assignment) must not be evaluated now, or NULL:
+-- 'function_unavailable' (it or its recorded evaluator is gone), 'definition_changed'
+-- (either definition is no longer the one registered), 'insufficient_privilege' (p_caller,
+-- the role that calls the evaluator, may not execute it, or, for a membership or impact
+-- function, synchro_worker lost USAGE on its schema or EXECUTE on it). The one check that
+-- capture (in the transaction that evaluates), push and connect make.
+CREATE FUNCTION synchro.synchro_rule_unusable(p_rule oid, p_sha256 text, p_kind text, p_caller text)
+RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT CASE WHEN p.oid IS NULL OR e.oid IS NULL THEN 'function_unavailable'
+                WHEN p_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(p.oid)
+                     OR v.definition_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(e.oid)
+                THEN 'definition_changed'
+                WHEN NOT has_function_privilege(p_caller, e.oid, 'EXECUTE')
+                     OR (p_kind <> 'a' AND NOT (has_schema_privilege('synchro_worker', p.pronamespace, 'USAGE')
+                                                AND has_function_privilege('synchro_worker', p.oid, 'EXECUTE')))
+                THEN 'insufficient_privilege' END
+      FROM (SELECT 1) AS one
+      LEFT JOIN pg_proc p ON p.oid = p_rule
+      LEFT JOIN synchro.rule_evaluators v ON v.function_oid = p_rule
+      LEFT JOIN pg_proc e ON e.oid = v.evaluator_oid AND e.pronamespace = 'synchro_eval'::regnamespace
+                         AND e.proname = p_kind || '_' || p_rule
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_rule_unusable(oid, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_rule_unusable(oid, text, text, text) TO synchro_worker;
+
 -- For connect (20_assignment): the registered assignment function, and whether it and its
 -- evaluator still exist with their checked definitions. No row when none is registered.
 CREATE FUNCTION synchro.synchro_assignment_function_check()
 RETURNS TABLE (function_schema name, function_name name, max_scopes integer, intact boolean)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT a.function_schema, a.function_name, a.max_scopes,
-           EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = a.function_oid)
-           AND synchro.synchro_function_definition_sha256(a.function_oid) = a.definition_sha256
-           -- and its evaluator, the one recorded, unchanged
-           AND EXISTS (SELECT 1 FROM synchro.rule_evaluators v JOIN pg_proc e ON e.oid = v.evaluator_oid
-                        WHERE v.function_oid = a.function_oid AND e.proname = 'a_' || a.function_oid
-                          AND e.pronamespace = 'synchro_eval'::regnamespace
-                          AND synchro.synchro_function_definition_sha256(e.oid) = v.definition_sha256)
+           -- (synchro_assignment_scopes, SECURITY DEFINER, calls the evaluator as synchro_owner)
+           synchro.synchro_rule_unusable(a.function_oid, a.definition_sha256, 'a', 'synchro_owner') IS NULL
       FROM synchro.assignment_function a
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_assignment_function_check() FROM PUBLIC;

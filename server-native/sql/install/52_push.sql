@@ -542,17 +542,10 @@ BEGIN
     FOR v_relation IN SELECT DISTINCT r FROM unnest(p_relation_ids) AS r LOOP
         v_function := NULL;
         SELECT m.function_oid, 'synchro_eval.m_' || m.function_oid, r.primary_key_type::regtype::text,
-               CASE WHEN p.oid IS NULL OR e.oid IS NULL OR v.evaluator_oid IS NULL THEN 'function_unavailable'
-                    WHEN m.definition_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(p.oid)
-                         OR v.definition_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(e.oid)
-                    THEN 'definition_changed'
-                    WHEN NOT has_function_privilege('synchro_owner', e.oid, 'EXECUTE') THEN 'insufficient_privilege' END
+               -- (this function, SECURITY DEFINER, calls the evaluator as synchro_owner)
+               synchro.synchro_rule_unusable(m.function_oid, m.definition_sha256, 'm', 'synchro_owner')
           INTO v_function_oid, v_function, v_key_type, v_unusable
           FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
-          LEFT JOIN pg_catalog.pg_proc p ON p.oid = m.function_oid
-          LEFT JOIN synchro.rule_evaluators v ON v.function_oid = m.function_oid
-          LEFT JOIN pg_catalog.pg_proc e ON e.oid = v.evaluator_oid AND e.proname = 'm_' || m.function_oid
-                                         AND e.pronamespace = 'synchro_eval'::regnamespace
          WHERE r.relation_id = v_relation AND m.live;
         IF v_unusable IS NOT NULL THEN
             -- (v_unusable holds why the rule may not be evaluated: never anything but its pinned

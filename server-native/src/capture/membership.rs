@@ -12,7 +12,7 @@ use synchro_protocol::types::PortableType;
 use tokio_postgres::{Client, Statement};
 
 use super::block::{BlockDetail, BlockReason, Blocked, EvaluationFailed, InRelation};
-use super::registry::{Impact, Owners, Registered};
+use super::registry::{Evaluators, Impact, Registered};
 use super::statements::Statements;
 
 /// A row to (re-)evaluate.
@@ -316,25 +316,12 @@ impl Eval {
 /// that evaluates it, so a definition replaced, or a grant revoked, before the source
 /// transaction committed is always seen (the registry load at the start of a step may
 /// precede it).
-const UNUSABLE: &str = "SELECT CASE WHEN count(*) = 0 THEN 'function_unavailable' ELSE min(
-               CASE WHEN p.oid IS NULL OR e.oid IS NULL THEN 'function_unavailable'
-                    WHEN r.sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(r.fn)
-                         OR v.definition_sha256 IS DISTINCT FROM synchro.synchro_function_definition_sha256(e.oid)
-                    THEN 'definition_changed'
-                    WHEN NOT (pg_catalog.has_schema_privilege('synchro_worker', p.pronamespace, 'USAGE')
-                              AND pg_catalog.has_function_privilege('synchro_worker', p.oid, 'EXECUTE')
-                              AND pg_catalog.has_function_privilege('synchro_worker', e.oid, 'EXECUTE'))
-                    THEN 'insufficient_privilege' END) END
-       FROM (SELECT function_oid, definition_sha256 FROM synchro.membership_functions
-             UNION ALL SELECT pending_function_oid, pending_sha256 FROM synchro.membership_functions
-             UNION ALL SELECT impact_function_oid, definition_sha256 FROM synchro.membership_dependencies)
-            AS r (fn, sha256)
-       LEFT JOIN pg_catalog.pg_proc p ON p.oid = r.fn
-       LEFT JOIN synchro.rule_evaluators v ON v.function_oid = r.fn
-       -- (the evaluator called by name, synchro_eval.m_<oid> or i_<oid>, is the one recorded)
-       LEFT JOIN pg_catalog.pg_proc e ON e.oid = v.evaluator_oid
-                                      AND e.pronamespace = 'synchro_eval'::pg_catalog.regnamespace
-                                      AND e.proname IN ('m_' || r.fn, 'i_' || r.fn)
+const UNUSABLE: &str = "SELECT CASE WHEN count(*) = 0 THEN 'function_unavailable'
+                   ELSE min(synchro.synchro_rule_unusable(r.fn, r.sha256, r.kind, 'synchro_worker')) END
+       FROM (SELECT function_oid, definition_sha256, 'm' FROM synchro.membership_functions
+             UNION ALL SELECT pending_function_oid, pending_sha256, 'm' FROM synchro.membership_functions
+             UNION ALL SELECT impact_function_oid, definition_sha256, 'i' FROM synchro.membership_dependencies)
+            AS r (fn, sha256, kind)
       WHERE r.fn = pg_catalog.to_regprocedure($1)";
 
 /// Runs a membership or impact evaluation as its function's owner (spec 003: never with
@@ -370,17 +357,13 @@ async fn as_owner(
 }
 
 /// The worker's prepared membership and impact evaluations (one per function, prepared on
-/// first use in the materialization session) and the owner role each function runs as.
+/// first use in the materialization session) and the evaluator each function runs through.
 #[derive(Default)]
 pub(super) struct Functions {
     /// Prepared evaluations by function (and key type).
     prepared: Mutex<HashMap<String, Statement>>,
-    /// The owner of every registered function seen so far.
-    owners: Mutex<Owners>,
-    /// The registered functions not to evaluate, as the last registry load found them: a
-    /// definition changed since its registration (a rule is pinned to the definition it was
-    /// registered, and staged, with), or a privilege the worker lost.
-    unusable: Mutex<super::registry::Unusable>,
+    /// The evaluator of every registered function seen so far.
+    evaluators: Mutex<Evaluators>,
 }
 
 /// One `synchro.synchro_row_ref` an impact function returned for an event.
@@ -399,34 +382,23 @@ impl Functions {
         self.prepared.lock().expect("eval cache").clear();
     }
 
-    /// Records the owners a registry load read.
-    pub(super) fn record_owners(&self, owners: Owners) {
-        self.owners.lock().expect("owners").extend(owners);
-    }
-
-    /// Replaces the functions not to evaluate with what a registry load found.
-    pub(super) fn record_unusable(&self, unusable: super::registry::Unusable) {
-        *self.unusable.lock().expect("unusable") = unusable;
-    }
-
-    /// The evaluator of `function` (its `signature`: `name(argument types)`); a function
-    /// that is not to be evaluated (see `unusable`) fails with its detail.
-    fn evaluator(&self, function: &str, signature: &str) -> Result<String> {
-        let unusable = self
-            .unusable
+    /// Records the evaluators a registry load read.
+    pub(super) fn record_evaluators(&self, evaluators: Evaluators) {
+        self.evaluators
             .lock()
-            .expect("unusable")
-            .get(function)
-            .copied();
-        match unusable {
-            Some(BlockDetail::InsufficientPrivilege) => bail!(EvaluationFailed {
-                detail: BlockDetail::InsufficientPrivilege,
-                sqlstate: Some("42501".into()),
-            }),
-            Some(detail) => bail!(EvaluationFailed::new(detail)),
-            None => {}
-        }
-        let evaluator = self.owners.lock().expect("owners").get(signature).cloned();
+            .expect("evaluators")
+            .extend(evaluators);
+    }
+
+    /// The evaluator of `function` (its `signature`: `name(argument types)`). Whether it
+    /// may be evaluated is asked where it is evaluated ([`UNUSABLE`]).
+    fn evaluator(&self, signature: &str) -> Result<String> {
+        let evaluator = self
+            .evaluators
+            .lock()
+            .expect("evaluators")
+            .get(signature)
+            .cloned();
         evaluator.ok_or_else(|| EvaluationFailed::new(BlockDetail::FunctionUnavailable).into())
     }
 
@@ -467,7 +439,7 @@ impl Functions {
         key_type: &str,
     ) -> Result<Eval> {
         let signature = format!("{function}({key_type})");
-        let evaluator = self.evaluator(function, &signature)?;
+        let evaluator = self.evaluator(&signature)?;
         let statement = self
             .prepared(db, format!("{evaluator}\u{0}{key_type}"), || {
                 // One evaluation per key (OFFSET 0 keeps it a parameterized loop): inlined
@@ -499,7 +471,7 @@ impl Functions {
         news: &[Option<String>],
     ) -> Result<Vec<String>> {
         let signature = format!("{}(jsonb, jsonb)", impact.function);
-        let evaluator = self.evaluator(&impact.function, &signature)?;
+        let evaluator = self.evaluator(&signature)?;
         let statement = self
             .prepared(db, format!("impact\u{0}{evaluator}"), || {
                 format!(

@@ -105,7 +105,7 @@ pub struct Worker {
     statements: Statements,
     /// On `materialize`: the registry's queries, prepared once.
     registry_queries: registry::Queries,
-    /// Prepared membership and impact evaluations and the owners they run as.
+    /// Prepared membership and impact evaluations and the evaluators they run through.
     functions: Functions,
     slot: String,
     last_heartbeat: Instant,

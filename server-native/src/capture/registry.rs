@@ -1,7 +1,7 @@
 //! The registered relations as the worker sees them, loaded once per step by prepared
 //! queries: identity, fields, bootstrap status, the membership rule (live and staged) with its
 //! contract generations, the dependencies whose changes can move rows of a target, and the
-//! owner of every function the worker runs.
+//! evaluator of every function the worker runs.
 
 use std::collections::HashMap;
 
@@ -131,21 +131,15 @@ pub(super) fn by_id<'a>(relations: &'a Relations, relation_id: &str) -> Option<&
 
 /// The evaluator (`synchro_eval.m_<oid>` or `i_<oid>`, 40_membership) of each registered
 /// function, by the function's `name(argument types)`: it runs the function as its owner.
-pub(super) type Owners = HashMap<String, String>;
-
-/// Registered functions (regproc text) that must not be evaluated, and why: the definition
-/// is no longer the registered one (`DefinitionChanged`), or the worker lost USAGE on its
-/// schema or EXECUTE on it (`InsufficientPrivilege`; checked here, at every step, because
-/// a statement the worker prepared earlier would not notice).
-pub(super) type Unusable = HashMap<String, super::block::BlockDetail>;
+/// (Whether a function may be evaluated, its definition and the grants it needs, is asked
+/// in the transaction that evaluates it: `membership.rs`, `UNUSABLE`.)
+pub(super) type Evaluators = HashMap<String, String>;
 
 /// What [`load`] read.
 pub(super) struct Registry {
     pub(super) relations: Relations,
-    /// The owner of every registered membership (live or pending) and impact function.
-    pub(super) owners: Owners,
-    /// The registered functions not to evaluate.
-    pub(super) unusable: Unusable,
+    /// The evaluator of every registered membership (live or pending) and impact function.
+    pub(super) evaluators: Evaluators,
     /// The registry generation loaded (the highest active one; 0 before any).
     pub(super) generation: i64,
 }
@@ -160,33 +154,12 @@ pub(super) async fn load(db: &Client, queries: &Queries) -> Result<Registry> {
         db.query_one(&queries.generation, &[]),
     )?;
     let mut relations = load_relations(relations)?;
-    let mut owners = Owners::new();
-    let mut unusable = Unusable::new();
-    let mut mark = |function: Option<String>, changed: bool, denied: bool| {
-        use super::block::BlockDetail;
-        let Some(f) = function else { return };
-        // A changed definition is named first: registering it again is the way out.
-        if changed {
-            unusable.insert(f, BlockDetail::DefinitionChanged);
-        } else if denied {
-            unusable
-                .entry(f)
-                .or_insert(BlockDetail::InsufficientPrivilege);
-        }
-    };
-    for r in &memberships {
-        mark(r.get(1), r.get(12), r.get(14));
-        mark(r.get(4), r.get(13), r.get(15));
-    }
-    for r in &impacts {
-        mark(r.get(2), r.get(5), r.get(6));
-    }
-    load_memberships(memberships, &mut relations, &mut owners)?;
-    load_impacts(impacts, &mut relations, &mut owners)?;
+    let mut evaluators = Evaluators::new();
+    load_memberships(memberships, &mut relations, &mut evaluators)?;
+    load_impacts(impacts, &mut relations, &mut evaluators)?;
     Ok(Registry {
         relations,
-        owners,
-        unusable,
+        evaluators,
         generation: generation.get(0),
     })
 }
@@ -234,17 +207,7 @@ const MEMBERSHIPS: &str = "SELECT r.physical_relation_oid, m.function_oid::regpr
                                                          WHERE d.target_relation_id = m.relation_id), 0)::bigint,
                     CASE WHEN lf.oid IS NOT NULL THEN 'synchro_eval.m_' || m.function_oid END,
                     CASE WHEN pf.oid IS NOT NULL THEN 'synchro_eval.m_' || m.pending_function_oid END,
-                    m.live, m.staging_epoch, m.staging_failed_at IS NOT NULL,
-                    -- Whether a function's definition is no longer the registered one, and
-                    -- whether the worker lost what it needs to call it.
-                    lf.oid IS NOT NULL AND m.definition_sha256
-                        IS DISTINCT FROM synchro.synchro_function_definition_sha256(m.function_oid),
-                    pf.oid IS NOT NULL AND m.pending_sha256
-                        IS DISTINCT FROM synchro.synchro_function_definition_sha256(m.pending_function_oid),
-                    lf.oid IS NOT NULL AND NOT (has_schema_privilege('synchro_worker', lf.pronamespace, 'USAGE')
-                                                AND has_function_privilege('synchro_worker', lf.oid, 'EXECUTE')),
-                    pf.oid IS NOT NULL AND NOT (has_schema_privilege('synchro_worker', pf.pronamespace, 'USAGE')
-                                                AND has_function_privilege('synchro_worker', pf.oid, 'EXECUTE'))
+                    m.live, m.staging_epoch, m.staging_failed_at IS NOT NULL
                FROM synchro.membership_functions m JOIN synchro.relations r USING (relation_id)
                LEFT JOIN pg_catalog.pg_proc lf ON lf.oid = m.function_oid
                LEFT JOIN pg_catalog.pg_proc pf ON pf.oid = m.pending_function_oid";
@@ -253,13 +216,7 @@ const IMPACTS: &str =
     "SELECT d.physical_relation_oid, t.physical_relation_oid, m.impact_function_oid::regproc::text,
                     m.max_impact_rows::bigint,
                     (SELECT 'synchro_eval.i_' || p.oid FROM pg_catalog.pg_proc p
-                      WHERE p.oid = m.impact_function_oid),
-                    EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = m.impact_function_oid)
-                      AND m.definition_sha256
-                          IS DISTINCT FROM synchro.synchro_function_definition_sha256(m.impact_function_oid),
-                    EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = m.impact_function_oid
-                               AND NOT (has_schema_privilege('synchro_worker', p.pronamespace, 'USAGE')
-                                        AND has_function_privilege('synchro_worker', p.oid, 'EXECUTE')))
+                      WHERE p.oid = m.impact_function_oid)
                FROM synchro.membership_dependencies m
                JOIN synchro.relations d ON d.relation_id = m.dependency_relation_id
                JOIN synchro.relations t ON t.relation_id = m.target_relation_id";
@@ -342,11 +299,11 @@ pub(super) async fn generation_fields(
     Ok(out)
 }
 
-/// Membership functions (live and pending), contract generations and function owners.
+/// Membership functions (live and pending), contract generations and their evaluators.
 fn load_memberships(
     rows: Vec<tokio_postgres::Row>,
     relations: &mut Relations,
-    owners: &mut Owners,
+    evaluators: &mut Evaluators,
 ) -> Result<()> {
     for r in rows {
         if let Some(reg) = relations.get_mut(&r.get::<_, u32>(0)) {
@@ -369,7 +326,7 @@ fn load_memberships(
                     r.get::<_, Option<String>>(function),
                     r.get::<_, Option<String>>(evaluator),
                 ) {
-                    owners.insert(format!("{f}({})", r.get::<_, String>(2)), e);
+                    evaluators.insert(format!("{f}({})", r.get::<_, String>(2)), e);
                 }
             }
         }
@@ -377,15 +334,15 @@ fn load_memberships(
     Ok(())
 }
 
-/// Dependencies (impact functions), seen from the dependency relation, and their owners.
+/// Dependencies (impact functions), seen from the dependency relation, and their evaluators.
 fn load_impacts(
     rows: Vec<tokio_postgres::Row>,
     relations: &mut Relations,
-    owners: &mut Owners,
+    evaluators: &mut Evaluators,
 ) -> Result<()> {
     for r in rows {
         if let Some(evaluator) = r.get::<_, Option<String>>(4) {
-            owners.insert(
+            evaluators.insert(
                 format!("{}(jsonb, jsonb)", r.get::<_, String>(2)),
                 evaluator,
             );

@@ -301,13 +301,12 @@ impl Worker {
         Ok(StepOutcome::Blocked(reason.to_owned()))
     }
 
-    /// Loads the registry and records its function owners and the functions not to evaluate.
+    /// Loads the registry and records the evaluators of its functions.
     async fn registry(&self) -> Result<Relations> {
         let loaded = super::registry::load(&self.materialize, &self.registry_queries).await?;
         self.loaded_generation
             .store(loaded.generation, std::sync::atomic::Ordering::Relaxed);
-        self.functions.record_owners(loaded.owners);
-        self.functions.record_unusable(loaded.unusable);
+        self.functions.record_evaluators(loaded.evaluators);
         Ok(loaded.relations)
     }
 
