@@ -649,7 +649,7 @@ async fn an_evaluator_name_taken_or_altered_is_repaired_by_registering_again() {
     assert_eq!(
         owners().await,
         [format!(
-            "synchro_eval.m_{rule}(bigint) synchro_dev_operator"
+            "synchro_eval.m_{rule}(bigint[]) synchro_dev_operator"
         )]
     );
     drain(&mut worker).await;
@@ -666,13 +666,14 @@ async fn an_evaluator_name_taken_or_altered_is_repaired_by_registering_again() {
     // The owner alters the evaluator: capture blocks (pinned), registering again repairs it.
     for altered in [
         format!(
-            "CREATE OR REPLACE FUNCTION synchro_eval.m_{rule}(p_key bigint) RETURNS SETOF text
+            "CREATE OR REPLACE FUNCTION synchro_eval.m_{rule}(p_keys bigint[])
+             RETURNS TABLE (n bigint, scope text)
              LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-             BEGIN ATOMIC SELECT 'user:mallory'; END"
+             BEGIN ATOMIC SELECT a.n, 'user:mallory' FROM unnest(p_keys) WITH ORDINALITY AS a(k, n); END"
         ),
         format!(
-            "DROP FUNCTION synchro_eval.m_{rule}(bigint);
-             CREATE FUNCTION synchro_eval.m_{rule}(p_key bigint) RETURNS SETOF integer
+            "DROP FUNCTION synchro_eval.m_{rule}(bigint[]);
+             CREATE FUNCTION synchro_eval.m_{rule}(p_keys bigint[]) RETURNS SETOF integer
              LANGUAGE sql STABLE BEGIN ATOMIC SELECT 1; END"
         ),
     ] {
@@ -705,7 +706,7 @@ async fn an_evaluator_name_taken_or_altered_is_repaired_by_registering_again() {
         assert_eq!(
             owners().await,
             [format!(
-                "synchro_eval.m_{rule}(bigint) synchro_dev_operator"
+                "synchro_eval.m_{rule}(bigint[]) synchro_dev_operator"
             )]
         );
     }
@@ -713,6 +714,44 @@ async fn an_evaluator_name_taken_or_altered_is_repaired_by_registering_again() {
         edge_set(&env).await,
         [("user:alicexx".to_owned(), "\"1\"".to_owned())]
     );
+
+    // An evaluator made by hand and handed to the registration directly is checked: it may
+    // only call the rule once per element of its batch (unnest, OFFSET '0'), nothing else.
+    let body = |inner: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION synchro_eval.m_{rule}(p_keys bigint[])
+             RETURNS TABLE (n bigint, scope text)
+             LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+             BEGIN ATOMIC {inner}; END;
+             SELECT synchro.synchro_register_membership_rule('app', 'docs', 'rules.owner_only(bigint)',
+                 'synchro_eval.m_{rule}(bigint[])'::regprocedure);"
+        )
+    };
+    let honest = "SELECT a.n, f.s FROM unnest(p_keys) WITH ORDINALITY AS a(k, n), \
+                  LATERAL (SELECT s FROM rules.owner_only(a.k) AS s OFFSET '0') AS f";
+    assert_eq!(common::sqlstate(&op, &body(honest)).await, "ok");
+    for forged in [
+        honest.replace("OFFSET '0'", "OFFSET '1'"),
+        honest.replace("OFFSET '0'", "OFFSET 0"),
+        honest.replace("SELECT a.n, f.s", "SELECT a.n, upper(f.s)"),
+        honest.replace("SELECT a.n, f.s", "SELECT a.n, f.s || current_user"),
+        honest.replace("SELECT a.n, f.s", "SELECT a.n, 'user:' || f.s"),
+        honest.replace(
+            "WITH ORDINALITY AS a(k, n)",
+            "WITH ORDINALITY AS a(k, n), synchro_projection.\"app.docs\" AS d",
+        ),
+        honest.replace(
+            "rules.owner_only(a.k)",
+            "rules.owner_only((SELECT max(id) FROM synchro_projection.\"app.docs\"))",
+        ),
+    ] {
+        let refused = op.batch_execute(&body(&forged)).await.unwrap_err();
+        let detail = refused.as_db_error().and_then(|d| d.detail()).unwrap_or("");
+        assert!(
+            detail.contains("evaluator_altered"),
+            "{forged}: {refused:?}"
+        );
+    }
 }
 
 /// The health check of membership coverage and the relation IDs with uncovered rows.
