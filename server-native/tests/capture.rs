@@ -409,15 +409,50 @@ async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
     let (env, _) = setup().await;
     // No worker yet: no leader, no slot, lag unknown.
     assert_eq!(health(&env, "capture_worker").await, "failed");
+    assert_eq!(health(&env, "capture_worker_login").await, "unknown");
     assert_eq!(health(&env, "capture_slot").await, "failed");
     assert_eq!(health(&env, "capture_wal_lag").await, "unknown");
     let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
         .await
         .unwrap();
     drain(&mut worker).await;
+    // The leading login must be the worker login spec 001 draws, and the sole runtime login
+    // with REPLICATION: each way it stops being so fails the check, and undoing it clears it.
+    for (break_it, undo) in [
+        (
+            "ALTER ROLE synchro_dev_worker INHERIT",
+            "ALTER ROLE synchro_dev_worker NOINHERIT",
+        ),
+        (
+            "ALTER ROLE synchro_dev_worker CREATEROLE",
+            "ALTER ROLE synchro_dev_worker NOCREATEROLE",
+        ),
+        (
+            "GRANT synchro_monitor TO synchro_dev_worker",
+            "REVOKE synchro_monitor FROM synchro_dev_worker",
+        ),
+        (
+            "ALTER ROLE synchro_dev_adapter REPLICATION",
+            "ALTER ROLE synchro_dev_adapter NOREPLICATION",
+        ),
+        (
+            "CREATE ROLE second_worker LOGIN REPLICATION NOINHERIT IN ROLE synchro_worker",
+            "DROP ROLE second_worker",
+        ),
+    ] {
+        env.admin.batch_execute(break_it).await.unwrap();
+        assert_eq!(
+            health(&env, "capture_worker_login").await,
+            "failed",
+            "{break_it}"
+        );
+        env.admin.batch_execute(undo).await.unwrap();
+        assert_eq!(health(&env, "capture_worker_login").await, "ok", "{undo}");
+    }
     for check in [
         "capture_fences",
         "capture_worker",
+        "capture_worker_login",
         "capture_slot",
         "capture_wal_lag",
         "capture_publication",

@@ -754,6 +754,55 @@ async fn an_evaluator_name_taken_or_altered_is_repaired_by_registering_again() {
     }
 }
 
+/// A table retired, recreated and registered again while its retired registration waits
+/// for capture has one projection: readiness compares the projections a rule reads by name, as
+/// registration does, so neither registration's rule counts the other's (same) projection
+/// as an undeclared dependency (readiness compared relation IDs and failed meanwhile).
+#[tokio::test]
+async fn a_table_registered_again_while_its_retirement_waits_reads_only_its_own_projection() {
+    let (env, mut worker) = setup().await;
+    drain(&mut worker).await;
+    let check = || async {
+        env.admin
+            .query_one(
+                "SELECT synchro.synchro_health_detail()->>'membership_dependencies',
+                        (SELECT count(*) FROM synchro.relations WHERE physical_relation = 'docs')",
+                &[],
+            )
+            .await
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .unwrap()
+    };
+    assert_eq!(check().await, ("ok".to_owned(), 1));
+    let op = env.login("synchro_dev_operator").await;
+    op.batch_execute("SELECT synchro.synchro_retire_relation('app', 'docs')")
+        .await
+        .unwrap();
+    // Published, the retirement is staged: it waits for capture to reach its boundary.
+    let mut publisher = env.login("synchro_dev_operator").await;
+    synchro_server::publish::publish(&mut publisher)
+        .await
+        .unwrap();
+    // The table recreated (what a migration tool may do) and registered again.
+    env.as_app_owner(
+        "DROP TABLE app.docs;
+         CREATE TABLE app.docs (id bigint PRIMARY KEY, owner text NOT NULL, team text)",
+    )
+    .await;
+    register(&op, &RegisterRequest::synced("app", "docs", "multi_scope"))
+        .await
+        .unwrap();
+    op.batch_execute(
+        "SELECT synchro.synchro_register_membership_function('app', 'docs', 'rules.doc_scopes(bigint)')",
+    )
+    .await
+    .unwrap();
+    // Both registrations exist until capture reaches the retirement.
+    assert_eq!(check().await, ("ok".to_owned(), 2));
+    drain(&mut worker).await;
+    assert_eq!(check().await, ("ok".to_owned(), 1));
+}
+
 /// The health check of membership coverage and the relation IDs with uncovered rows.
 async fn coverage(env: &Env) -> (String, serde_json::Value) {
     let row = env

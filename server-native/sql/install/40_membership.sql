@@ -650,16 +650,7 @@ BEGIN
     -- function that says which rows a change of it moves (spec 003 "Function
     -- restrictions"): register those first. Otherwise a change there would never
     -- re-evaluate these rows.
-    SELECT r.physical_schema || '.' || r.physical_relation INTO v_undeclared
-      FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid AND c.relnamespace = 'synchro_projection'::regnamespace
-      JOIN synchro.relations r ON r.physical_schema || '.' || r.physical_relation = c.relname
-     WHERE d.classid = 'pg_proc'::regclass AND d.objid = v_oid AND d.refclassid = 'pg_class'::regclass
-       -- (its own projection, whichever registration of the table: a retired one may wait
-       -- for capture beside the new one)
-       AND c.relname <> v_rel.physical_schema || '.' || v_rel.physical_relation
-       AND NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies x
-                        WHERE x.target_relation_id = v_rel.relation_id AND x.dependency_relation_id = r.relation_id)
-     ORDER BY 1 LIMIT 1;
+    v_undeclared := synchro.synchro_undeclared_projection(v_oid, v_rel.relation_id);
     IF v_undeclared IS NOT NULL THEN
         PERFORM synchro.synchro_registration_error('undeclared_dependency', v_rel.relation_id, NULL,
             jsonb_build_object('problem', 'no_impact_function', 'dependency', v_undeclared,

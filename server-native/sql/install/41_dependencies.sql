@@ -137,3 +137,25 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_register_impact_function(text, text, text, text, text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_register_impact_function(text, text, text, text, text, integer)
     TO synchro_operator;
+
+-- The first projection ("schema.relation") that function p_function reads which is neither
+-- its target's own (whichever registration of the table: a retired one may wait for capture
+-- beside the new one) nor that of a declared dependency of target p_target, or NULL.
+-- Compared by name, as projections are named. Registration refuses such a rule
+-- (undeclared_dependency, 40_membership), readiness reports one (membership_dependencies).
+CREATE FUNCTION synchro.synchro_undeclared_projection(p_function oid, p_target text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT c.relname::text
+      FROM pg_depend d
+      JOIN pg_class c ON c.oid = d.refobjid AND c.relnamespace = 'synchro_projection'::regnamespace
+      JOIN synchro.relations t ON t.relation_id = p_target
+     WHERE d.classid = 'pg_proc'::regclass AND d.objid = p_function AND d.refclassid = 'pg_class'::regclass
+       AND c.relname <> t.physical_schema || '.' || t.physical_relation
+       AND EXISTS (SELECT 1 FROM synchro.relations r WHERE r.physical_schema || '.' || r.physical_relation = c.relname)
+       AND NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies x
+                         JOIN synchro.relations r ON r.relation_id = x.dependency_relation_id
+                        WHERE x.target_relation_id = p_target
+                          AND r.physical_schema || '.' || r.physical_relation = c.relname)
+     ORDER BY 1 LIMIT 1
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_undeclared_projection(oid, text) FROM PUBLIC;

@@ -100,6 +100,31 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                                                            WHERE datname = current_database())
                AND ((l.classid::bigint << 32) | l.objid::bigint) = 32503137342878319 AND l.objsubid = 1)
             THEN 'ok' ELSE 'failed' END,
+        -- The login holding the leader lock is a worker login as spec 001 draws it (LOGIN,
+        -- REPLICATION, NOINHERIT, NOSUPERUSER, NOCREATEDB, NOCREATEROLE, NOBYPASSRLS, a member
+        -- of synchro_worker and of no other role) and the sole runtime replication principal
+        -- (no other login in a synchro group has REPLICATION; superusers are no runtime
+        -- login). Unknown while no worker leads.
+        'capture_worker_login', (
+            SELECT CASE WHEN w.oid IS NULL THEN 'unknown'
+                        WHEN w.rolcanlogin AND w.rolreplication AND NOT w.rolinherit AND NOT w.rolsuper
+                             AND NOT w.rolcreatedb AND NOT w.rolcreaterole AND NOT w.rolbypassrls
+                             AND ARRAY(SELECT m.roleid FROM pg_auth_members m WHERE m.member = w.oid)
+                                 = ARRAY['synchro_worker'::regrole::oid]
+                             AND NOT EXISTS (
+                                 SELECT 1 FROM pg_roles r
+                                  WHERE r.rolcanlogin AND r.rolreplication AND NOT r.rolsuper AND r.oid <> w.oid
+                                    AND EXISTS (SELECT 1 FROM unnest(ARRAY['synchro_adapter', 'synchro_seed',
+                                                    'synchro_monitor', 'synchro_operator', 'synchro_worker']) g
+                                                 WHERE pg_has_role(r.oid, g, 'MEMBER')))
+                        THEN 'ok' ELSE 'failed' END
+              FROM (SELECT 1) AS one
+              LEFT JOIN pg_roles w ON w.oid = (
+                  SELECT a.usesysid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                   WHERE l.locktype = 'advisory' AND l.granted
+                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                     AND ((l.classid::bigint << 32) | l.objid::bigint) = 32503137342878319 AND l.objsubid = 1
+                   LIMIT 1)),
         -- The worker's last step, or its heartbeat session while a long step runs.
         'capture_heartbeat', (SELECT CASE WHEN greatest(c.heartbeat_at, p.heartbeat_at) IS NULL OR l.max_age IS NULL
                                           THEN 'unknown'
@@ -164,16 +189,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
             THEN 'unknown' ELSE 'ok' END,
         -- Every other relation's projection a membership function reads is a declared
         -- dependency (with its impact function); otherwise its changes would not re-evaluate.
+        -- (The check registration makes, by projection name: a table registered again while
+        -- its retired registration waits for capture is one projection, its own.)
         'membership_dependencies', CASE WHEN EXISTS (
             SELECT 1 FROM synchro.membership_functions m
-              JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = m.function_oid
-                              AND d.refclassid = 'pg_class'::regclass
-              JOIN pg_class c ON c.oid = d.refobjid AND c.relnamespace = 'synchro_projection'::regnamespace
-              JOIN synchro.relations r ON r.physical_schema || '.' || r.physical_relation = c.relname
-             WHERE r.relation_id <> m.relation_id
-               AND NOT EXISTS (SELECT 1 FROM synchro.membership_dependencies x
-                                WHERE x.target_relation_id = m.relation_id
-                                  AND x.dependency_relation_id = r.relation_id))
+             WHERE synchro.synchro_undeclared_projection(m.function_oid, m.relation_id) IS NOT NULL
+                OR synchro.synchro_undeclared_projection(m.pending_function_oid, m.relation_id) IS NOT NULL)
             THEN 'failed' ELSE 'ok' END,
         -- Every projected row of a relation whose rule is live was evaluated: it has a live
         -- edge or is recorded as in no scope. A row with neither was lost from every scope.
