@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{CaptureCommand, SeedCommand};
 use crate::{connect_db, install};
@@ -101,7 +101,11 @@ pub(super) async fn compact(
     };
     // The first pass fails the command: a wrong login or URL shows at once.
     let db = connect_db(database_url).await?;
-    print(crate::retention::compact(&db, batch_size).await?);
+    print(
+        crate::retention::compact(&db, batch_size)
+            .await
+            .context("compaction runs as an operator login (a member of synchro_operator)")?,
+    );
     drop(db);
     if let Some(every) = every {
         let every = std::time::Duration::from_secs(every);
