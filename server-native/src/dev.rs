@@ -141,9 +141,10 @@ pub async fn register_demo(operator: &Client) -> Result<()> {
     Ok(())
 }
 
-/// The task board of the web demo (`web-demo/`): `app.tasks` beside `app.projects`, both
-/// single_scope with a membership rule putting every row in the scope `board:demo`, a shared
-/// scope (every user holds it) declared portable (a seed of it can be exported). A task's title is at
+/// The task board of the web demo (`web-demo/`): `app.tasks` beside `app.projects` and
+/// `app.notes`, each with a membership rule putting every row in the scope `board:demo`, a
+/// shared scope (every user holds it, so every user reads and writes all three) declared
+/// portable (a seed of it can be exported). A task's title is at
 /// most 200 characters (a CHECK constraint: a longer one pushed is refused for good,
 /// `rejected_terminal`, which the demo shows). `admin` creates the
 /// table and the `rules` schema; `operator` registers, writes the rules and grants. What
@@ -183,7 +184,11 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
             .await
             .context("creating the rules schema")?;
     }
-    for (relation, function) in [("projects", "board_projects"), ("tasks", "board_tasks")] {
+    for (relation, function, key) in [
+        ("projects", "board_projects", "text"),
+        ("tasks", "board_tasks", "text"),
+        ("notes", "board_notes", "bigint"),
+    ] {
         let registered = operator
             .query_opt(
                 "SELECT 1 FROM pg_proc WHERE proname = $1 AND pronamespace = 'rules'::regnamespace",
@@ -196,13 +201,13 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
         }
         operator
             .batch_execute(&format!(
-                "CREATE FUNCTION rules.{function}(p_id text) RETURNS SETOF text LANGUAGE sql STABLE
+                "CREATE FUNCTION rules.{function}(p_id {key}) RETURNS SETOF text LANGUAGE sql STABLE
                  BEGIN ATOMIC
                    SELECT 'board:demo' FROM synchro_projection.\"app.{relation}\" WHERE id = p_id;
                  END;
-                 REVOKE EXECUTE ON FUNCTION rules.{function}(text) FROM PUBLIC;
-                 GRANT EXECUTE ON FUNCTION rules.{function}(text) TO synchro_worker;
-                 SELECT synchro.synchro_register_membership_function('app', '{relation}', 'rules.{function}(text)');"
+                 REVOKE EXECUTE ON FUNCTION rules.{function}({key}) FROM PUBLIC;
+                 GRANT EXECUTE ON FUNCTION rules.{function}({key}) TO synchro_worker;
+                 SELECT synchro.synchro_register_membership_function('app', '{relation}', 'rules.{function}({key})');"
             ))
             .await
             .with_context(|| format!("the membership rule of app.{relation}"))?;

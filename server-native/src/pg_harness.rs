@@ -18,6 +18,8 @@ pub struct TempCluster {
     run_as: Option<String>,
     port: u16,
     stopped: bool,
+    /// Kept on stop ([`TempCluster::persistent`]): only stopped, never deleted.
+    keep: bool,
 }
 
 fn bindir() -> Result<PathBuf> {
@@ -94,31 +96,131 @@ impl TempCluster {
             run_as,
             port: 0,
             stopped: true,
+            keep: false,
+        };
+        cluster.initdb(&["--no-sync"])?;
+        cluster.start_server(
+            &format!(
+                "-c unix_socket_directories={} -c fsync=off -c full_page_writes=off",
+                cluster.dir.display()
+            ),
+            settings,
+        )?;
+        Ok(cluster)
+    }
+
+    /// A cluster kept in `dir` across runs (`synchro-server dev --data-dir`): created there
+    /// the first time, started again on later runs (after stopping one an earlier run left
+    /// running, say after a kill -9), and only stopped, never deleted, when dropped. Unlike
+    /// [`TempCluster::start`] it syncs to disk. Refused when `dir` holds a cluster of another
+    /// PostgreSQL major version than the binaries found.
+    pub fn persistent(dir: &Path) -> Result<TempCluster> {
+        let bin = bindir()?;
+        let run_as = is_root().then(|| "postgres".to_owned());
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the data directory {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("resolving {}", dir.display()))?;
+        if let Some(user) = &run_as {
+            // The server runs as `user` (PostgreSQL refuses root): the directory is its.
+            let ok = Command::new("chown")
+                .arg(user)
+                .arg(&dir)
+                .status()?
+                .success();
+            if !ok {
+                bail!("cannot hand {} to the {user} user", dir.display());
+            }
+        }
+        let mut cluster = TempCluster {
+            dir,
+            bin,
+            run_as,
+            port: 0,
+            stopped: true,
+            keep: true,
         };
         let data = cluster.data_dir();
-        cluster.run(
-            "initdb",
-            &[
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C.UTF-8",
-                "--no-sync",
-                "-D",
-            ],
-            Some(&data),
-        )?;
+        match std::fs::read_to_string(data.join("PG_VERSION")) {
+            Ok(made_by) => {
+                let made_by = made_by.trim().to_owned();
+                let ours = cluster.major_version()?;
+                if made_by != ours {
+                    bail!(
+                        "{} holds a PostgreSQL {made_by} cluster and this machine's binaries are PostgreSQL {ours}: \
+                         start with --fresh, or remove the directory",
+                        cluster.dir.display()
+                    );
+                }
+                // An earlier run killed before it could stop its server left it running.
+                if cluster
+                    .run("pg_ctl", &["status", "-D"], Some(&data))
+                    .is_ok()
+                {
+                    cluster.run("pg_ctl", &["-m", "fast", "-w", "stop", "-D"], Some(&data))?;
+                }
+            }
+            Err(_) => cluster.initdb(&[]).map_err(|e| {
+                let hint = if cluster.run_as.is_some() {
+                    " (the PostgreSQL server runs as the postgres user here, since this process runs as \
+                     root: give --data-dir a directory that user can reach, such as /var/tmp/synchro-dev)"
+                } else {
+                    ""
+                };
+                e.context(format!(
+                    "creating a PostgreSQL cluster in {}{hint}",
+                    cluster.dir.display()
+                ))
+            })?,
+        }
+        // No unix socket: a data directory's path may be longer than a socket path can be.
+        cluster.start_server("-c unix_socket_directories=''", &[])?;
+        Ok(cluster)
+    }
+
+    /// The major version of the PostgreSQL binaries (`PG_VERSION`'s form: "15", "17").
+    fn major_version(&self) -> Result<String> {
+        let out = Command::new(self.bin.join("postgres"))
+            .arg("--version")
+            .output()
+            .context("running postgres --version")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace()
+            .last()
+            .and_then(|v| v.split('.').next())
+            .map(str::to_owned)
+            .context("postgres --version printed no version")
+    }
+
+    /// `initdb` of the data directory: superuser `postgres`, trust authentication.
+    fn initdb(&self, extra: &[&str]) -> Result<()> {
+        let mut args = vec![
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+        ];
+        args.extend_from_slice(extra);
+        args.push("-D");
+        self.run("initdb", &args, Some(&self.data_dir()))
+    }
+
+    /// Starts the server on a free loopback port with logical decoding and `base` and
+    /// `settings` as options; the log goes to `server.log` beside the data.
+    fn start_server(&mut self, base: &str, settings: &[&str]) -> Result<()> {
+        let data = self.data_dir();
+        let cluster = self;
         // A port can be taken between probing and binding: retry a few times.
         for attempt in 0..5 {
             cluster.port = free_port()?;
             let opts = format!(
-                "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c wal_level=logical \
-                 -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c full_page_writes=off",
+                "-c listen_addresses=127.0.0.1 -c port={} -c wal_level=logical \
+                 -c max_replication_slots=10 -c max_wal_senders=10 {base}",
                 cluster.port,
-                cluster.dir.display()
             ) + &settings
                 .iter()
                 .map(|kv| format!(" -c {kv}"))
@@ -142,7 +244,7 @@ impl TempCluster {
             match started {
                 Ok(()) => {
                     cluster.stopped = false;
-                    return Ok(cluster);
+                    return Ok(());
                 }
                 Err(e) if attempt == 4 => return Err(e),
                 Err(_) => continue,
@@ -221,7 +323,7 @@ impl TempCluster {
         )
     }
 
-    /// Stops the cluster and deletes its directory.
+    /// Stops the cluster and deletes its directory (a persistent one's is kept).
     pub fn stop(&mut self) -> Result<()> {
         if !self.stopped {
             let data = self.data_dir();
@@ -230,11 +332,10 @@ impl TempCluster {
             // whose runtime is blocked in this drop cannot. End those sessions first
             // (best effort: a failure leaves the wait).
             let port = self.port.to_string();
-            let host = self.dir.to_string_lossy().into_owned();
             let _ = self.run(
                 "psql",
                 &[
-                    "-X", "-q", "-h", &host, "-p", &port, "-U", "postgres", "-d", "postgres", "-c",
+                    "-X", "-q", "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-d", "postgres", "-c",
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'walsender'",
                 ],
                 None,
@@ -242,7 +343,7 @@ impl TempCluster {
             self.run("pg_ctl", &["-m", "fast", "-w", "stop", "-D"], Some(&data))?;
             self.stopped = true;
         }
-        if self.dir.exists() {
+        if !self.keep && self.dir.exists() {
             std::fs::remove_dir_all(&self.dir)?;
         }
         Ok(())

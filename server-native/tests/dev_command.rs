@@ -16,7 +16,7 @@ async fn dev_serves_the_demo_schema_and_stops_cleanly() {
     let seeds = std::env::temp_dir().join(format!("synchro-dev-seeds-{port}"));
     let _ = std::fs::remove_dir_all(&seeds);
     let mut child = Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["dev", "--fresh", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--seed-dir")
         .arg(&seeds)
         .env_remove("DATABASE_URL")
@@ -136,9 +136,15 @@ async fn dev_serves_the_demo_schema_and_stops_cleanly() {
 /// Runs `synchro-server dev` against `database_url` until it prints its token; returns the
 /// child and the token.
 fn start_dev(database_url: &str, port: u16) -> (std::process::Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
-        .env("DATABASE_URL", database_url)
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_synchro-server"));
+    dev.args(["dev", "--listen", &format!("127.0.0.1:{port}")])
+        .env("DATABASE_URL", database_url);
+    start(dev)
+}
+
+/// Runs `dev` until it prints its token; returns the child and the token.
+fn start(mut dev: Command) -> (std::process::Child, String) {
+    let mut child = dev
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -166,6 +172,120 @@ fn start_dev(database_url: &str, port: u16) -> (std::process::Child, String) {
     let _ = child.kill();
     let _ = child.wait();
     panic!("dev printed no development token");
+}
+
+/// Issue 33.2: dev keeps its PostgreSQL cluster in --data-dir, so a restart (after a clean
+/// stop, and after kill -9, which leaves that cluster running) serves the same manifest and
+/// knows the same clients: a browser database continues (schema action `none`, the same
+/// client generation, its rows); `--fresh` starts from nothing.
+#[tokio::test]
+async fn dev_keeps_its_database_in_the_data_dir_across_restarts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("synchro-dev-data-{port}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dev = |extra: &[&str]| {
+        let mut dev = Command::new(env!("CARGO_BIN_EXE_synchro-server"));
+        dev.args(["dev", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .env_remove("DATABASE_URL");
+        dev
+    };
+    let connect = |token: String, body: serde_json::Value| async move {
+        let resp = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/sync/connect"))
+            .header("authorization", format!("Bearer {token}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.json::<serde_json::Value>().await.unwrap()
+    };
+    let data_dir = dir.to_str().unwrap().to_owned();
+    let (child, token) = start(dev(&["--data-dir", &data_dir]));
+    let first = connect(
+        token.clone(),
+        serde_json::json!({"protocol_version": 3, "client_id": "c1", "schema": {"version": 0, "hash": ""}}),
+    )
+    .await;
+    assert_eq!(first["schema"]["action"], "replace", "{first}");
+    let schema =
+        serde_json::json!({"version": first["schema"]["version"], "hash": first["schema"]["hash"]});
+    let again = serde_json::json!({"protocol_version": 3, "client_id": "c1",
+        "client_generation": first["client_generation"], "schema": schema});
+    // Every demo table has a rule: a note written by any user is applied (it used to be
+    // forbidden: app.notes had no rule, so no scope).
+    let notes = first["schema_definition"]["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "notes")
+        .unwrap()
+        .clone();
+    let field = |name: &str| {
+        notes["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap()["field_id"]
+            .clone()
+    };
+    // (once ready: a first rule serves once the worker has staged it)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reqwest::get(format!("http://127.0.0.1:{port}/ready"))
+        .await
+        .map_or(true, |r| r.status().as_u16() != 200)
+    {
+        assert!(Instant::now() < deadline, "dev never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pushed = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/sync/push"))
+        .header("authorization", format!("Bearer {token}"))
+        .json(
+            &serde_json::json!({"protocol_version": 3, "client_id": "c1",
+            "client_generation": first["client_generation"], "schema": schema, "batch_id": "b1",
+            "mutations": [{"mutation_id": "n1", "table_id": notes["table_id"], "pk": "1",
+                "operation": "insert", "base_version": null, "client_version": 1, "local_order": 1,
+                "columns": [{"field_id": field("project_id"), "value": "p1"},
+                            {"field_id": field("body"), "value": "kept"}],
+                "authored_schema": schema}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pushed.status().as_u16(), 200);
+    let pushed: serde_json::Value = pushed.json().await.unwrap();
+    assert_eq!(pushed["outcomes"][0]["status"], "applied", "{pushed}");
+    // A clean stop, then kill -9 (the cluster outlives it), each followed by a restart.
+    interrupt(child);
+    let (child, token) = start(dev(&["--data-dir", &data_dir]));
+    let after = connect(token.clone(), again.clone()).await;
+    assert_eq!(after["schema"]["action"], "none", "{after}");
+    assert_eq!(after["client_generation"], first["client_generation"]);
+    let mut child = child;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (child, token) = start(dev(&["--data-dir", &data_dir]));
+    let after = connect(token.clone(), again.clone()).await;
+    assert_eq!(after["schema"]["action"], "none", "{after}");
+    assert_eq!(after["client_generation"], first["client_generation"]);
+    interrupt(child);
+    assert!(
+        dir.join("data").join("PG_VERSION").exists(),
+        "the cluster stays in the data directory"
+    );
+    // --fresh: a new database, which knows neither the client nor its schema lineage.
+    let (child, token) = start(dev(&["--fresh"]));
+    let fresh = connect(token, again).await;
+    assert_ne!(fresh["schema"]["action"], "none", "{fresh}");
+    interrupt(child);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn interrupt(mut child: std::process::Child) {

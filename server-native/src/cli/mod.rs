@@ -119,12 +119,20 @@ enum Command {
         #[command(subcommand)]
         command: SeedCommand,
     },
-    /// Development server: an embedded throwaway PostgreSQL (or DATABASE_URL), installed,
-    /// with a demo schema registered, serving on 127.0.0.1:8787.
+    /// Development server: a PostgreSQL cluster of its own kept in --data-dir (or a
+    /// throwaway one, or DATABASE_URL), installed, with a demo schema registered, serving on
+    /// 127.0.0.1:8787.
     Dev {
-        /// Use this database instead of a throwaway cluster (needs superuser rights).
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        /// Use this database instead of a cluster of its own (needs superuser rights).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, conflicts_with_all = ["data_dir", "fresh"])]
         database_url: Option<String>,
+        /// Keep the development PostgreSQL cluster here: a restart serves the same database,
+        /// manifests and clients (browser databases continue).
+        #[arg(long, env = "SYNCHRO_DEV_DATA_DIR", default_value = ".synchro-dev")]
+        data_dir: std::path::PathBuf,
+        /// A throwaway cluster instead, deleted when dev stops.
+        #[arg(long, conflicts_with = "data_dir")]
+        fresh: bool,
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
         listen: SocketAddr,
@@ -751,10 +759,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Seed { command } => operator::seed_command(command).await,
         Command::Dev {
             database_url,
+            data_dir,
+            fresh,
             listen,
             seed_dir,
-        } => serve::run_dev(database_url, listen, seed_dir)
-            .await
-            .map(|()| ExitCode::SUCCESS),
+        } => serve::run_dev(
+            match (database_url, fresh) {
+                (Some(url), _) => serve::DevDatabase::Url(url),
+                (None, true) => serve::DevDatabase::Throwaway,
+                (None, false) => serve::DevDatabase::Kept(data_dir),
+            },
+            listen,
+            seed_dir,
+        )
+        .await
+        .map(|()| ExitCode::SUCCESS),
     }
 }

@@ -162,23 +162,58 @@ async fn serve(
     Ok(())
 }
 
+/// Where `dev`'s database lives.
+pub(super) enum DevDatabase {
+    /// A cluster of its own kept in this directory across runs.
+    Kept(std::path::PathBuf),
+    /// A cluster of its own, deleted when dev stops.
+    Throwaway,
+    /// This database (a superuser connection); every login is this one.
+    Url(String),
+}
+
 pub(super) async fn run_dev(
-    database_url: Option<String>,
+    database: DevDatabase,
     listen: SocketAddr,
     seed_dir: Option<std::path::PathBuf>,
 ) -> Result<()> {
-    // Keep the cluster alive for the whole run; dropping it stops and deletes it.
-    let (_cluster, admin_url, url_for) = match database_url {
-        Some(url) => (
+    // Keep the cluster alive for the whole run; dropping it stops it (and deletes a
+    // throwaway one).
+    let (cluster, kept) = match &database {
+        DevDatabase::Url(_) => (None, None),
+        DevDatabase::Throwaway => {
+            eprintln!("starting a throwaway PostgreSQL cluster (deleted when dev stops)...");
+            (Some(pg_harness::TempCluster::start()?), None)
+        }
+        DevDatabase::Kept(dir) => {
+            eprintln!(
+                "starting the development PostgreSQL cluster in {} (kept; --fresh for a throwaway one)...",
+                dir.display()
+            );
+            (
+                Some(pg_harness::TempCluster::persistent(dir)?),
+                Some(dir.clone()),
+            )
+        }
+    };
+    let (_cluster, admin_url, url_for) = match (cluster, database) {
+        (None, DevDatabase::Url(url)) => (
             None,
             url.clone(),
             Box::new(move |_: &str| url.clone()) as Box<dyn Fn(&str) -> String>,
         ),
-        None => {
-            eprintln!("starting a throwaway PostgreSQL cluster...");
-            let cluster = pg_harness::TempCluster::start()?;
+        (Some(cluster), _) => {
             let admin = connect_db(&cluster.admin_url()).await?;
-            admin.batch_execute("CREATE DATABASE synchro_dev").await?;
+            let exists = admin
+                .query_opt(
+                    "SELECT 1 FROM pg_database WHERE datname = 'synchro_dev'",
+                    &[],
+                )
+                .await?
+                .is_some();
+            if !exists {
+                admin.batch_execute("CREATE DATABASE synchro_dev").await?;
+            }
             let port = cluster.port();
             (
                 Some(cluster),
@@ -188,9 +223,19 @@ pub(super) async fn run_dev(
                 }) as Box<dyn Fn(&str) -> String>,
             )
         }
+        (None, _) => unreachable!("a cluster of its own was started"),
     };
     let mut admin = connect_db(&admin_url).await?;
-    install::install(&mut admin).await?;
+    if let Err(e) = install::install(&mut admin).await {
+        return Err(match kept {
+            Some(dir) => e.context(format!(
+                "installing synchro into the database kept in {} (one installed by another build \
+                 of synchro-server is refused: start with --fresh, or remove that directory)",
+                dir.display()
+            )),
+            None => e,
+        });
+    }
     for (login, group) in dev::DEV_LOGINS {
         dev::ensure_login(&admin, login, group).await?;
     }
