@@ -1,4 +1,4 @@
-// End to end: the demo as two people use it. `synchro-server dev` (a throwaway PostgreSQL
+// End to end: the demo as two people use it. `synchro-server dev --fresh` (a throwaway PostgreSQL
 // with the task board), the demo built with `vite build` and served by `vite preview`
 // (/sync proxied to that server, /demo/token minting the users' tokens), and Debian's
 // Chromium with one browser context per user (alice, bob), driven through the page only.
@@ -93,7 +93,7 @@ async function startServer() {
   const port = await freePort();
   const log = fs.createWriteStream(path.join(ARTIFACTS, "server.log"));
   // Its own process group, so its PostgreSQL goes with it if it must be killed.
-  const child = spawn(SERVER_BIN, ["dev", "--listen", `127.0.0.1:${port}`], { stdio: ["ignore", "pipe", "pipe"], detached: true, env: { ...process.env, NO_COLOR: "1" } });
+  const child = spawn(SERVER_BIN, ["dev", "--fresh", "--listen", `127.0.0.1:${port}`], { stdio: ["ignore", "pipe", "pipe"], detached: true, env: { ...process.env, NO_COLOR: "1" } });
   child.stderr.pipe(log);
   const printed = { origin: null, database: null };
   const exited = new Promise((_, reject) => child.once("exit", (code) => reject(new Error(`synchro-server dev exited (${code}) before it was ready: see ${path.join(ARTIFACTS, "server.log")}`))));
