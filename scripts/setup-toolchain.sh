@@ -120,6 +120,13 @@ else
     apt_install postgresql
 fi
 
+# --- c2b. PyYAML for the static checks of compose.yaml and the release workflow ----------
+if python3 -c 'import yaml' 2>/dev/null; then
+    log "PyYAML present"
+else
+    apt_install python3-yaml
+fi
+
 # --- c3. clang for SQLite's C source in the wasm32 client build (sqlite-wasm-rs) -----------
 if command -v clang-22 >/dev/null && command -v llvm-ar-22 >/dev/null; then
     log "clang-22 and llvm-ar-22 present"

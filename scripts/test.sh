@@ -50,6 +50,8 @@ wasm_cargo() {
 WASM_TESTS=(-p synchro-protocol --target wasm32-unknown-unknown --test vectors --test negative_controls --test tokens)
 
 step fmt cargo fmt --all --check
+# The release workflow (no workflow runs here): its shape, scripts and provenance settings.
+step release-workflow python3 scripts/check_release.py .github/workflows/release.yml
 step clippy cargo clippy --workspace --all-targets --features synchro-protocol/bench,synchro-client/bench -- -D warnings
 if [ -z "${SYNCHRO_WASM_TOOLCHAIN:-}" ]; then
     # Debian's wasm toolchain has no clippy; the native lint covers the shared code then.
