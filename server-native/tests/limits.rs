@@ -1508,3 +1508,113 @@ async fn rebuild_storage_is_bounded_per_client_and_idle_sessions_end() {
     }
     assert!(page["checksum"].is_object(), "{page}");
 }
+
+/// Issue 33.5: an app on another origin (Vite on :5173, the server elsewhere) calls the
+/// server when `--cors-origin` lists it: its preflight is answered, and every response,
+/// a 401 included, is readable by it (Access-Control-Allow-Origin, Retry-After exposed).
+/// Another origin's preflight is 403 and its responses carry no CORS header; without the
+/// option nothing changes. A malformed origin is refused at start, naming the option.
+#[tokio::test]
+async fn listed_browser_origins_may_call_the_server_and_others_may_not() {
+    let env = env().await;
+    let app = "http://localhost:5173";
+    let (_server, addr) = start(
+        &env,
+        &[
+            "--cors-origin",
+            app,
+            "--cors-origin",
+            "https://app.example.com",
+        ],
+    );
+    wait_ready(addr).await;
+    let http = http();
+    let preflight = |origin: &'static str| {
+        http.request(
+            reqwest::Method::OPTIONS,
+            format!("http://{addr}/sync/connect"),
+        )
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
+        .send()
+    };
+    let ok = preflight(app).await.unwrap();
+    assert_eq!(ok.status().as_u16(), 204);
+    let h = ok.headers();
+    assert_eq!(h["access-control-allow-origin"], app);
+    assert_eq!(h["access-control-allow-methods"], "GET, POST");
+    assert_eq!(
+        h["access-control-allow-headers"],
+        "authorization, content-type"
+    );
+    let refused = preflight("http://evil.example").await.unwrap();
+    assert_eq!(refused.status().as_u16(), 403);
+    assert!(refused
+        .headers()
+        .get("access-control-allow-origin")
+        .is_none());
+
+    let body = r#"{"protocol_version":3,"client_id":"c1","schema":{"version":0,"hash":""}}"#;
+    let token = mint(SECRET.as_bytes(), "alice", 3600);
+    for (client, origin, auth, status) in [
+        ("c1", app, Some(token.as_str()), 200),
+        ("c2", app, None, 401),
+        ("c3", "http://evil.example", Some(token.as_str()), 200),
+    ] {
+        let mut request = http
+            .post(format!("http://{addr}/sync/connect"))
+            .header("origin", origin)
+            .header("content-type", "application/json")
+            .body(body.replace("c1", client));
+        if let Some(t) = auth {
+            request = request.bearer_auth(t);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{origin}");
+        let h = response.headers();
+        if origin == app {
+            assert_eq!(h["access-control-allow-origin"], app, "{status}");
+            assert_eq!(h["access-control-expose-headers"], "retry-after");
+            assert_eq!(h["vary"], "origin");
+        } else {
+            assert!(h.get("access-control-allow-origin").is_none());
+        }
+    }
+    // Without the option: no CORS header for anyone.
+    let (_plain, plain) = start(&env, &[]);
+    wait_ready(plain).await;
+    let response = http
+        .post(format!("http://{plain}/sync/connect"))
+        .header("origin", app)
+        .bearer_auth(&token)
+        .body(body.replace("c1", "c4"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(response
+        .headers()
+        .get("access-control-allow-origin")
+        .is_none());
+    for bad in ["localhost:5173", "http://localhost:5173/", "HTTP://X"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args([
+                "serve",
+                "--database-url",
+                "host=127.0.0.1 port=1 user=nobody",
+            ])
+            .args(["--cors-origin", bad])
+            .env("SYNCHRO_JWT_SECRET", SECRET)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("--cors-origin"),
+            "{bad}: {stderr}"
+        );
+    }
+}

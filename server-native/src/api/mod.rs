@@ -21,6 +21,7 @@
 
 mod checksums;
 mod connect;
+pub mod cors;
 mod error;
 mod events;
 mod gates;
@@ -60,6 +61,7 @@ pub(crate) use preamble::has_nul;
 /// The router.
 pub fn router(state: Arc<AppState>) -> Router {
     let counts = Arc::new(metrics::RequestCounts::default());
+    let cors = Arc::new(state.config.cors_origins.clone());
     Router::new()
         .route("/sync/connect", post(connect))
         .route("/sync/pull", post(pull))
@@ -75,6 +77,7 @@ pub fn router(state: Arc<AppState>) -> Router {
                 .with_state(counts.clone()),
         )
         .layer(axum::middleware::from_fn_with_state(counts, metrics::count))
+        .layer(axum::middleware::from_fn_with_state(cors, cors::cors))
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Json) -> Response {

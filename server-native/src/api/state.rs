@@ -59,6 +59,9 @@ pub struct Config {
     pub seed_dir: Option<std::path::PathBuf>,
     /// Seeds served without a bearer token.
     pub public_seeds: bool,
+    /// Origins a browser app may call the server from (`--cors-origin`; none: no CORS
+    /// headers, the app and the server share one origin).
+    pub cors_origins: super::cors::CorsOrigins,
 }
 
 impl Default for Config {
@@ -82,6 +85,7 @@ impl Default for Config {
             push_pool_wait: std::time::Duration::from_secs(5),
             seed_dir: None,
             public_seeds: false,
+            cors_origins: super::cors::CorsOrigins::default(),
         }
     }
 }

@@ -133,6 +133,15 @@ enum Command {
         /// A throwaway cluster instead, deleted when dev stops.
         #[arg(long, conflicts_with = "data_dir")]
         fresh: bool,
+        /// Browser origins allowed to call it (repeatable; `*` for any): by default Vite's
+        /// dev server, http://localhost:5173 and http://127.0.0.1:5173.
+        #[arg(
+            long = "cors-origin",
+            env = "SYNCHRO_CORS_ORIGINS",
+            value_delimiter = ',',
+            default_values = ["http://localhost:5173", "http://127.0.0.1:5173"]
+        )]
+        cors_origins: Vec<String>,
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
         listen: SocketAddr,
@@ -219,6 +228,16 @@ struct ServeArgs {
     /// Serve seeds without a bearer token (they hold only declared shared scopes' rows).
     #[arg(long, env = "SYNCHRO_PUBLIC_SEEDS", requires = "seed_dir")]
     public_seeds: bool,
+    /// A browser origin allowed to call the server (an app served from elsewhere, such as
+    /// http://localhost:5173), repeatable, or `*` for any; preflights answered, errors
+    /// readable by the app. None: no CORS headers (serve the app and the server from one
+    /// origin).
+    #[arg(
+        long = "cors-origin",
+        env = "SYNCHRO_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    cors_origins: Vec<String>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -761,6 +780,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             database_url,
             data_dir,
             fresh,
+            cors_origins,
             listen,
             seed_dir,
         } => serve::run_dev(
@@ -771,6 +791,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             },
             listen,
             seed_dir,
+            cors_origins,
         )
         .await
         .map(|()| ExitCode::SUCCESS),

@@ -21,6 +21,7 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         max_body_bytes,
         seed_dir,
         public_seeds,
+        cors_origins,
         min_client_version,
         worker_url,
         no_capture,
@@ -39,6 +40,9 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         cursor_secret.as_ref().is_none_or(|s| s.len() >= min),
         "--cursor-secret (SYNCHRO_CURSOR_SECRET) must be at least {min} bytes"
     );
+    let cors_origins =
+        crate::api::cors::CorsOrigins::parse(cors_origins.iter().map(String::as_str))
+            .map_err(|e| anyhow::anyhow!("--cors-origin (SYNCHRO_CORS_ORIGINS): {e}"))?;
     // Push evaluates written rows' scopes (each rule as its owner, through its evaluator) on
     // adapter connections of their own, so concurrent pushes do not queue behind one: the
     // worker login serves capture only.
@@ -67,6 +71,7 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         min_client_version,
         seed_dir,
         public_seeds,
+        cors_origins,
         ..Config::default()
     });
     let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
@@ -176,7 +181,11 @@ pub(super) async fn run_dev(
     database: DevDatabase,
     listen: SocketAddr,
     seed_dir: Option<std::path::PathBuf>,
+    cors_origins: Vec<String>,
 ) -> Result<()> {
+    let cors_origins =
+        crate::api::cors::CorsOrigins::parse(cors_origins.iter().map(String::as_str))
+            .map_err(|e| anyhow::anyhow!("--cors-origin (SYNCHRO_CORS_ORIGINS): {e}"))?;
     // Keep the cluster alive for the whole run; dropping it stops it (and deletes a
     // throwaway one).
     let (cluster, kept) = match &database {
@@ -316,6 +325,7 @@ pub(super) async fn run_dev(
         secret.as_bytes(),
         Config {
             seed_dir,
+            cors_origins,
             ..Config::default()
         },
         listener,
