@@ -2,6 +2,23 @@
 export type Value = string | number | bigint | boolean | null | Uint8Array | { [k: string]: unknown } | unknown[];
 /** A row as `query` returns it: INTEGER a number when safe, else a BigInt; BLOB a Uint8Array. */
 export type Row = Record<string, string | number | bigint | null | Uint8Array>;
+/** A JSON value (a json field's value in a write). */
+export type Json = string | number | boolean | null | Json[] | { [k: string]: Json };
+
+/**
+ * The types of one synced table: its key, a row as read, and the values of an insert and an
+ * update. `synchro-server codegen typescript` writes a `Schema` of them for every table.
+ */
+export interface TableTypes {
+  key: Value;
+  row: object;
+  insert: object;
+  update: object;
+}
+/** Table name -> its types. */
+export type SchemaTypes = { [table: string]: TableTypes };
+/** Without a generated schema: any table name, key and values. */
+export type AnySchema = { [table: string]: { key: Value; row: Row; insert: Record<string, Value>; update: Record<string, Value> } };
 
 export interface ClientOptions {
   /** The sync server (or edge gateway), absolute or relative to the page. */
@@ -98,14 +115,18 @@ export class SynchroError extends Error {
   readonly reason?: string;
 }
 
-export interface SynchroClient {
+/**
+ * A client. With the generated `Schema` (`createClient<Schema>(...)`), `insert`, `update` and
+ * `delete` take only its table names, keys and values, and `query<TasksRow>(...)` types rows.
+ */
+export interface SynchroClient<S extends SchemaTypes = AnySchema> {
   readonly status: Status;
   onStatus(callback: (status: Status) => void): () => void;
   query<R = Row>(sql: string, params?: Value[]): Promise<R[]>;
   watch<R = Row>(sql: string, params: Value[], callback: (rows: R[]) => void, onError?: (e: SynchroError) => void): () => void;
-  insert(table: string, key: Value, values: Record<string, Value>): Promise<string>;
-  update(table: string, key: Value, values: Record<string, Value>): Promise<string>;
-  delete(table: string, key: Value): Promise<string>;
+  insert<T extends keyof S & string>(table: T, key: S[T]["key"], values: S[T]["insert"]): Promise<string>;
+  update<T extends keyof S & string>(table: T, key: S[T]["key"], values: S[T]["update"]): Promise<string>;
+  delete<T extends keyof S & string>(table: T, key: S[T]["key"]): Promise<string>;
   mutations(): Promise<Mutation[]>;
   /** Settles once the mutation is final; rejects with `unknown_mutation` for an ID the queue does not hold. */
   outcome(mutationId: string): Promise<Mutation>;
@@ -120,4 +141,4 @@ export interface SynchroClient {
   close(): Promise<void>;
 }
 
-export function createClient(options: ClientOptions): SynchroClient;
+export function createClient<S extends SchemaTypes = AnySchema>(options: ClientOptions): SynchroClient<S>;

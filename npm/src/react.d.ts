@@ -1,9 +1,9 @@
 import type { Row, Status, SynchroClient, SynchroError, Value } from "./index.js";
 
 export function useQuery<R = Row>(
-  client: SynchroClient,
+  client: SynchroClient<any>,
   sql: string,
   params?: Value[],
 ): { rows: R[] | undefined; error: SynchroError | null; loading: boolean };
 
-export function useStatus(client: SynchroClient): Status;
+export function useStatus(client: SynchroClient<any>): Status;

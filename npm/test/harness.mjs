@@ -62,6 +62,11 @@ export async function startStack() {
     async publish() {
       return command("publish");
     },
+    /** The connection string of a login of the stack's database (`synchro_dev_adapter`, ...). */
+    async database(login) {
+      const a = await command(`database ${login}`);
+      return a.slice("database ".length);
+    },
     stop() {
       child.stdin.end();
       return new Promise((r) => child.on("exit", r));

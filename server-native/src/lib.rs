@@ -26,6 +26,7 @@ pub mod api;
 pub mod auth;
 pub mod capture;
 pub mod cli;
+pub mod codegen;
 pub mod dev;
 pub mod digest_cache;
 pub mod install;

@@ -11,6 +11,7 @@
 //!   server's 30 s leeway for that much less);
 //! - `publish`: publishes the registry (after a reconfiguration) and waits until the server
 //!   serves it: `published <version> <class>` or `unchanged <version>`;
+//! - `database <login>`: `database <connection string of that login>`;
 //! - `seed`: exports `board:demo` (portable) as the seed the server serves at
 //!   `/seeds/board.seed.sqlite`, and beside it `/seeds/tampered.seed.sqlite`, a copy with one
 //!   title changed (its digest kept): `seed <rows>`, or `error <message>`.
@@ -95,6 +96,7 @@ async fn main() {
                     synchro_server::install::describe(&e).replace('\n', " ")
                 ),
             },
+            "database" => format!("database {}", env.cluster.url(rest, "app")),
             "token" => {
                 let (user, ttl) = rest.split_once(' ').unwrap_or((rest, "3600"));
                 // A negative lifetime mints a token already past its `exp`, accepted only

@@ -113,6 +113,20 @@ enum Command {
         )]
         every: Option<u64>,
     },
+    /// Types for apps: `codegen typescript` writes the TypeScript types of the served
+    /// schema's tables for @synchro/client (`createClient<Schema>`), from the database
+    /// (an adapter or operator login).
+    Codegen {
+        /// The language: typescript.
+        #[arg(value_enum)]
+        language: CodegenLanguage,
+        /// Connection string of an adapter or operator login.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// Write the types to this file (default: standard output).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Portable seeds: which shared scopes may be exported into a seed artifact
     /// (synchro_operator login).
     Seed {
@@ -166,10 +180,18 @@ impl Command {
             Command::Settings { .. } => "synchro-server settings",
             Command::Probe { .. } => "synchro-server probe",
             Command::Compact { .. } => "synchro-server compact",
+            Command::Codegen { .. } => "synchro-server codegen",
             Command::Seed { .. } => "synchro-server seed",
             Command::Dev { .. } => "synchro-server dev",
         }
     }
+}
+
+/// What `codegen` writes.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CodegenLanguage {
+    /// A `.d.ts` for @synchro/client.
+    Typescript,
 }
 
 /// The options of `serve` (each also an environment variable).
@@ -775,6 +797,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             batch_size,
             every,
         } => operator::compact(&database_url, batch_size, every).await,
+        Command::Codegen {
+            language: CodegenLanguage::Typescript,
+            database_url,
+            out,
+        } => operator::codegen_typescript(&database_url, out.as_deref()).await,
         Command::Seed { command } => operator::seed_command(command).await,
         Command::Dev {
             database_url,

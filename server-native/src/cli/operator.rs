@@ -117,6 +117,27 @@ pub(super) async fn compact(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `codegen typescript`: the served manifest's tables as TypeScript types, to `out` or
+/// standard output.
+pub(super) async fn codegen_typescript(
+    database_url: &str,
+    out: Option<&std::path::Path>,
+) -> Result<ExitCode> {
+    let db = connect_db(database_url).await?;
+    let lineage = crate::publish::load_serving_lineage(&db).await?;
+    let manifest = lineage
+        .current()
+        .context("no manifest is served yet: publish one first (synchro-server publish)")?;
+    let text = crate::codegen::typescript(manifest);
+    match out {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `capture unblock|retry-staging|skip-staging`: one SQL function each, its answer as JSON.
 pub(super) async fn capture_command(action: CaptureCommand) -> Result<ExitCode> {
     let (url, sql, args): (_, _, Vec<String>) = match action {
