@@ -99,7 +99,8 @@ export interface Mutation {
   operation: "insert" | "update" | "delete";
   baseVersion: string | null;
   clientVersion: number;
-  columns: Record<string, unknown> | null;
+  /** The written fields by field ID (the wire form); null for a delete. */
+  columns: { field_id: string; value: unknown }[] | null;
   authoredSchema: { version: number; hash: string };
   /** The server's outcome once answered. */
   outcome: Record<string, unknown> | null;

@@ -288,6 +288,10 @@ pub(super) async fn run_dev(
         "  try: curl -s -X POST http://{listen}/sync/connect -H 'authorization: Bearer <token>' \\"
     );
     println!("         -d '{{\"protocol_version\":3,\"client_id\":\"c1\",\"schema\":{{\"version\":0,\"hash\":\"\"}}}}'");
+    println!(
+        "  TypeScript types: DATABASE_URL='{}' synchro-server codegen typescript --out src/synchro.d.ts",
+        url_for("synchro_dev_adapter")
+    );
     // The portable seed of the demo board (README "Portable seeds"), as the seed login.
     if let Some(dir) = &seed_dir {
         std::fs::create_dir_all(dir)
