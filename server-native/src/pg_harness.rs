@@ -51,6 +51,17 @@ fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// Makes `user` (the server's, when this process runs as root: PostgreSQL refuses root)
+/// the owner of `dir`.
+fn hand_over(user: Option<&str>, dir: &Path) -> Result<()> {
+    let Some(user) = user else { return Ok(()) };
+    let ok = Command::new("chown").arg(user).arg(dir).status()?.success();
+    if !ok {
+        bail!("cannot hand {} to the {user} user", dir.display());
+    }
+    Ok(())
+}
+
 fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -80,16 +91,7 @@ impl TempCluster {
             std::fs::remove_dir_all(&dir)?;
         }
         std::fs::create_dir_all(&dir)?;
-        if let Some(user) = &run_as {
-            let ok = Command::new("chown")
-                .arg(user)
-                .arg(&dir)
-                .status()?
-                .success();
-            if !ok {
-                bail!("cannot hand the cluster directory to the {user} user");
-            }
-        }
+        hand_over(run_as.as_deref(), &dir)?;
         let mut cluster = TempCluster {
             dir,
             bin,
@@ -122,17 +124,7 @@ impl TempCluster {
         let dir = dir
             .canonicalize()
             .with_context(|| format!("resolving {}", dir.display()))?;
-        if let Some(user) = &run_as {
-            // The server runs as `user` (PostgreSQL refuses root): the directory is its.
-            let ok = Command::new("chown")
-                .arg(user)
-                .arg(&dir)
-                .status()?
-                .success();
-            if !ok {
-                bail!("cannot hand {} to the {user} user", dir.display());
-            }
-        }
+        hand_over(run_as.as_deref(), &dir)?;
         let mut cluster = TempCluster {
             dir,
             bin,
