@@ -31,6 +31,12 @@ pub enum StorageError {
         /// Logical field ID.
         field_id: String,
     },
+    /// A write leaves out a field that may not be null.
+    #[error("no value for the required field {field_id}")]
+    MissingValue {
+        /// Logical field ID.
+        field_id: String,
+    },
     /// The database already has a schema, or has none where one is needed, or its recorded
     /// manifest does not verify, or its synchro tables are not a layout this engine knows.
     #[error("{0}")]
@@ -70,7 +76,9 @@ impl StorageError {
         match self {
             StorageError::Sqlite(_) => "local_database_error",
             StorageError::Corrupt { .. } => "local_integrity_failure",
-            StorageError::InvalidValue { .. } => "invalid_value",
+            StorageError::InvalidValue { .. } | StorageError::MissingValue { .. } => {
+                "invalid_value"
+            }
             StorageError::Schema(_) => "local_schema_error",
             StorageError::Verification(_) => "sync_integrity_failure",
             StorageError::Seed(_) => "seed_invalid",

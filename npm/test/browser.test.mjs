@@ -69,6 +69,32 @@ test("a fresh tab syncs the board and its live query shows it", async () => {
   assert.ok(progress.length > 0, "progress was reported while syncing");
 });
 
+test("a refused write names the app's table field, never a field ID", async () => {
+  const refusal = (table, key, values, op = "insert") =>
+    a.evaluate(async ([op, table, key, values]) => {
+      try {
+        await window.client[op](table, key, values);
+        return null;
+      } catch (e) {
+        return { code: e.code, message: e.message };
+      }
+    }, [op, table, key, values]);
+  const cases = [
+    // a required field left out of an insert
+    [["tasks", "t900", { project_id: "p1", done: false, position: 0, updated_at: "2026-12-06T00:00:00.000000Z" }], /title/],
+    // a value of another type
+    [["tasks", "t001", { done: "yes" }, "update"], /field done: the value is not a boolean/],
+    // a field that does not exist
+    [["tasks", "t001", { colour: "red" }, "update"], /no such field: colour/],
+  ];
+  for (const [args, named] of cases) {
+    const r = await refusal(...args);
+    assert.equal(r?.code, "invalid_value", JSON.stringify(r));
+    assert.match(r.message, named);
+    assert.doesNotMatch(r.message, /fld_/);
+  }
+});
+
 test("a new database opens from a portable seed and continues from it; a tampered seed is refused and the board downloads as usual", async () => {
   const exported = await stack.command("seed");
   assert.match(exported, /^seed \d+$/);

@@ -265,7 +265,11 @@ fn apply_visible(
                         values.push(to_sql(v));
                     }
                     None if f.spec.nullable => {}
-                    None => return Err(invalid(&f.field_id)),
+                    None => {
+                        return Err(StorageError::MissingValue {
+                            field_id: f.field_id.clone(),
+                        })
+                    }
                 }
             }
             run(

@@ -169,9 +169,13 @@ pub(super) fn write(
                 .fields
                 .iter()
                 .find(|f| f.name == name)
-                .ok_or_else(|| bad("no such field"))?;
-            let v = TypedValue::from_wire(&f.spec, &value)
-                .map_err(|_| bad("a value does not match its field"))?;
+                .ok_or_else(|| bad(&format!("no such field: {name}")))?;
+            let v = TypedValue::from_wire(&f.spec, &value).map_err(|_| {
+                bad(&format!(
+                    "field {name}: the value is not a {}",
+                    f.spec.ty.as_str()
+                ))
+            })?;
             values.push((f.field_id.clone(), v));
         }
     }
@@ -188,7 +192,16 @@ pub(super) fn write(
         Some(id) => client.write_once(&w, id),
         None => client.write(&w),
     }
-    .map_err(client_error)
+    .map_err(|e| match &e {
+        // The app's names, not field IDs (which stay in the queue and on the wire).
+        crate::error::ClientError::Storage(
+            StorageError::InvalidValue { field_id } | StorageError::MissingValue { field_id },
+        ) => match t.fields.iter().find(|f| f.field_id == *field_id) {
+            Some(f) => bad(&e.to_string().replace(field_id.as_str(), &f.name)),
+            None => client_error(e),
+        },
+        _ => client_error(e),
+    })
 }
 
 /// The resolved mutations, read (as `mutations` gives them) and cleared at one step, so a
