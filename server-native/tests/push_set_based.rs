@@ -473,6 +473,29 @@ async fn rows_placed_together_are_each_evaluated_as_if_alone() {
     .unwrap();
     let mut op = op;
     synchro_server::publish::publish(&mut op).await.unwrap();
+    // Before the worker has staged a first rule, a pushed row's scopes are not known yet:
+    // refused as retryable (55000, which push answers 503 temporary_unavailable), never
+    // evaluated as a row in no scope (which was a terminal `forbidden`).
+    let tags: String = env
+        .admin
+        .query_one(
+            "SELECT relation_id FROM synchro.relations WHERE physical_relation = 'tags'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let adapter = env.login("synchro_dev_adapter").await;
+    assert_eq!(
+        common::sqlstate(
+            &adapter,
+            &format!(
+                "SELECT * FROM synchro.synchro_push_scopes(ARRAY['{tags}'], ARRAY['\"1\"'], ARRAY['1'], ARRAY['{{}}'])"
+            )
+        )
+        .await,
+        "55000"
+    );
     // The capture worker activates the relations, which makes the first rules live.
     let mut worker = Worker::connect(&env.cluster.url("synchro_dev_worker", "app"))
         .await

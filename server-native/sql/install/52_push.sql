@@ -552,6 +552,13 @@ BEGIN
             -- definition, through the evaluator recorded with it.)
             RAISE EXCEPTION 'membership rule unusable: %', v_unusable USING ERRCODE = '55000';
         END IF;
+        IF v_function IS NULL AND EXISTS (SELECT 1 FROM synchro.membership_functions m
+                                           WHERE m.relation_id = v_relation AND NOT m.live) THEN
+            -- A first rule still staging: the row's scopes are not known yet (a moment after
+            -- registration). Retryable (push answers 503), never a row in no scope, which
+            -- would refuse the write for good.
+            RAISE EXCEPTION 'the membership rule is still staging' USING ERRCODE = '55000';
+        END IF;
         IF v_function IS NULL THEN
             -- No membership rule: the row would be in no scope.
             RETURN QUERY SELECT u.i::integer, '{}'::text[]
