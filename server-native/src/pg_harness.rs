@@ -20,6 +20,8 @@ pub struct TempCluster {
     stopped: bool,
     /// Kept on stop ([`TempCluster::persistent`]): only stopped, never deleted.
     keep: bool,
+    /// A persistent cluster's lock file, held (locked) while this run uses the directory.
+    _lock: Option<std::fs::File>,
 }
 
 fn bindir() -> Result<PathBuf> {
@@ -99,6 +101,7 @@ impl TempCluster {
             port: 0,
             stopped: true,
             keep: false,
+            _lock: None,
         };
         cluster.initdb(&["--no-sync"])?;
         cluster.start_server(
@@ -125,6 +128,20 @@ impl TempCluster {
             .canonicalize()
             .with_context(|| format!("resolving {}", dir.display()))?;
         hand_over(run_as.as_deref(), &dir)?;
+        // One run at a time: a second `dev` on the directory is refused (it would otherwise
+        // take the first one's cluster for one an earlier run left behind, and stop it).
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("dev.lock"))
+            .with_context(|| format!("opening {}", dir.join("dev.lock").display()))?;
+        if lock.try_lock().is_err() {
+            bail!(
+                "another synchro-server dev is using {}: stop it first, or give this one another --data-dir",
+                dir.display()
+            );
+        }
         let mut cluster = TempCluster {
             dir,
             bin,
@@ -132,6 +149,7 @@ impl TempCluster {
             port: 0,
             stopped: true,
             keep: true,
+            _lock: Some(lock),
         };
         let data = cluster.data_dir();
         match std::fs::read_to_string(data.join("PG_VERSION")) {

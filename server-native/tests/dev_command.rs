@@ -262,6 +262,22 @@ async fn dev_keeps_its_database_in_the_data_dir_across_restarts() {
     assert_eq!(pushed.status().as_u16(), 200);
     let pushed: serde_json::Value = pushed.json().await.unwrap();
     assert_eq!(pushed["outcomes"][0]["status"], "applied", "{pushed}");
+    // A second dev on the same directory is refused (it must not take this one's cluster for
+    // one a killed run left behind, and stop it).
+    let second = dev(&["--data-dir", &data_dir])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("another synchro-server dev is using"),
+        "{second:?}"
+    );
+    let still = reqwest::get(format!("http://127.0.0.1:{port}/ready"))
+        .await
+        .unwrap();
+    assert_eq!(still.status().as_u16(), 200, "the first one still serves");
     // A clean stop, then kill -9 (the cluster outlives it), each followed by a restart.
     interrupt(child);
     let (child, token) = start(dev(&["--data-dir", &data_dir]));
