@@ -226,15 +226,7 @@ async fn dev_keeps_its_database_in_the_data_dir_across_restarts() {
         .find(|t| t["name"] == "notes")
         .unwrap()
         .clone();
-    let field = |name: &str| {
-        notes["fields"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["name"] == name)
-            .unwrap()["field_id"]
-            .clone()
-    };
+    let field = |name: &str| synchro_testkit::pg::field_id(&notes, name);
     // (once ready: a first rule serves once the worker has staged it)
     let deadline = Instant::now() + Duration::from_secs(60);
     while reqwest::get(format!("http://127.0.0.1:{port}/ready"))

@@ -248,15 +248,7 @@ async fn nul_characters_are_client_errors_never_retryable_outages() {
         v["schema_definition"].clone()
     };
     let table = &manifest["tables"][0];
-    let field = |name: &str| {
-        table["fields"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["name"] == name)
-            .unwrap()["field_id"]
-            .clone()
-    };
+    let field = |name: &str| common::field_id(table, name);
     let mutation = |id: &str, pk: &str, title: &str| {
         json!({"mutation_id": id, "table_id": table["table_id"], "pk": pk, "operation": "insert",
                "base_version": null, "client_version": 1, "local_order": 1,

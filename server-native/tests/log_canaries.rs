@@ -96,15 +96,7 @@ async fn nothing_identifying_reaches_the_log_at_trace_level() {
     let generation = c["client_generation"].clone();
     let schema = json!({"version": c["schema"]["version"], "hash": c["schema"]["hash"]});
     let table = &c["schema_definition"]["tables"][0];
-    let field = |name: &str| {
-        table["fields"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["name"] == name)
-            .unwrap()["field_id"]
-            .clone()
-    };
+    let field = |name: &str| common::field_id(table, name);
     let scopes = [format!("user:{USER}"), format!("team:{TEAM}")];
     let pull_all = || async {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);

@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{free_port, Env, Server};
+use common::{free_port, Env};
 use serde_json::{json, Value};
 use synchro_server::auth::mint;
 
@@ -134,15 +134,8 @@ async fn the_openapi_document_describes_the_real_servers_answers() {
     )
     .await;
     let port = free_port();
-    let _server = Server::from(
-        std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-            .args(common::serve_args(&env, port, SECRET))
-            .env("SYNCHRO_LOG", "error")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _server =
+        common::start_server_binary(env!("CARGO_BIN_EXE_synchro-server"), &env, port, SECRET);
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     common::wait_ready(&http, &base).await;
@@ -271,15 +264,7 @@ async fn the_openapi_document_describes_the_real_servers_answers() {
 
     // push: applied, refused for a value, and a wrong generation.
     let table = connected["schema_definition"]["tables"][0].clone();
-    let field = |name: &str| {
-        table["fields"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["name"] == name)
-            .unwrap()["field_id"]
-            .clone()
-    };
+    let field = |name: &str| common::field_id(&table, name);
     let mutation = |id: &str, pk: &str, title: Value| {
         json!({"mutation_id": id, "table_id": table["table_id"], "pk": pk, "operation": "insert",
                "base_version": null, "client_version": 1, "local_order": 1, "authored_schema": schema,

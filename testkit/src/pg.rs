@@ -377,3 +377,15 @@ pub async fn docs_with_owner_and_team(env: &Env, seed: &str) {
     )
     .await;
 }
+
+/// The field ID of the field `name` of `table`, a table of a manifest as JSON (a connect's
+/// `schema_definition.tables[i]`).
+pub fn field_id(table: &serde_json::Value, name: &str) -> serde_json::Value {
+    table["fields"]
+        .as_array()
+        .expect("a table's fields")
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("no field {name}"))["field_id"]
+        .clone()
+}
