@@ -2,7 +2,8 @@
 //! secrets) as strings and checked once: a setting that is missing or malformed is a
 //! [`ConfigError`] and every request is answered with the opaque 503 until it is fixed.
 
-use synchro_protocol::jwt::{Hs256, DEFAULT_MAX_TOKEN_LIFETIME_SECS};
+use synchro_protocol::jwt::{jwks, Verifier, DEFAULT_MAX_TOKEN_LIFETIME_SECS};
+use synchro_protocol::wire::cors::CorsOrigins;
 
 /// Default largest accepted request body, in bytes (the server's default too).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1_048_576;
@@ -15,8 +16,18 @@ pub const DEFAULT_SEED_CACHE_SECS: u64 = 60;
 pub mod names {
     /// `[vars]`: the origin's base URL (`https://sync.example.com`), no trailing path.
     pub const ORIGIN_URL: &str = "ORIGIN_URL";
-    /// Secret: the HS256 shared secret, the server's `--jwt-secret`.
+    /// Secret: the HS256 shared secret, the server's `--jwt-secret` (optional with
+    /// `JWKS_URL`).
     pub const JWT_SECRET: &str = "JWT_SECRET";
+    /// `[vars]`: the identity provider's JSON Web Key Set URL, the server's `--jwks-url`.
+    pub const JWKS_URL: &str = "JWKS_URL";
+    /// `[vars]`: the required `iss`, the server's `--jwt-issuer` (required with `JWKS_URL`).
+    pub const JWT_ISSUER: &str = "JWT_ISSUER";
+    /// `[vars]`: the audience `aud` must name, the server's `--jwt-audience`.
+    pub const JWT_AUDIENCE: &str = "JWT_AUDIENCE";
+    /// `[vars]`: comma-separated browser origins allowed to call the gateway (`*` for any),
+    /// the server's `--cors-origin`.
+    pub const CORS_ORIGINS: &str = "CORS_ORIGINS";
     /// `[vars]`: largest accepted request body in bytes (default 1048576).
     pub const MAX_BODY_BYTES: &str = "MAX_BODY_BYTES";
     /// `[vars]`: longest accepted remaining token lifetime in seconds (default 30 days; the
@@ -49,6 +60,20 @@ pub enum ConfigError {
     /// The JWT secret or lifetime cannot make a verifier.
     #[error("{0}")]
     Key(#[from] synchro_protocol::jwt::KeyError),
+    /// Neither `JWT_SECRET` nor `JWKS_URL` is set.
+    #[error("the setting JWT_SECRET or JWKS_URL (or both) is needed to verify bearer tokens")]
+    NoKey,
+    /// `JWKS_URL` is not an https:// URL (http:// only to localhost).
+    #[error("JWKS_URL must be an https:// URL (http:// only to localhost)")]
+    JwksUrl,
+    /// `JWKS_URL` is set without `JWT_ISSUER`.
+    #[error(
+        "JWKS_URL needs JWT_ISSUER: a provider's keys may sign tokens of other applications too"
+    )]
+    NoIssuer,
+    /// `CORS_ORIGINS` lists something that is not an origin.
+    #[error("CORS_ORIGINS: {0}")]
+    Cors(String),
 }
 
 /// The checked settings.
@@ -56,8 +81,12 @@ pub enum ConfigError {
 pub struct Config {
     /// The origin's base URL without a trailing slash.
     pub origin: String,
-    /// The bearer token verifier.
-    pub verifier: Hs256,
+    /// The bearer token verifier (without the key set, which is fetched: `JWKS_URL`).
+    pub verifier: Verifier,
+    /// The identity provider's key set URL.
+    pub jwks_url: Option<String>,
+    /// The browser origins allowed to call the gateway.
+    pub cors: CorsOrigins,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
     /// Whether seed files are served without a bearer token.
@@ -71,7 +100,6 @@ impl Config {
     pub fn from_env(get: impl Fn(&'static str) -> Option<String>) -> Result<Config, ConfigError> {
         let origin = get(names::ORIGIN_URL).ok_or(ConfigError::Missing(names::ORIGIN_URL))?;
         let origin = origin_base(&origin)?;
-        let secret = get(names::JWT_SECRET).ok_or(ConfigError::Missing(names::JWT_SECRET))?;
         let max_body_bytes = positive(&get, names::MAX_BODY_BYTES)?
             .map_or(Ok(DEFAULT_MAX_BODY_BYTES), usize::try_from)
             .map_err(|_| ConfigError::NotPositive(names::MAX_BODY_BYTES))?;
@@ -84,9 +112,32 @@ impl Config {
         };
         let seed_cache_secs =
             positive(&get, names::SEED_CACHE_SECS)?.unwrap_or(DEFAULT_SEED_CACHE_SECS);
+        let mut verifier = Verifier::new(lifetime)?;
+        let secret = get(names::JWT_SECRET);
+        if let Some(secret) = &secret {
+            verifier = verifier.with_secret(secret.as_bytes())?;
+        }
+        if let Some(issuer) = get(names::JWT_ISSUER) {
+            verifier = verifier.with_issuer(issuer.trim())?;
+        }
+        if let Some(audience) = get(names::JWT_AUDIENCE) {
+            verifier = verifier.with_audience(audience.trim())?;
+        }
+        let jwks_url = get(names::JWKS_URL).map(|u| u.trim().to_owned());
+        match &jwks_url {
+            None if secret.is_none() => return Err(ConfigError::NoKey),
+            Some(url) if !jwks::acceptable_url(url) => return Err(ConfigError::JwksUrl),
+            Some(_) if !verifier.checks_issuer() => return Err(ConfigError::NoIssuer),
+            _ => {}
+        }
+        let cors = get(names::CORS_ORIGINS).unwrap_or_default();
+        let cors = CorsOrigins::parse(cors.split(',').map(str::trim).filter(|o| !o.is_empty()))
+            .map_err(ConfigError::Cors)?;
         Ok(Config {
             origin,
-            verifier: Hs256::new(secret.as_bytes(), lifetime)?,
+            verifier,
+            jwks_url,
+            cors,
             max_body_bytes,
             public_seeds,
             seed_cache_secs,
@@ -174,8 +225,47 @@ mod tests {
         );
         assert_eq!(
             read(&[("ORIGIN_URL", "http://o")]).unwrap_err(),
-            ConfigError::Missing("JWT_SECRET")
+            ConfigError::NoKey
         );
+        assert_eq!(
+            read(&[
+                ("ORIGIN_URL", "http://o"),
+                ("JWKS_URL", "https://idp.example.com/jwks")
+            ])
+            .unwrap_err(),
+            ConfigError::NoIssuer
+        );
+        assert_eq!(
+            read(&[
+                ("ORIGIN_URL", "http://o"),
+                ("JWKS_URL", "http://idp.example.com/jwks"),
+                ("JWT_ISSUER", "https://idp.example.com/")
+            ])
+            .unwrap_err(),
+            ConfigError::JwksUrl
+        );
+        let c = read(&[
+            ("ORIGIN_URL", "http://o"),
+            ("JWKS_URL", "https://idp.example.com/jwks"),
+            ("JWT_ISSUER", "https://idp.example.com/"),
+            ("JWT_AUDIENCE", "sync"),
+            (
+                "CORS_ORIGINS",
+                "http://localhost:5173, https://app.example.com",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.jwks_url.as_deref(), Some("https://idp.example.com/jwks"));
+        assert!(c.cors.allows("https://app.example.com") && !c.cors.allows("https://evil.example"));
+        assert!(matches!(
+            read(&[
+                SECRET,
+                ("ORIGIN_URL", "http://o"),
+                ("CORS_ORIGINS", "localhost:5173")
+            ])
+            .unwrap_err(),
+            ConfigError::Cors(_)
+        ));
         for bad in [
             "ftp://o",
             "http://",

@@ -6,7 +6,7 @@
 //! edge cache is consulted. A refusal carries exactly the body the server would send and a
 //! bounded reason for the log.
 
-use synchro_protocol::jwt::Hs256;
+use synchro_protocol::jwt::Verifier;
 use synchro_protocol::wire::{
     gate, ConnectRequest, ErrorBody, ErrorCode, EventsRequest, PullRequest, PushRequest,
     RebuildRequest,
@@ -187,7 +187,7 @@ pub fn check(
     endpoint: Endpoint,
     body: &[u8],
     authorization: Option<&str>,
-    verifier: &Hs256,
+    verifier: &Verifier,
     now_secs: u64,
 ) -> Result<(), Refusal> {
     let req = gate::read_request(body).map_err(|body| Refusal {
@@ -224,7 +224,7 @@ pub fn check(
 /// before the edge cache is consulted, so a cached seed is never answered without it.
 pub fn check_seed(
     authorization: Option<&str>,
-    verifier: &Hs256,
+    verifier: &Verifier,
     public: bool,
     now_secs: u64,
 ) -> Result<(), Refusal> {
@@ -252,7 +252,7 @@ mod tests {
     }
 
     fn verdict(endpoint: Endpoint, body: &str, auth: Option<&str>) -> Result<(), (u16, Reason)> {
-        let v = Hs256::new(SECRET, 3600).unwrap();
+        let v = Verifier::hs256(SECRET, 3600).unwrap();
         check(endpoint, body.as_bytes(), auth, &v, NOW)
             .map_err(|r| (r.body.code.status(), r.reason))
     }
@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_seed_needs_a_valid_token_unless_public() {
-        let v = Hs256::new(SECRET, 3600).unwrap();
+        let v = Verifier::hs256(SECRET, 3600).unwrap();
         let auth = bearer();
         assert_eq!(check_seed(Some(&auth), &v, false, NOW), Ok(()));
         for bad in [None, Some("Bearer x.y.z"), Some(&auth[7..])] {

@@ -29,9 +29,9 @@
 //!
 //! ```
 //! use synchro_edge::gate::{check, Endpoint};
-//! use synchro_protocol::jwt::Hs256;
+//! use synchro_protocol::jwt::Verifier;
 //!
-//! let verifier = Hs256::new(b"a-shared-secret-of-16+-bytes", 3600).unwrap();
+//! let verifier = Verifier::hs256(b"a-shared-secret-of-16+-bytes", 3600).unwrap();
 //! let refusal = check(Endpoint::Pull, br#"{"protocol_version":2}"#, None, &verifier, 0)
 //!     .unwrap_err();
 //! assert_eq!(refusal.body.code.status(), 426);

@@ -5,9 +5,11 @@
 //! read to judge them and to log their code. Seed files go through the edge cache
 //! (`seeds.rs`).
 
+mod keys;
 mod seeds;
 
 use futures_util::StreamExt;
+use synchro_protocol::wire::cors::CorsAnswer;
 use synchro_protocol::wire::{ErrorBody, ErrorCode, Message};
 use wasm_bindgen::{JsCast, JsValue};
 use worker::{
@@ -32,14 +34,49 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
         cache: None,
         origin_ms: None,
     };
-    let response = match handle(req, &env, &request_id, &mut line).await {
-        Ok(r) => r,
-        Err(_) => {
-            line.outcome = "internal";
-            line.code = Some(ErrorCode::TemporaryUnavailable);
-            error_response(&origin::opaque(), &request_id)?
+    // Cross-origin policy first (a preflight has no route of its own); a configuration
+    // error is answered by `handle`.
+    let cors = match Config::from_env(|name| binding(&env, name)) {
+        Ok(config) => {
+            let origin = req.headers().get("origin").ok().flatten();
+            let preflight = req.method() == Method::Options
+                && req
+                    .headers()
+                    .has("access-control-request-method")
+                    .unwrap_or(false);
+            config.cors.answer(origin.as_deref(), preflight)
+        }
+        Err(_) => CorsAnswer::None,
+    };
+    let (response, add) = match cors {
+        CorsAnswer::Refused => {
+            line.outcome = "cors_refused";
+            (ResponseBuilder::new().with_status(403).empty(), Vec::new())
+        }
+        CorsAnswer::Preflight(headers) => {
+            line.outcome = "cors_preflight";
+            (ResponseBuilder::new().with_status(204).empty(), headers)
+        }
+        CorsAnswer::None | CorsAnswer::Respond(_) => {
+            let add = match cors {
+                CorsAnswer::Respond(headers) => headers,
+                _ => Vec::new(),
+            };
+            let response = match handle(req, &env, &request_id, &mut line).await {
+                Ok(r) => r,
+                Err(_) => {
+                    line.outcome = "internal";
+                    line.code = Some(ErrorCode::TemporaryUnavailable);
+                    error_response(&origin::opaque(), &request_id)?
+                }
+            };
+            (response, add)
         }
     };
+    let mut response = response;
+    for (name, value) in add {
+        response.headers_mut().append(name, &value)?;
+    }
     line.status = response.status_code();
     worker::console_log!("{line}");
     Ok(response)
@@ -81,11 +118,12 @@ async fn handle(mut req: Request, env: &Env, rid: &str, line: &mut Line) -> Resu
         return refuse(Refusal::body_too_large(), rid, line);
     };
     let authorization = req.headers().get("authorization")?;
+    let verifier = keys::verifier(&config, authorization.as_deref()).await;
     if let Err(refusal) = gate::check(
         endpoint,
         &body,
         authorization.as_deref(),
-        &config.verifier,
+        &verifier,
         now_secs(),
     ) {
         return refuse(refusal, rid, line);

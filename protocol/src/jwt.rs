@@ -1,28 +1,39 @@
-//! Bearer JWT verification, HS256 with a shared secret: the one verifier of the server and
-//! the edge gateway (they must accept and refuse the same tokens), pure (the caller passes
-//! the current time in).
+//! Bearer JWT verification: the one verifier of the server and the edge gateway (they must
+//! accept and refuse the same tokens), pure (the caller passes the current time in, and
+//! fetches a JSON Web Key Set itself: [`jwks`]).
 //!
-//! A token is accepted when all of these hold, and refused otherwise without saying why
-//! (a refusal is always 401 `unauthorized`, and nothing about the token is logged):
+//! Two kinds of keys, alone or together: an HS256 shared secret, and (feature `jwks`) the
+//! public keys of an identity provider's JWKS (RS256, ES256, EdDSA with Ed25519). A token is
+//! accepted when all of these hold, and refused otherwise with a [`Refusal`] that names the
+//! rule, never a value (a refusal is always 401 `unauthorized` on the wire):
 //!
 //! - the `Authorization` value is `Bearer ` then a compact JWS (surrounding whitespace of the
 //!   token trimmed): three base64url parts without padding;
-//! - the header is a JSON object whose `alg` is `HS256`; it has no `crit` and no `b64`
-//!   other than `true` (any other header member is ignored);
-//! - the signature is HMAC-SHA-256 of `header.payload` under the secret (compared in
-//!   constant time);
+//! - the header is a JSON object whose `alg` is `HS256` (verified only with the secret) or
+//!   `RS256`, `ES256`, `EdDSA` (verified only with a key of the set whose type fits: no
+//!   algorithm confusion); it has no `crit` and no `b64` other than `true`; a `kid` selects
+//!   the key (without one, every key of the set fitting `alg` is tried);
+//! - the signature verifies (HMAC compared in constant time);
 //! - the claims are a JSON object (strict: duplicate member names refused) with `exp` a
-//!   nonnegative integer, `sub` a string, `nbf` absent, null or a nonnegative integer, and no
-//!   `aud` (an audience this verifier cannot check); other claims are ignored;
+//!   nonnegative integer, `sub` a string, `nbf` absent, null or a nonnegative integer;
 //! - `exp >= now - LEEWAY`, `nbf <= now + LEEWAY`, and `exp <= now + max_lifetime + LEEWAY`
 //!   (a token may not live longer than the configured maximum);
+//! - `iss` equals the configured issuer, when one is configured;
+//! - `aud` is absent or null when no audience is configured (a token meant for someone
+//!   else is not taken), and names the configured audience (a string, or an array holding
+//!   it) when one is;
 //! - `sub` is a usable canonical user id ([`valid_user_id`]).
+
+use std::fmt;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
 
 use crate::json::Json;
+
+#[cfg(feature = "jwks")]
+pub mod jwks;
 
 /// Longest accepted user id (`sub`), in bytes: its default scope `user:{sub}` must fit the
 /// protocol's bound on an ID ([`crate::wire::MAX_ID_BYTES`], 256), or that user could never
@@ -44,7 +55,7 @@ pub fn valid_user_id(sub: &str) -> bool {
     !sub.trim().is_empty() && sub.len() <= MAX_USER_ID_BYTES && !sub.chars().any(char::is_control)
 }
 
-/// Why a verifier could not be made (never why a token was refused: that is not said).
+/// Why a verifier could not be made (never why a token was refused: that is a [`Refusal`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
@@ -54,80 +65,270 @@ pub enum KeyError {
     /// The maximum token lifetime is zero.
     #[error("the maximum token lifetime must be positive")]
     ZeroLifetime,
+    /// An issuer or audience setting is empty or has control characters.
+    #[error("the JWT {0} must be a nonempty string without control characters")]
+    BadClaimSetting(&'static str),
 }
 
-/// An HS256 verifier for one secret.
+/// Why one token was refused: the rule it broke, never a value from it. Operators see it in
+/// debug logs; clients only ever see 401 `unauthorized`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No `Authorization` value, or not `Bearer ` and a compact JWS with JSON parts.
+    Malformed,
+    /// The header's `alg` is not one this verifier has a key for, or it carries `crit` or
+    /// `b64: false`.
+    Algorithm,
+    /// The `kid` names no key of the set (the caller may refresh the set, then retry).
+    UnknownKey,
+    /// The signature does not verify.
+    Signature,
+    /// `exp` or `sub` is missing or of the wrong type, or `nbf` is not an integer.
+    Claims,
+    /// `exp` is in the past (beyond the leeway).
+    Expired,
+    /// `nbf` is in the future (beyond the leeway).
+    NotYetValid,
+    /// `exp` is further away than the configured maximum lifetime.
+    TooLongLived,
+    /// `iss` is not the configured issuer.
+    Issuer,
+    /// `aud` does not name the configured audience (or is present when none is configured).
+    Audience,
+    /// `sub` cannot be a canonical user id.
+    Subject,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Refusal::Malformed => "not a bearer JWT",
+            Refusal::Algorithm => "its alg is not one a configured key accepts",
+            Refusal::UnknownKey => "its kid names no key of the key set",
+            Refusal::Signature => "its signature does not verify",
+            Refusal::Claims => "exp, sub or nbf is missing or of the wrong type",
+            Refusal::Expired => "it has expired",
+            Refusal::NotYetValid => "it is not valid yet (nbf)",
+            Refusal::TooLongLived => "exp is beyond the maximum token lifetime",
+            Refusal::Issuer => "iss is not the configured issuer",
+            Refusal::Audience => {
+                "aud does not name the configured audience (or no audience is configured)"
+            }
+            Refusal::Subject => "sub cannot be a user id",
+        })
+    }
+}
+
+/// A token verifier: its keys and the claim rules.
 #[derive(Clone)]
-pub struct Hs256 {
-    mac: Hmac<sha2::Sha256>,
+pub struct Verifier {
+    mac: Option<Hmac<sha2::Sha256>>,
+    #[cfg(feature = "jwks")]
+    keys: Option<std::sync::Arc<jwks::KeySet>>,
+    issuer: Option<String>,
+    audience: Option<String>,
     max_lifetime_secs: u64,
 }
 
-impl std::fmt::Debug for Hs256 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hs256")
-            .field("max_lifetime_secs", &self.max_lifetime_secs)
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Verifier");
+        d.field("hs256", &self.mac.is_some());
+        #[cfg(feature = "jwks")]
+        d.field("keys", &self.keys.as_ref().map_or(0, |k| k.len()));
+        d.field("max_lifetime_secs", &self.max_lifetime_secs)
             .finish_non_exhaustive()
     }
 }
 
-impl Hs256 {
-    /// A verifier for `secret` accepting tokens whose `exp` is at most `max_lifetime_secs`
-    /// from now.
-    pub fn new(secret: &[u8], max_lifetime_secs: u64) -> Result<Hs256, KeyError> {
-        if secret.len() < MIN_SECRET_BYTES {
-            return Err(KeyError::SecretTooShort);
-        }
+impl Verifier {
+    /// A verifier without keys (it refuses every token until a secret or a key set is
+    /// given) accepting tokens whose `exp` is at most `max_lifetime_secs` from now.
+    pub fn new(max_lifetime_secs: u64) -> Result<Verifier, KeyError> {
         if max_lifetime_secs == 0 {
             return Err(KeyError::ZeroLifetime);
         }
-        Ok(Hs256 {
-            mac: Hmac::new_from_slice(secret).expect("HMAC takes any key length"),
+        Ok(Verifier {
+            mac: None,
+            #[cfg(feature = "jwks")]
+            keys: None,
+            issuer: None,
+            audience: None,
             max_lifetime_secs,
         })
+    }
+
+    /// An HS256 verifier for `secret` (at least [`MIN_SECRET_BYTES`]).
+    pub fn hs256(secret: &[u8], max_lifetime_secs: u64) -> Result<Verifier, KeyError> {
+        Verifier::new(max_lifetime_secs)?.with_secret(secret)
+    }
+
+    /// This verifier also accepting HS256 tokens signed with `secret`.
+    pub fn with_secret(mut self, secret: &[u8]) -> Result<Verifier, KeyError> {
+        if secret.len() < MIN_SECRET_BYTES {
+            return Err(KeyError::SecretTooShort);
+        }
+        self.mac = Some(Hmac::new_from_slice(secret).expect("HMAC takes any key length"));
+        Ok(self)
+    }
+
+    /// This verifier requiring `iss` to equal `issuer`.
+    pub fn with_issuer(mut self, issuer: &str) -> Result<Verifier, KeyError> {
+        self.issuer = Some(claim_setting(issuer, "issuer")?);
+        Ok(self)
+    }
+
+    /// This verifier requiring `aud` to name `audience`.
+    pub fn with_audience(mut self, audience: &str) -> Result<Verifier, KeyError> {
+        self.audience = Some(claim_setting(audience, "audience")?);
+        Ok(self)
+    }
+
+    /// This verifier with `keys` as its key set (replacing any earlier one).
+    #[cfg(feature = "jwks")]
+    pub fn with_keys(&self, keys: std::sync::Arc<jwks::KeySet>) -> Verifier {
+        Verifier {
+            keys: Some(keys),
+            ..self.clone()
+        }
+    }
+
+    /// Whether an issuer is required.
+    pub fn checks_issuer(&self) -> bool {
+        self.issuer.is_some()
     }
 
     /// The canonical user id of one `Authorization` header value at `now_secs` (Unix
     /// seconds), or `None` for any refusal.
     pub fn user_id(&self, authorization: Option<&str>, now_secs: u64) -> Option<String> {
-        self.verify(authorization, now_secs).map(|(sub, _)| sub)
+        self.check(authorization, now_secs).ok().map(|(sub, _)| sub)
     }
 
-    /// [`Hs256::user_id`] with the token's `exp` (Unix seconds): what a long-lived
+    /// [`Verifier::user_id`] with the token's `exp` (Unix seconds): what a long-lived
     /// response (an events stream) must not outlive.
     pub fn verify(&self, authorization: Option<&str>, now_secs: u64) -> Option<(String, u64)> {
-        let token = authorization?.strip_prefix("Bearer ")?.trim();
-        let (message, signature) = token.rsplit_once('.')?;
-        let (header, payload) = message.rsplit_once('.')?;
-        let header = part_json(header)?;
-        if header.get("alg").and_then(Json::as_str) != Some("HS256")
-            || header.get("crit").is_some()
-            || header.get("b64").is_some_and(|b| *b != Json::Bool(true))
+        self.check(authorization, now_secs).ok()
+    }
+
+    /// [`Verifier::verify`] saying why a token is refused.
+    pub fn check(
+        &self,
+        authorization: Option<&str>,
+        now_secs: u64,
+    ) -> Result<(String, u64), Refusal> {
+        let token = authorization
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .ok_or(Refusal::Malformed)?
+            .trim();
+        let (message, signature) = token.rsplit_once('.').ok_or(Refusal::Malformed)?;
+        let (header, payload) = message.rsplit_once('.').ok_or(Refusal::Malformed)?;
+        let header = part_json(header).ok_or(Refusal::Malformed)?;
+        if header.get("crit").is_some() || header.get("b64").is_some_and(|b| *b != Json::Bool(true))
         {
-            return None;
+            return Err(Refusal::Algorithm);
         }
-        let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
-        let mut mac = self.mac.clone();
-        mac.update(message.as_bytes());
-        mac.verify_slice(&signature).ok()?;
-        let claims = part_json(payload)?;
-        let exp = claims.get("exp").and_then(integer)?;
-        let sub = claims.get("sub").and_then(Json::as_str)?;
+        let signature = URL_SAFE_NO_PAD
+            .decode(signature)
+            .map_err(|_| Refusal::Malformed)?;
+        let alg = header
+            .get("alg")
+            .and_then(Json::as_str)
+            .ok_or(Refusal::Algorithm)?;
+        if alg == "HS256" {
+            let mut mac = self.mac.clone().ok_or(Refusal::Algorithm)?;
+            mac.update(message.as_bytes());
+            mac.verify_slice(&signature)
+                .map_err(|_| Refusal::Signature)?;
+        } else {
+            self.verify_with_key_set(&header, alg, message.as_bytes(), &signature)?;
+        }
+        let claims = part_json(payload).ok_or(Refusal::Malformed)?;
+        self.check_claims(&claims, now_secs)
+    }
+
+    #[cfg(feature = "jwks")]
+    fn verify_with_key_set(
+        &self,
+        header: &Json,
+        alg: &str,
+        message: &[u8],
+        signature: &[u8],
+    ) -> Result<(), Refusal> {
+        let keys = self.keys.as_ref().ok_or(Refusal::Algorithm)?;
+        let alg = jwks::Alg::parse(alg).ok_or(Refusal::Algorithm)?;
+        let kid = match header.get("kid") {
+            None | Some(Json::Null) => None,
+            Some(Json::String(kid)) => Some(kid.as_str()),
+            Some(_) => return Err(Refusal::Malformed),
+        };
+        keys.verify(alg, kid, message, signature)
+    }
+
+    #[cfg(not(feature = "jwks"))]
+    fn verify_with_key_set(
+        &self,
+        _header: &Json,
+        _alg: &str,
+        _message: &[u8],
+        _signature: &[u8],
+    ) -> Result<(), Refusal> {
+        Err(Refusal::Algorithm)
+    }
+
+    fn check_claims(&self, claims: &Json, now_secs: u64) -> Result<(String, u64), Refusal> {
+        let exp = claims.get("exp").and_then(integer).ok_or(Refusal::Claims)?;
+        let sub = claims
+            .get("sub")
+            .and_then(Json::as_str)
+            .ok_or(Refusal::Claims)?;
         let nbf = match claims.get("nbf") {
             None | Some(Json::Null) => None,
-            Some(v) => Some(integer(v)?),
+            Some(v) => Some(integer(v).ok_or(Refusal::Claims)?),
         };
-        if claims.get("aud").is_some_and(|a| *a != Json::Null) {
-            return None;
+        if exp < now_secs.saturating_sub(LEEWAY_SECS) {
+            return Err(Refusal::Expired);
         }
-        let fresh = exp >= now_secs.saturating_sub(LEEWAY_SECS)
-            && nbf.is_none_or(|nbf| nbf <= now_secs.saturating_add(LEEWAY_SECS))
-            && exp
-                <= now_secs
-                    .saturating_add(self.max_lifetime_secs)
-                    .saturating_add(LEEWAY_SECS);
-        (fresh && valid_user_id(sub)).then(|| (sub.to_owned(), exp))
+        if nbf.is_some_and(|nbf| nbf > now_secs.saturating_add(LEEWAY_SECS)) {
+            return Err(Refusal::NotYetValid);
+        }
+        if exp
+            > now_secs
+                .saturating_add(self.max_lifetime_secs)
+                .saturating_add(LEEWAY_SECS)
+        {
+            return Err(Refusal::TooLongLived);
+        }
+        if let Some(issuer) = &self.issuer {
+            if claims.get("iss").and_then(Json::as_str) != Some(issuer.as_str()) {
+                return Err(Refusal::Issuer);
+            }
+        }
+        let aud = claims.get("aud").filter(|a| **a != Json::Null);
+        let audience_ok = match (&self.audience, aud) {
+            (None, None) => true,
+            (None, Some(_)) | (Some(_), None) => false,
+            (Some(want), Some(Json::String(a))) => a == want,
+            (Some(want), Some(Json::Array(items))) => {
+                items.iter().any(|a| a.as_str() == Some(want.as_str()))
+            }
+            (Some(_), Some(_)) => false,
+        };
+        if !audience_ok {
+            return Err(Refusal::Audience);
+        }
+        if !valid_user_id(sub) {
+            return Err(Refusal::Subject);
+        }
+        Ok((sub.to_owned(), exp))
     }
+}
+
+fn claim_setting(value: &str, what: &'static str) -> Result<String, KeyError> {
+    if value.is_empty() || value.chars().any(char::is_control) {
+        return Err(KeyError::BadClaimSetting(what));
+    }
+    Ok(value.to_owned())
 }
 
 /// A base64url part decoded and parsed as a JSON object.
@@ -168,8 +369,8 @@ mod tests {
         Json::parse(text).unwrap()
     }
 
-    fn verifier() -> Hs256 {
-        Hs256::new(SECRET, DEFAULT_MAX_TOKEN_LIFETIME_SECS).unwrap()
+    fn verifier() -> Verifier {
+        Verifier::hs256(SECRET, DEFAULT_MAX_TOKEN_LIFETIME_SECS).unwrap()
     }
 
     fn check(token: &str) -> Option<String> {
@@ -360,11 +561,78 @@ mod tests {
     }
 
     #[test]
+    fn a_configured_issuer_and_audience_are_required() {
+        let exp = NOW + 60;
+        let v = verifier()
+            .with_issuer("https://idp.example.com/")
+            .unwrap()
+            .with_audience("sync")
+            .unwrap();
+        let check = |claims_text: String| {
+            v.check(
+                Some(&format!("Bearer {}", mint(SECRET, &claims(&claims_text)))),
+                NOW,
+            )
+            .map(|(sub, _)| sub)
+        };
+        let iss = r#""iss":"https://idp.example.com/""#;
+        assert_eq!(
+            check(format!(r#"{{"sub":"a","exp":{exp},{iss},"aud":"sync"}}"#)).as_deref(),
+            Ok("a")
+        );
+        assert_eq!(
+            check(format!(
+                r#"{{"sub":"a","exp":{exp},{iss},"aud":["x","sync"]}}"#
+            ))
+            .as_deref(),
+            Ok("a")
+        );
+        assert_eq!(
+            check(format!(r#"{{"sub":"a","exp":{exp},"aud":"sync"}}"#)),
+            Err(Refusal::Issuer)
+        );
+        assert_eq!(
+            check(format!(
+                r#"{{"sub":"a","exp":{exp},"iss":"https://idp.example.com","aud":"sync"}}"#
+            )),
+            Err(Refusal::Issuer)
+        );
+        assert_eq!(
+            check(format!(r#"{{"sub":"a","exp":{exp},{iss}}}"#)),
+            Err(Refusal::Audience)
+        );
+        assert_eq!(
+            check(format!(r#"{{"sub":"a","exp":{exp},{iss},"aud":"other"}}"#)),
+            Err(Refusal::Audience)
+        );
+        assert_eq!(
+            verifier().with_issuer("").unwrap_err(),
+            KeyError::BadClaimSetting("issuer")
+        );
+        assert_eq!(
+            verifier().with_audience("a\u{7}b").unwrap_err(),
+            KeyError::BadClaimSetting("audience")
+        );
+        // Without a secret or a key set every token is refused.
+        let t = format!(
+            "Bearer {}",
+            mint(SECRET, &claims(&format!(r#"{{"sub":"a","exp":{exp}}}"#)))
+        );
+        assert_eq!(
+            Verifier::new(60).unwrap().check(Some(&t), NOW),
+            Err(Refusal::Algorithm)
+        );
+    }
+
+    #[test]
     fn refuses_unusable_keys() {
         assert_eq!(
-            Hs256::new(b"short", 60).unwrap_err(),
+            Verifier::hs256(b"short", 60).unwrap_err(),
             KeyError::SecretTooShort
         );
-        assert_eq!(Hs256::new(SECRET, 0).unwrap_err(), KeyError::ZeroLifetime);
+        assert_eq!(
+            Verifier::hs256(SECRET, 0).unwrap_err(),
+            KeyError::ZeroLifetime
+        );
     }
 }

@@ -23,9 +23,10 @@ pub(super) async fn serve(
     line: &mut Line,
 ) -> Result<Response> {
     let authorization = req.headers().get("authorization")?;
+    let verifier = super::keys::verifier(config, authorization.as_deref()).await;
     if let Err(refusal) = gate::check_seed(
         authorization.as_deref(),
-        &config.verifier,
+        &verifier,
         config.public_seeds,
         now_secs(),
     ) {

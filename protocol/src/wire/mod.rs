@@ -14,6 +14,7 @@
 //! is looked at.
 
 mod connect;
+pub mod cors;
 mod error;
 mod events;
 pub mod gate;

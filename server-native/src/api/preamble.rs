@@ -31,7 +31,7 @@ pub(crate) async fn preamble<R: Message>(
     // The token is checked before the body is read, only to bound the wait: a request
     // without a valid one gets the short body bound and 401 past it. Its body, when it
     // arrives in time, is still checked first (a wrong protocol version is 426 before 401).
-    let verified = state.auth.verify(headers);
+    let verified = state.auth.verify(headers).await;
     let bytes = read_body(headers, body, &state.config, verified.is_some()).await?;
     let req = wire::gate::read_request(&bytes)?;
     let Some((user_id, expires_at)) = verified else {

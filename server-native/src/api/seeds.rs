@@ -96,7 +96,7 @@ pub(crate) async fn seed(
     let Some(dir) = state.config.seed_dir.as_deref() else {
         return Ok(not_found());
     };
-    if !state.config.public_seeds && state.auth.user_id(headers).is_none() {
+    if !state.config.public_seeds && state.auth.user_id(headers).await.is_none() {
         return Err(ApiError::unauthorized());
     }
     if !servable(name) {

@@ -203,11 +203,36 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SYNCHRO_LISTEN", default_value = "127.0.0.1:8787")]
     listen: SocketAddr,
-    /// HS256 secret for bearer JWTs (at least 16 bytes).
+    /// HS256 secret for bearer JWTs (at least 16 bytes). Optional with --jwks-url; both
+    /// may be given.
     #[arg(long, env = "SYNCHRO_JWT_SECRET", hide_env_values = true)]
-    jwt_secret: String,
+    jwt_secret: Option<String>,
+    /// The identity provider's JSON Web Key Set URL (Auth0, Clerk, Supabase, Firebase,
+    /// Cognito, Keycloak...): RS256, ES256 and EdDSA tokens are verified with its keys,
+    /// fetched at start, every 10 minutes and when a token names an unknown `kid`. https://
+    /// only (http:// to localhost). Needs --jwt-issuer.
+    #[arg(long, env = "SYNCHRO_JWKS_URL")]
+    jwks_url: Option<String>,
+    /// The `iss` every token must carry (required with --jwks-url; checked for HS256 tokens
+    /// too when given).
+    #[arg(long, env = "SYNCHRO_JWT_ISSUER")]
+    jwt_issuer: Option<String>,
+    /// The audience every token's `aud` must name. Without it, tokens carrying an `aud` are
+    /// refused (a token meant for another service is not taken).
+    #[arg(long, env = "SYNCHRO_JWT_AUDIENCE")]
+    jwt_audience: Option<String>,
+    /// Shortest interval, in seconds, between two key set fetches caused by tokens naming a
+    /// `kid` the set does not hold: a rotated-in key is accepted within it.
+    #[arg(
+        long,
+        env = "SYNCHRO_JWKS_REFETCH_SECS",
+        default_value_t = synchro_protocol::jwt::jwks::MIN_REFETCH_SECS,
+        value_parser = clap::value_parser!(u64).range(1..=86400)
+    )]
+    jwks_refetch_secs: u64,
     /// Root secret for scope cursor keys, at least 16 bytes (default: derived from the JWT
-    /// secret with a purpose label). Rotating it invalidates every cursor (scopes rebuild).
+    /// secret with a purpose label; required without --jwt-secret). Rotating it invalidates
+    /// every cursor (scopes rebuild).
     #[arg(long, env = "SYNCHRO_CURSOR_SECRET", hide_env_values = true)]
     cursor_secret: Option<String>,
     /// Longest accepted bearer-token lifetime: a token whose `exp` lies further than

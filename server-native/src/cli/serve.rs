@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 
 use super::ServeArgs;
 use crate::api::{router, AppState, Config, ConnectionPool, SharedConnection};
-use crate::auth::{mint, Authenticator};
+use crate::auth::{mint, AuthSettings, Authenticator};
 use crate::{connect_db, dev, install, pg_harness, publish};
 
 /// `serve`: the API on its listener until SIGTERM or SIGINT.
@@ -18,6 +18,10 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         database_url,
         listen,
         jwt_secret,
+        jwks_url,
+        jwt_issuer,
+        jwt_audience,
+        jwks_refetch_secs,
         max_body_bytes,
         seed_dir,
         public_seeds,
@@ -33,13 +37,24 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
     // repeat the value).
     let min = synchro_protocol::jwt::MIN_SECRET_BYTES;
     anyhow::ensure!(
-        jwt_secret.len() >= min,
+        jwt_secret.as_ref().is_none_or(|s| s.len() >= min),
         "--jwt-secret (SYNCHRO_JWT_SECRET) must be at least {min} bytes"
     );
     anyhow::ensure!(
         cursor_secret.as_ref().is_none_or(|s| s.len() >= min),
         "--cursor-secret (SYNCHRO_CURSOR_SECRET) must be at least {min} bytes"
     );
+    let cursor_root = cursor_secret.or_else(|| jwt_secret.clone()).context(
+        "--cursor-secret (SYNCHRO_CURSOR_SECRET) is required without --jwt-secret: it keys every scope cursor",
+    )?;
+    let auth = Authenticator::new(&AuthSettings {
+        secret: jwt_secret,
+        jwks_url,
+        issuer: jwt_issuer,
+        audience: jwt_audience,
+        max_lifetime_secs: max_token_lifetime_secs,
+        jwks_refetch_secs,
+    })?;
     let cors_origins =
         crate::api::cors::CorsOrigins::parse(cors_origins.iter().map(String::as_str))
             .map_err(|e| anyhow::anyhow!("--cors-origin (SYNCHRO_CORS_ORIGINS): {e}"))?;
@@ -74,11 +89,10 @@ pub(super) async fn serve_command(args: ServeArgs) -> Result<ExitCode> {
         cors_origins,
         ..Config::default()
     });
-    let cursor_root = cursor_secret.unwrap_or_else(|| jwt_secret.clone());
     serve(
         (db, snapshot_db, membership_db),
         crate::api::Notifier::listen(database_url.clone()),
-        Authenticator::hs256_with_max_lifetime(jwt_secret.as_bytes(), max_token_lifetime_secs)?,
+        auth,
         cursor_root.as_bytes(),
         config,
         bind(listen).await?,
