@@ -8,117 +8,12 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{free_port, Env, Server};
-use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
-
-const ISSUER: &str = "https://idp.example.com/";
-const AUDIENCE: &str = "https://sync.example.com";
-
-struct TestKey {
-    alg: Algorithm,
-    kid: &'static str,
-    key: EncodingKey,
-}
-
-fn key(alg: Algorithm, kid: &'static str, pem: &str) -> TestKey {
-    let key = match alg {
-        Algorithm::RS256 => EncodingKey::from_rsa_pem(pem.as_bytes()),
-        Algorithm::ES256 => EncodingKey::from_ec_pem(pem.as_bytes()),
-        _ => EncodingKey::from_ed_pem(pem.as_bytes()),
-    }
-    .unwrap();
-    TestKey { alg, kid, key }
-}
-
-fn keys() -> [TestKey; 4] {
-    [
-        key(
-            Algorithm::RS256,
-            "rsa-a",
-            include_str!("../../protocol/tests/keys/rsa-a.pem"),
-        ),
-        key(
-            Algorithm::ES256,
-            "ec",
-            include_str!("../../protocol/tests/keys/ec.pem"),
-        ),
-        key(
-            Algorithm::EdDSA,
-            "ed",
-            include_str!("../../protocol/tests/keys/ed.pem"),
-        ),
-        key(
-            Algorithm::RS256,
-            "rsa-b",
-            include_str!("../../protocol/tests/keys/rsa-b.pem"),
-        ),
-    ]
-}
-
-fn document(keys: &[&TestKey]) -> Vec<u8> {
-    let keys: Vec<_> = keys
-        .iter()
-        .map(|k| {
-            let mut jwk = Jwk::from_encoding_key(&k.key, k.alg).unwrap();
-            jwk.common.key_id = Some(k.kid.to_owned());
-            jwk
-        })
-        .collect();
-    serde_json::to_vec(&json!({ "keys": keys })).unwrap()
-}
-
-fn token(k: &TestKey, sub: &str, claims: serde_json::Value) -> String {
-    let mut header = Header::new(k.alg);
-    header.kid = Some(k.kid.to_owned());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let mut all = json!({"sub": sub, "exp": now + 600, "iss": ISSUER, "aud": AUDIENCE});
-    for (k, v) in claims.as_object().unwrap() {
-        all[k] = v.clone();
-    }
-    encode(&header, &all, &k.key).unwrap()
-}
-
-/// A provider's JWKS endpoint: serves the current document and counts the fetches.
-struct Provider {
-    document: Arc<Mutex<Vec<u8>>>,
-    fetches: Arc<AtomicUsize>,
-    url: String,
-}
-
-async fn provider(initial: Vec<u8>) -> Provider {
-    let document = Arc::new(Mutex::new(initial));
-    let fetches = Arc::new(AtomicUsize::new(0));
-    let (d, f) = (document.clone(), fetches.clone());
-    let app = axum::Router::new().route(
-        "/.well-known/jwks.json",
-        axum::routing::get(move || {
-            let (d, f) = (d.clone(), f.clone());
-            async move {
-                f.fetch_add(1, Ordering::SeqCst);
-                (
-                    [("content-type", "application/json")],
-                    d.lock().unwrap().clone(),
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Provider {
-        document,
-        fetches,
-        url: format!("http://{addr}/.well-known/jwks.json"),
-    }
-}
+use synchro_testkit::idp::{document, Provider, TestKey, AUDIENCE, ISSUER};
 
 fn start(env: &Env, flags: &[&str]) -> (Server, SocketAddr) {
     let port = free_port();
@@ -170,8 +65,13 @@ async fn connect(http: &reqwest::Client, addr: SocketAddr, token: &str) -> u16 {
 async fn an_identity_providers_tokens_are_verified_with_its_fetched_and_rotated_keys() {
     let env = Env::installed().await;
     common::docs_with_owner_and_team(&env, "").await;
-    let [rsa_a, ec, ed, rsa_b] = keys();
-    let idp = provider(document(&[&rsa_a, &ec, &ed])).await;
+    let (rsa_a, ec, ed, rsa_b) = (
+        TestKey::rsa_a(),
+        TestKey::ec(),
+        TestKey::ed(),
+        TestKey::rsa_b(),
+    );
+    let idp = Provider::start(document(&[&rsa_a, &ec, &ed])).await;
     let (_server, addr) = start(
         &env,
         &[
@@ -190,7 +90,7 @@ async fn an_identity_providers_tokens_are_verified_with_its_fetched_and_rotated_
 
     for k in [&rsa_a, &ec, &ed] {
         assert_eq!(
-            connect(&http, addr, &token(k, "alice", json!({}))).await,
+            connect(&http, addr, &k.token("alice", json!({}))).await,
             200,
             "{:?}",
             k.alg
@@ -203,12 +103,13 @@ async fn an_identity_providers_tokens_are_verified_with_its_fetched_and_rotated_
         json!({"aud": null}),
     ] {
         assert_eq!(
-            connect(&http, addr, &token(&rsa_a, "alice", claims.clone())).await,
+            connect(&http, addr, &rsa_a.token("alice", claims.clone())).await,
             401,
             "{claims}"
         );
     }
-    // An HS256 token is refused: no secret is configured (no algorithm confusion).
+    // An HS256 token is refused: no secret is configured (no algorithm confusion, even
+    // with the public key set as the secret).
     let hs = encode(
         &Header::new(Algorithm::HS256),
         &json!({"sub": "alice", "exp": 4_000_000_000u64, "iss": ISSUER, "aud": AUDIENCE}),
@@ -219,38 +120,32 @@ async fn an_identity_providers_tokens_are_verified_with_its_fetched_and_rotated_
 
     // The provider rotates: rsa-b in, rsa-a out. Let the refetch interval pass since the
     // start's fetch, then a token naming rsa-b makes the server fetch again and is accepted.
-    *idp.document.lock().unwrap() = document(&[&rsa_b, &ec]);
+    idp.serve(document(&[&rsa_b, &ec]));
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let before = idp.fetches.load(Ordering::SeqCst);
+    let before = idp.fetched();
     assert_eq!(
-        connect(&http, addr, &token(&rsa_b, "bob", json!({}))).await,
+        connect(&http, addr, &rsa_b.token("bob", json!({}))).await,
         200
     );
-    assert_eq!(idp.fetches.load(Ordering::SeqCst), before + 1);
+    assert_eq!(idp.fetched(), before + 1);
     // The retired key is refused now that the set no longer holds it.
     assert_eq!(
-        connect(&http, addr, &token(&rsa_a, "alice", json!({}))).await,
+        connect(&http, addr, &rsa_a.token("alice", json!({}))).await,
         401
     );
     // Made-up key ids: within one interval, at most one more fetch however many arrive.
-    let before = idp.fetches.load(Ordering::SeqCst);
+    let before = idp.fetched();
     for i in 0..20 {
-        let mut t = TestKey {
-            alg: Algorithm::RS256,
-            kid: "rsa-b",
-            key: rsa_b.key.clone(),
-        };
-        let kid = format!("made-up-{i}");
-        t.kid = Box::leak(kid.into_boxed_str());
+        let made_up = rsa_b.with_kid(&format!("made-up-{i}"));
         assert_eq!(
-            connect(&http, addr, &token(&t, "bob", json!({}))).await,
+            connect(&http, addr, &made_up.token("bob", json!({}))).await,
             401
         );
     }
-    assert!(idp.fetches.load(Ordering::SeqCst) <= before + 1);
-    // Still serving the keys it holds.
+    assert!(idp.fetched() <= before + 1);
+    // Still serving with the keys it holds.
     assert_eq!(
-        connect(&http, addr, &token(&ec, "carol", json!({}))).await,
+        connect(&http, addr, &ec.token("carol", json!({}))).await,
         200
     );
 }

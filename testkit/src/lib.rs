@@ -9,6 +9,7 @@
 //! | `target` | `client` | fresh database locations natively and on OPFS in Chromium |
 //! | `pg` | `server` | throwaway PostgreSQL clusters with synchro installed, the server binary, the docs fixtures |
 //! | `edge` | `server` | the edge gateway under `wrangler dev` (real workerd) in front of an origin |
+//! | `idp` | `server` | a stand-in identity provider: signing keys, tokens, a JWKS endpoint |
 
 pub mod manifests;
 
@@ -19,5 +20,7 @@ pub mod target;
 
 #[cfg(all(feature = "server", not(target_arch = "wasm32")))]
 pub mod edge;
+#[cfg(all(feature = "server", not(target_arch = "wasm32")))]
+pub mod idp;
 #[cfg(all(feature = "server", not(target_arch = "wasm32")))]
 pub mod pg;

@@ -49,6 +49,16 @@ impl Stack {
 
     /// A stack whose server and edge both accept bodies up to `max_body` bytes.
     async fn start_with_body_limit(max_body: usize) -> Stack {
+        Stack::start_configured(max_body, &[], &[]).await
+    }
+
+    /// A stack with `server_flags` for the server and `edge_vars` for the edge beyond the
+    /// body limit.
+    async fn start_configured(
+        max_body: usize,
+        server_flags: &[&str],
+        edge_vars: &[(&str, &str)],
+    ) -> Stack {
         let env = Env::installed().await;
         common::docs_with_owner_and_team(
             &env,
@@ -67,6 +77,7 @@ impl Stack {
             std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server-under-test"))
                 .args(common::serve_args(&env, port, SECRET))
                 .args(["--max-body-bytes", &max_body.to_string()])
+                .args(server_flags)
                 .env("SYNCHRO_LOG", "info")
                 .stdout(std::process::Stdio::null())
                 .stderr(std::fs::File::create(&origin_log).unwrap())
@@ -75,12 +86,10 @@ impl Stack {
         );
         let http = reqwest::Client::new();
         wait_ready(&http, &origin).await;
-        let edge = Edge::start(
-            &origin,
-            SECRET,
-            &[("MAX_BODY_BYTES", &max_body.to_string())],
-        )
-        .await;
+        let max_body = max_body.to_string();
+        let mut vars = vec![("MAX_BODY_BYTES", max_body.as_str())];
+        vars.extend_from_slice(edge_vars);
+        let edge = Edge::start(&origin, SECRET, &vars).await;
         // The edge's /ready is the origin's (503 while the origin does not answer it): on a
         // timeout, both sides' output says why (one CI run saw 60 s of 503 here).
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -561,6 +570,138 @@ async fn a_missing_wrong_or_expired_token_never_reaches_the_origin() {
         .await;
     assert_eq!(a.status, 200, "{a:?}");
     assert_eq!(s.counts().await["connect"], before["connect"] + 1);
+}
+
+#[tokio::test]
+async fn identity_provider_tokens_and_browser_origins_are_taken_at_the_edge_as_by_the_server() {
+    use synchro_testkit::idp::{document, Provider, TestKey, AUDIENCE, ISSUER};
+    let (rsa, ec, other) = (TestKey::rsa_a(), TestKey::ec(), TestKey::rsa_b());
+    let idp = Provider::start(document(&[&rsa, &ec])).await;
+    let app = "http://localhost:5173";
+    let s = Stack::start_configured(
+        MAX_BODY,
+        &[
+            "--jwks-url",
+            &idp.url,
+            "--jwt-issuer",
+            ISSUER,
+            "--jwt-audience",
+            AUDIENCE,
+            "--cors-origin",
+            app,
+        ],
+        &[
+            ("JWKS_URL", &idp.url),
+            ("JWT_ISSUER", ISSUER),
+            ("JWT_AUDIENCE", AUDIENCE),
+            ("CORS_ORIGINS", app),
+        ],
+    )
+    .await;
+    let body =
+        br#"{"protocol_version":3,"client_id":"edge-idp-1","schema":{"version":0,"hash":""}}"#;
+    // Tokens of the provider's keys pass the edge and the server.
+    for (i, k) in [&rsa, &ec].into_iter().enumerate() {
+        let before = s.counts().await;
+        let body = String::from_utf8_lossy(body).replace("idp-1", &format!("idp-ok-{i}"));
+        let a = s
+            .post(
+                &s.edge.base,
+                "/sync/connect",
+                Some(&format!(
+                    "Bearer {}",
+                    k.token("alice", serde_json::json!({}))
+                )),
+                body.as_bytes(),
+            )
+            .await;
+        assert_eq!(a.status, 200, "{:?}: {a:?}", k.alg);
+        assert_eq!(s.counts().await["connect"], before["connect"] + 1);
+    }
+    // Refused at the edge exactly as the server refuses them, without reaching it: another
+    // issuer, another audience, a key the set does not hold, and an HS256 token without the
+    // configured issuer.
+    let refused = [
+        (
+            "another issuer",
+            rsa.token("alice", serde_json::json!({"iss": "https://evil.example/"})),
+        ),
+        (
+            "another audience",
+            rsa.token("alice", serde_json::json!({"aud": "other"})),
+        ),
+        (
+            "an unknown key",
+            other.token("alice", serde_json::json!({})),
+        ),
+        (
+            "HS256 without the issuer",
+            mint(SECRET.as_bytes(), "alice", 3600),
+        ),
+    ];
+    for (what, token) in &refused {
+        refused_at_the_edge(
+            &s,
+            what,
+            "/sync/connect",
+            Some(&format!("Bearer {token}")),
+            body,
+        )
+        .await;
+    }
+
+    // Browser origins: a listed one's preflight is answered by the edge, another's refused.
+    let preflight = |origin: &str| {
+        s.http
+            .request(
+                reqwest::Method::OPTIONS,
+                format!("{}/sync/connect", s.edge.base),
+            )
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+    };
+    let ok = preflight(app).await.unwrap();
+    assert_eq!(ok.status().as_u16(), 204);
+    assert_eq!(ok.headers()["access-control-allow-origin"], app);
+    assert_eq!(
+        ok.headers()["access-control-allow-headers"],
+        "authorization, content-type"
+    );
+    let no = preflight("http://evil.example").await.unwrap();
+    assert_eq!(no.status().as_u16(), 403);
+    assert!(no.headers().get("access-control-allow-origin").is_none());
+    // Answers to the listed origin carry the headers, a refusal at the edge included.
+    for (token, status) in [
+        (rsa.token("alice", serde_json::json!({})), 200),
+        ("not-a-token".to_owned(), 401),
+    ] {
+        let r = s
+            .http
+            .post(format!("{}/sync/connect", s.edge.base))
+            .header("origin", app)
+            .header("content-type", "application/json")
+            .bearer_auth(token)
+            .body(String::from_utf8_lossy(body).replace("idp-1", "idp-cors"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        assert_eq!(r.headers()["access-control-allow-origin"], app);
+        assert_eq!(r.headers()["access-control-expose-headers"], "retry-after");
+        assert_eq!(
+            r.headers()
+                .get_all("access-control-allow-origin")
+                .iter()
+                .count(),
+            1,
+            "the origin's header is not repeated"
+        );
+    }
 }
 
 #[tokio::test]
