@@ -52,6 +52,9 @@ pub enum StorageError {
     /// The manifest names no such table.
     #[error("the active schema has no table {0}")]
     UnknownTable(String),
+    /// An insert of a key the table holds already, or an update or delete of one it does not.
+    #[error("{0}")]
+    RowState(&'static str),
     /// A local write larger than one pushed mutation may be (the server's strict limits):
     /// refused before anything is written or queued, since no push could ever carry it.
     #[error("the write is too large to push: {0}")]
@@ -83,6 +86,7 @@ impl StorageError {
             StorageError::Verification(_) => "sync_integrity_failure",
             StorageError::Seed(_) => "seed_invalid",
             StorageError::UnknownTable(_) => "unknown_table",
+            StorageError::RowState(_) => "invalid_row_state",
             StorageError::TooLarge(_) => "write_too_large",
             StorageError::Protocol(_) => "protocol_error",
         }

@@ -26,6 +26,7 @@ pub mod engine;
 pub mod error;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod http;
+pub mod natural;
 pub mod store;
 pub mod transport;
 #[cfg(target_arch = "wasm32")]

@@ -224,8 +224,6 @@ async fn a_refused_write_leaves_neither_row_nor_intent() {
                 ("f2".to_owned(), text(Some("b"))),
             ],
         ),
-        // An insert of an existing row.
-        (Operation::Insert, vec![]),
     ] {
         let e = c
             .write(&LocalWrite {
@@ -237,6 +235,16 @@ async fn a_refused_write_leaves_neither_row_nor_intent() {
             .unwrap_err();
         assert_eq!(e.code(), "invalid_value", "{operation:?} {columns:?}");
     }
+    // An insert of an existing row, a delete of a missing one: the row's state, not a value.
+    let e = c
+        .write(&LocalWrite {
+            table_id: "tbl_docs",
+            operation: Operation::Insert,
+            pk: &pk1,
+            columns: &[],
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), "invalid_row_state");
     let pk9 = key(9);
     let e = c
         .write(&LocalWrite {
@@ -246,7 +254,7 @@ async fn a_refused_write_leaves_neither_row_nor_intent() {
             columns: &[],
         })
         .unwrap_err();
-    assert_eq!(e.code(), "local_schema_error");
+    assert_eq!(e.code(), "invalid_row_state");
     assert_eq!(title(&c, 1), Some(Some("one".into())));
     assert!(c.storage().mutations().unwrap().is_empty());
 

@@ -1,5 +1,9 @@
-/** A wire value: int64 and decimal as strings (or BigInt for int64), bytes as Uint8Array. */
-export type Value = string | number | bigint | boolean | null | Uint8Array | { [k: string]: unknown } | unknown[];
+/**
+ * A written value: decimal as a string; int64 as a string, a BigInt or a safe-integer number;
+ * boolean as true/false or 1/0 (what a read gives); datetime as a Date or its ISO text; bytes
+ * as a Uint8Array.
+ */
+export type Value = string | number | bigint | boolean | null | Date | Uint8Array | { [k: string]: unknown } | unknown[];
 /** A row as `query` returns it: INTEGER a number when safe, else a BigInt; BLOB a Uint8Array. */
 export type Row = Record<string, string | number | bigint | null | Uint8Array>;
 /** A JSON value (a json field's value in a write). */
@@ -60,7 +64,11 @@ export interface StatusError {
 }
 
 export interface Status {
-  /** starting, connecting, syncing, live, offline, upgrade_required, error, stopped */
+  /**
+   * starting, connecting, syncing, live, offline (the network failed: retrying),
+   * upgrade_required, error (lastError.code: cors_refused, unauthorized, forbidden, or a local
+   * failure; the client keeps trying and leaves the phase once a round works), stopped.
+   */
   phase: "starting" | "connecting" | "syncing" | "live" | "offline" | "upgrade_required" | "error" | "stopped";
   connected: boolean;
   syncing: boolean;
@@ -94,15 +102,20 @@ export interface Mutation {
   mutationId: string;
   batchId: string;
   localOrder: number;
-  tableId: string;
+  /** The table's name. */
+  table: string;
   pk: unknown;
   operation: "insert" | "update" | "delete";
   baseVersion: string | null;
   clientVersion: number;
-  /** The written fields by field ID (the wire form); null for a delete. */
-  columns: { field_id: string; value: unknown }[] | null;
+  /** The written fields by name, in their wire form (an int64 as a string, a datetime as
+   * `YYYY-MM-DDTHH:MM:SS.ffffffZ`); null for a delete. */
+  values: { [field: string]: unknown } | null;
   authoredSchema: { version: number; hash: string };
-  /** The server's outcome once answered. */
+  /**
+   * The server's outcome once answered, with fields by name: `code` and `message` for a
+   * rejection, the server's row (`row`, for a conflict the row that won), `incompatible_fields`.
+   */
   outcome: Record<string, unknown> | null;
   state: "pending" | "applied" | "conflict" | "rejected_terminal";
 }

@@ -355,8 +355,9 @@ class SynchroClient {
       return;
     }
     if (m.event === "token") {
+      const fresh = this._token === null;
       this._getToken().then(
-        (token) => this._worker?.postMessage({ tokenReply: m.id, token }),
+        (token) => this._worker?.postMessage({ tokenReply: m.id, token, fresh }),
         (e) => this._worker?.postMessage({ tokenReply: m.id, error: String(e?.message || e) }),
       );
       return;

@@ -83,13 +83,37 @@ async function afterRound(phasePatch, seq) {
   }
 }
 
+// Whether the token of the latest request was just asked of the app (not a cached one).
+let freshToken = false;
+
+// A failure that waiting will not cure, as phase "error" with a code the app can show: a
+// 403, a 401 for a token the app just issued, or a server that answers but does not allow
+// this page's origin (told apart from being offline by asking its /ready with and without
+// CORS). The session keeps trying at its pace and leaves the phase once a round works.
+async function configurationError(e) {
+  if (e.status === 403) return { code: "forbidden", message: "the server refuses this user (403)" };
+  if (e.status === 401 && freshToken) {
+    return { code: "unauthorized", message: "the server refuses a freshly issued token (401): check the key, issuer and audience it expects" };
+  }
+  if (e.code !== "network_error") return null;
+  const ready = options.url.replace(/\/+$/, "") + "/ready";
+  const reaches = (init) => fetch(ready, { cache: "no-store", ...init }).then(() => true, () => false);
+  if ((await reaches({})) || !(await reaches({ mode: "no-cors" }))) return null;
+  return { code: "cors_refused", message: `the server answers but does not allow the origin ${self.location.origin} (its --cors-origin)` };
+}
+
 function startLive() {
   const c = client;
   client = null;
-  live = c.startLive(options.live || {}, (s) => {
+  live = c.startLive(options.live || {}, async (s) => {
     const seq = ++statusSeq;
     const patch = { phase: s.status };
-    if (s.status === "offline") patch.lastError = { ...s.error, retryInMs: s.retryInMs };
+    if (s.status === "offline") {
+      patch.lastError = { ...s.error, retryInMs: s.retryInMs };
+      const config = await configurationError(s.error);
+      if (seq !== statusSeq) return;
+      if (config) Object.assign(patch, { phase: "error", lastError: { ...config, status: s.error.status, retryable: false, retryInMs: s.retryInMs } });
+    }
     if (s.status === "live") patch.lastError = null;
     if (s.status === "live") {
       afterRound(patch, seq);
@@ -160,9 +184,11 @@ async function open(o) {
   }
 }
 
-// BigInt values go as strings (the wire form of int64 and decimal); bytes as base64url.
+// BigInt values go as strings (the wire form of int64 and decimal), a Date as its ISO text
+// (the client pads it to the datetime's six digits); bytes as base64url.
 function wire(v) {
   if (typeof v === "bigint") return v.toString();
+  if (v instanceof Date) return v.toJSON(); // ISO text (null for an invalid Date)
   if (v instanceof Uint8Array) {
     let s = "";
     for (const b of v) s += String.fromCharCode(b);
@@ -242,6 +268,7 @@ self.onmessage = async (e) => {
   if (m.tokenReply !== undefined) {
     const w = tokenWaiters.get(m.tokenReply);
     tokenWaiters.delete(m.tokenReply);
+    freshToken = Boolean(m.fresh);
     if (w) m.error ? w.reject(new Error(m.error)) : w.resolve(m.token);
     return;
   }

@@ -280,6 +280,49 @@ test("a conflict and a rejection put the server's row back, and the live query s
   assert.ok(events.some(([id, s]) => id === rejected && s === "rejected_terminal"), "onMutation heard the rejection");
   assert.ok(events.some(([id, s]) => id === stale && s === "conflict"), "onMutation heard the conflict");
   assert.deepEqual(await stack.rows(`SELECT title FROM app.tasks WHERE id IN ('t004', 't005') ORDER BY id`), [{ title: "theirs" }, { title: "seed 5" }]);
+  // Both in the app's names: the table, the written values, the server's row of the conflict.
+  assert.equal(r.table, "tasks");
+  assert.deepEqual(r.values, { title: "x".repeat(300) });
+  assert.equal(c.table, "tasks");
+  assert.deepEqual(c.values, { title: "mine, offline" });
+  assert.equal(c.outcome.row?.title, "theirs", JSON.stringify(c.outcome));
+  for (const m of [r, c]) assert.doesNotMatch(JSON.stringify(m), /fld_|tbl_|field_id|table_id/);
+});
+
+test("writes take the natural JS forms where exact: 0/1 for a boolean, a Date, a number for an int64", async () => {
+  const at = new Date("2026-12-06T10:11:12.345Z");
+  const ids = await a.evaluate(async (ms) => {
+    const c = window.client;
+    return [
+      await c.insert("tasks", "t950", { project_id: "p1", title: "natural", done: 1, position: 3, updated_at: new Date(ms) }),
+      await c.insert("notes", 907, { project_id: "p1", body: "a note" }),
+    ];
+  }, at.getTime());
+  for (const id of ids) assert.equal((await a.evaluate((id) => window.client.outcome(id), id)).state, "applied");
+  assert.deepEqual(await stack.rows(`SELECT done, position, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') AS at FROM app.tasks WHERE id = 't950'`), [
+    { done: true, position: 3, at: "2026-12-06T10:11:12.345000" },
+  ]);
+  assert.deepEqual(await stack.rows(`SELECT id::text FROM app.notes WHERE id = 907`), [{ id: "907" }]);
+  // A row read back is written back unchanged (done reads as 1, the int64 key as a number).
+  const row = await until("the row read", async () => (await a.evaluate(() => window.client.query("SELECT id, done FROM tasks WHERE id = 't950'")))[0]);
+  assert.equal(row.done, 1);
+  const again = await a.evaluate((row) => window.client.update("tasks", row.id, { done: row.done }), row);
+  assert.equal((await a.evaluate((id) => window.client.outcome(id), again)).state, "applied");
+  // Inexact or ambiguous forms are refused naming the field.
+  const refusals = await a.evaluate(async () => {
+    const c = window.client;
+    const tryIt = (f) => f().then(() => "accepted", (e) => `${e.code}: ${e.message}`);
+    return [
+      await tryIt(() => c.update("tasks", "t950", { done: 2 })),
+      await tryIt(() => c.delete("notes", 2 ** 53)),
+      await tryIt(() => c.update("tasks", "t950", { updated_at: "2026-12-06T10:11:12+01:00" })),
+      await tryIt(() => c.insert("notes", 907, { project_id: "p1" })),
+    ];
+  });
+  assert.match(refusals[0], /^invalid_value: field done: the value is not a boolean/);
+  assert.match(refusals[1], /^invalid_value: the key/);
+  assert.match(refusals[2], /^invalid_value: field updated_at: the value is not a datetime/);
+  assert.equal(refusals[3], "invalid_row_state: a row with this key exists already: update it");
 });
 
 test("clearResolved empties the queue of what is resolved, keeps a pending write, and the session goes on", async () => {
@@ -307,4 +350,29 @@ test("clearResolved empties the queue of what is resolved, keeps a pending write
   await until("no pending writes", () => a.evaluate(() => window.client.status.pendingWrites === 0));
   assert.equal(await a.evaluate(() => window.client.clearResolved()), 1);
   assert.deepEqual(await a.evaluate(() => window.client.mutations()), []);
+});
+
+test("what waiting cannot cure is phase error with a code, apart from offline: a refused token, a refused origin", async () => {
+  // A token the server refuses, just returned by the app's token function.
+  const bad = await open("?db=badtoken&token=not-a-valid-token");
+  await until("phase error: unauthorized", () => bad.evaluate(() => window.client.status.phase === "error"), 30000);
+  const e = await bad.evaluate(() => window.client.status.lastError);
+  assert.equal(e.code, "unauthorized", JSON.stringify(e));
+  assert.equal(e.retryable, false);
+  await bad.close();
+  // The server itself from another origin (the preview's page, the server's own port): it
+  // answers, but without --cors-origin it does not allow the page's origin.
+  const cross = await open(`?db=cors&url=${encodeURIComponent(stack.url)}`);
+  await until("phase error: cors_refused", () => cross.evaluate(() => window.client.status.phase === "error"), 30000);
+  const c = await cross.evaluate(() => window.client.status.lastError);
+  assert.equal(c.code, "cors_refused", JSON.stringify(c));
+  assert.match(c.message, /--cors-origin/);
+  // Truly offline stays offline (retried), not error.
+  await context.setOffline(true);
+  await until("offline", async () => {
+    await cross.evaluate(() => window.client.syncNow().catch(() => {}));
+    return cross.evaluate(() => window.client.status.phase === "offline");
+  }, 30000);
+  await context.setOffline(false);
+  await cross.close();
 });

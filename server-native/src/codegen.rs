@@ -2,10 +2,11 @@
 //! for `@synchro/client`, one row type (what `query` and `watch` read from the local SQLite
 //! database) and one insert and one update type (what `insert` and `update` accept) per
 //! table, and a `Schema` type mapping each table name to them and its key, which
-//! `createClient<Schema>` takes. Types follow what the client gives and accepts today
-//! (npm/README.md): a boolean reads as 0 or 1 (SQLite INTEGER), an int64 as a number or, beyond
-//! 2^53, a BigInt, and is written as a decimal string or a BigInt; decimal, temporal and
-//! read json values are canonical text; bytes a Uint8Array.
+//! `createClient<Schema>` takes. Types follow what the client gives and accepts
+//! (npm/README.md): a boolean reads as 0 or 1 (SQLite INTEGER) and is written as a boolean or
+//! 0/1; an int64 reads as a number or, beyond 2^53, a BigInt, and is written as a decimal
+//! string, a BigInt or a safe-integer number; a datetime is written as text or a `Date`;
+//! decimal, temporal and read json values are canonical text; bytes a Uint8Array.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -102,14 +103,13 @@ fn read_type(f: &Field) -> String {
 /// What a write accepts for a field.
 fn write_type(f: &Field) -> String {
     let t = match f.spec.ty {
-        PortableType::String
-        | PortableType::Decimal
-        | PortableType::Datetime
-        | PortableType::Date
-        | PortableType::Time => "string",
+        PortableType::String | PortableType::Decimal | PortableType::Date | PortableType::Time => {
+            "string"
+        }
+        PortableType::Datetime => "string | Date",
         PortableType::Int | PortableType::Float => "number",
-        PortableType::Int64 => "string | bigint",
-        PortableType::Boolean => "boolean",
+        PortableType::Int64 => "string | bigint | number",
+        PortableType::Boolean => "boolean | 0 | 1",
         PortableType::Json => "Json",
         PortableType::Bytes => "Uint8Array",
     };

@@ -79,6 +79,8 @@ function connection(status) {
   if (status.connected) return "connected";
   if (status.offline) return "offline";
   if (status.phase === "upgrade_required") return "stopped: upgrade required";
+  // Something the configuration must change (a refused origin or token): say what.
+  if (status.phase === "error" && status.lastError) return `error: ${status.lastError.message || status.lastError.code}`;
   return status.phase;
 }
 

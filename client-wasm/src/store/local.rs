@@ -56,7 +56,7 @@ impl Storage {
                         version + 1
                     )));
                 }
-                tx.pragma_update(None, "user_version", version + 1)?;
+                tx.execute_batch(&format!("PRAGMA user_version = {}", version + 1))?;
                 Ok(())
             })?;
             // The application's SQL may have written anything: the scope index is built

@@ -237,9 +237,13 @@ fn apply_visible(
     } = *write;
     let key_field = table.primary_key();
     match (operation, row_exists(tx, table, pk)?) {
-        (Operation::Insert, true) => return Err(invalid(&key_field.field_id)),
+        (Operation::Insert, true) => {
+            return Err(StorageError::RowState(
+                "a row with this key exists already: update it",
+            ))
+        }
         (Operation::Update | Operation::Delete, false) => {
-            return Err(StorageError::Schema("no such row".into()))
+            return Err(StorageError::RowState("no row has this key"))
         }
         _ => {}
     }

@@ -6,11 +6,12 @@ use js_sys::{Array, Object, Reflect, Uint8Array};
 use rusqlite::types::{Value, ValueRef};
 use synchro_protocol::jcs::to_output_string;
 use synchro_protocol::json::Json;
-use synchro_protocol::wire::Column;
+use synchro_protocol::manifest::Manifest;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::{ClientError, StorageError};
+use crate::natural::named;
 use crate::store::QueuedMutation;
 
 pub(super) fn js_error(code: &str, message: &str, retryable: bool) -> JsValue {
@@ -94,14 +95,34 @@ pub(super) fn js_to_json(v: &JsValue) -> Result<Json, JsValue> {
     Json::parse(&text).map_err(|_| bad())
 }
 
-/// A queued mutation as `mutations()` gives it, with its stored outcome (JSON text).
-pub(super) fn mutation_js(q: &QueuedMutation, outcome: Option<String>) -> Object {
+/// A queued mutation as `mutations()` gives it, with its stored outcome (JSON text), in the
+/// app's names (`manifest`'s): `table`, `values` by field name, the outcome's fields by name.
+pub(super) fn mutation_js(
+    q: &QueuedMutation,
+    outcome: Option<String>,
+    manifest: Option<&Manifest>,
+) -> Object {
     let m = &q.mutation;
+    let table = manifest.and_then(|mf| mf.tables.iter().find(|t| t.table_id == m.table_id));
+    let name_of = |id: &str| {
+        table.and_then(|t| {
+            t.fields
+                .iter()
+                .find(|f| f.field_id == id)
+                .map(|f| f.name.as_str())
+        })
+    };
     let o = Object::new();
     set(&o, "mutationId", m.mutation_id.clone().into());
     set(&o, "batchId", q.batch_id.clone().into());
     set(&o, "localOrder", (m.local_order as f64).into());
-    set(&o, "tableId", m.table_id.clone().into());
+    set(
+        &o,
+        "table",
+        table
+            .map_or(m.table_id.as_str(), |t| t.name.as_str())
+            .into(),
+    );
     set(&o, "pk", json_to_js(&m.pk));
     set(&o, "operation", m.operation.as_str().into());
     set(
@@ -110,7 +131,23 @@ pub(super) fn mutation_js(q: &QueuedMutation, outcome: Option<String>) -> Object
         m.base_version.clone().map_or(JsValue::NULL, JsValue::from),
     );
     set(&o, "clientVersion", (m.client_version as f64).into());
-    set(&o, "columns", json_to_js(&Column::list_to_json(&m.columns)));
+    set(
+        &o,
+        "values",
+        if m.operation.as_str() == "delete" {
+            JsValue::NULL
+        } else {
+            json_to_js(&Json::Object(
+                m.columns
+                    .iter()
+                    .map(|c| {
+                        let name = name_of(&c.field_id).unwrap_or(&c.field_id);
+                        (name.to_owned(), c.value.clone())
+                    })
+                    .collect(),
+            ))
+        },
+    );
     set(&o, "authoredSchema", {
         let a = Object::new();
         set(&a, "version", (m.authored_schema.version as f64).into());
@@ -121,8 +158,8 @@ pub(super) fn mutation_js(q: &QueuedMutation, outcome: Option<String>) -> Object
         &o,
         "outcome",
         outcome
-            .and_then(|t| js_sys::JSON::parse(&t).ok())
-            .unwrap_or(JsValue::NULL),
+            .and_then(|t| Json::parse(&t).ok())
+            .map_or(JsValue::NULL, |j| json_to_js(&named(j, &name_of))),
     );
     set(&o, "state", q.state.as_str().into());
     o

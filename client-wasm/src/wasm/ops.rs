@@ -14,6 +14,7 @@ use super::convert::{
 use super::fetch::FetchTransport;
 use crate::engine::Client;
 use crate::error::StorageError;
+use crate::natural::natural;
 use crate::store::{LocalWrite, Operation};
 
 /// Runs a read-only query; rows come back as objects keyed by column name (INTEGER as a
@@ -157,7 +158,8 @@ pub(super) fn write(
         .iter()
         .find(|t| t.name == *table)
         .ok_or_else(|| js_error("unknown_table", "no such synced table", false))?;
-    let key = TypedValue::from_wire(&t.primary_key().spec, &js_to_json(pk)?)
+    let key_spec = &t.primary_key().spec;
+    let key = TypedValue::from_wire(key_spec, &natural(key_spec.ty, js_to_json(pk)?))
         .map_err(|_| bad("the key does not match its type"))?;
     let mut values = Vec::new();
     if !columns.is_undefined() && !columns.is_null() {
@@ -170,7 +172,7 @@ pub(super) fn write(
                 .iter()
                 .find(|f| f.name == name)
                 .ok_or_else(|| bad(&format!("no such field: {name}")))?;
-            let v = TypedValue::from_wire(&f.spec, &value).map_err(|_| {
+            let v = TypedValue::from_wire(&f.spec, &natural(f.spec.ty, value)).map_err(|_| {
                 bad(&format!(
                     "field {name}: the value is not a {}",
                     f.spec.ty.as_str()
@@ -230,7 +232,7 @@ pub(super) fn mutations(client: &Client<FetchTransport>) -> Result<Array, JsValu
             .storage()
             .outcome(&q.mutation.mutation_id)
             .map_err(storage_error)?;
-        out.push(&mutation_js(&q, outcome));
+        out.push(&mutation_js(&q, outcome, client.manifest()));
     }
     Ok(out)
 }

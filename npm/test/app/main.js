@@ -5,11 +5,13 @@ import { createClient, SynchroError } from "@synchro/client";
 const q = new URLSearchParams(location.search);
 window.tokenAsks = 0;
 const client = createClient({
-  url: "/",
+  // ?url=: the server itself, from another origin than the page (CORS).
+  url: q.get("url") || "/",
   name: q.get("db") || "board",
   token: async () => {
     window.tokenAsks++;
-    return window.mintToken(q.get("user") || "alice");
+    // ?token=: exactly this token (one the server refuses).
+    return q.get("token") || window.mintToken(q.get("user") || "alice");
   },
   // No safety poll within a test: every change must arrive through the events stream.
   clientVersion: q.get("v") || undefined,
