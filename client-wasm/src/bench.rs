@@ -215,6 +215,7 @@ impl Transport for Replace {
         Ok(Response {
             status: 200,
             body: Json::parse(&text).map_err(|_| TransportError("bad response".into()))?,
+            scope_rows: None,
         })
     }
 }

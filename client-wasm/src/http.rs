@@ -45,13 +45,21 @@ impl HttpTransport {
 
 async fn json_response(r: reqwest::Response) -> Result<Response, TransportError> {
     let status = r.status().as_u16();
+    let scope_rows = r
+        .headers()
+        .get(synchro_protocol::wire::SCOPE_ROWS_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let text = r
         .text()
         .await
         .map_err(|e| TransportError(without_url(&e)))?;
     let body = Json::parse(&text)
         .map_err(|_| TransportError(format!("HTTP {status} with a body that is not JSON")))?;
-    Ok(Response { status, body })
+    Ok(Response {
+        status,
+        body,
+        scope_rows,
+    })
 }
 
 impl Transport for HttpTransport {

@@ -13,6 +13,8 @@ pub struct Response {
     pub status: u16,
     /// The parsed body.
     pub body: Json,
+    /// A rebuild page's `x-synchro-scope-rows` header: the session's row count (progress).
+    pub scope_rows: Option<u64>,
 }
 
 /// The network failed before a response arrived (always retryable). The message never

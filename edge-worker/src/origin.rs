@@ -8,7 +8,12 @@
 use synchro_protocol::wire::{ErrorBody, Message};
 
 /// Response headers copied from the origin (every other is dropped).
-pub const PASSED_HEADERS: [&str; 3] = ["content-type", "cache-control", "retry-after"];
+pub const PASSED_HEADERS: [&str; 4] = [
+    "content-type",
+    "cache-control",
+    "retry-after",
+    synchro_protocol::wire::SCOPE_ROWS_HEADER,
+];
 
 /// The correlation header: generated at the edge, sent to the origin and to the client.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";

@@ -43,6 +43,14 @@ export interface ClientOptions {
    * origin it is fetched with the bearer token. See `status.seed` for what happened.
    */
   seed?: string;
+  /**
+   * The served schema bundled with the app (`synchro-server codegen manifest --out
+   * src/synchro.manifest.json`, then `import schema from "./synchro.manifest.json"`): a new
+   * database installs it at once, so a first visit offline can write (and queries see the
+   * tables) before the first connect; connect then moves it to the server's current schema
+   * as usual. A manifest whose hash does not verify is refused (`invalid_schema`).
+   */
+  schema?: object;
   /** Live session tuning (milliseconds). */
   live?: { safetyPollMs?: number; backoffMinMs?: number; backoffMaxMs?: number; streamIdleMs?: number };
 }

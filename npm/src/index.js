@@ -65,7 +65,7 @@ function derived(s, leader) {
 
 class SynchroClient {
   constructor(options = {}) {
-    const { url, token, name = "synchro", localMigrations = [], clientVersion, live, seed } = options;
+    const { url, token, name = "synchro", localMigrations = [], clientVersion, live, seed, schema } = options;
     if (typeof url !== "string") throw fail("invalid_request", "createClient: url must be a string");
     if (typeof token !== "function") throw fail("invalid_request", "createClient: token must be a function returning a token (or a promise of one)");
     if (typeof name !== "string" || name === "") throw fail("invalid_request", "createClient: name must be a non-empty string");
@@ -83,6 +83,8 @@ class SynchroClient {
       live,
       // A portable seed for a new database, absolute like the server's URL.
       seed: seed ? new URL(seed, globalThis.location ? location.href : undefined).href : undefined,
+      // The app's bundled manifest (synchro-server codegen manifest) for a new database.
+      schema,
     };
     this._tokenFn = token;
     this._token = null;

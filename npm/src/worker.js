@@ -158,6 +158,7 @@ async function open(o) {
         clientVersion: o.clientVersion,
         opfsDirectory: o.opfsDirectory,
         seed: o.seed,
+        schema: o.schema,
       });
       break;
     } catch (e) {
@@ -168,7 +169,13 @@ async function open(o) {
   }
   if (!client) throw last;
   client.subscribe((tables) => post({ event: "changed", tables: [...tables] }));
-  client.onProgress((p) => publish({ progress: { phase: p.phase, scope: p.scope, pages: p.pages, rows: p.rows } }));
+  // A download under way is phase syncing (not connecting) with its rows and, for a rebuild,
+  // the scope's total.
+  client.onProgress((p) => {
+    const patch = { progress: { phase: p.phase, scope: p.scope, pages: p.pages, rows: p.rows, totalRows: p.totalRows } };
+    if (status.phase === "connecting" || status.phase === "starting") patch.phase = "syncing";
+    publish(patch);
+  });
   for (const m of client.mutations()) states.set(m.mutationId, m.state);
   publish({ seed: client.seedOutcome(), schema: client.schema(), pendingWrites: [...states.values()].filter((s) => s === "pending").length });
   if (client.state() === "upgrade_required") {
@@ -183,6 +190,10 @@ async function open(o) {
     startLive();
   }
 }
+
+// Before the first schema is installed the synced tables do not exist yet: a query naming one
+// reads no rows (a live query runs again once they exist) instead of failing.
+const beforeSchema = (e) => status.schema.version === 0 && /no such table/.test((e && e.message) || "");
 
 // BigInt values go as strings (the wire form of int64 and decimal), a Date as its ISO text
 // (the client pads it to the datetime's six digits); bytes as base64url.
@@ -205,10 +216,20 @@ function wire(v) {
 const methods = {
   open,
   async query(sql, params) {
-    return live ? live.query(sql, params || []) : ready().query(sql, params || []);
+    try {
+      return await (live ? live.query(sql, params || []) : ready().query(sql, params || []));
+    } catch (e) {
+      if (beforeSchema(e)) return [];
+      throw e;
+    }
   },
   async readTables(sql) {
-    return live ? live.readTables(sql) : ready().readTables(sql);
+    try {
+      return await (live ? live.readTables(sql) : ready().readTables(sql));
+    } catch (e) {
+      if (beforeSchema(e)) return null; // a live query then runs again on every change
+      throw e;
+    }
   },
   async write(table, operation, key, values, mutationId) {
     const args = [table, operation, wire(key), values == null ? null : wire(values), mutationId];

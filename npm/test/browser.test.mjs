@@ -4,6 +4,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
+import { execFileSync } from "node:child_process";
 import { TARGET, tarball, startStack, buildApp, shippedSize, preview, chromium, until } from "./harness.mjs";
 
 let stack, app, site, browser, context;
@@ -34,7 +35,11 @@ after(async () => {
 
 async function open(query = "") {
   const page = await context.newPage();
-  page.on("console", (m) => m.type() === "error" && !/no such table/.test(m.text()) && console.log("[page]", m.text()));
+  page.on("console", (m) => {
+    if (m.type() !== "error") return;
+    pageErrors.push(m.text());
+    console.log("[page]", m.text());
+  });
   page.on("response", (r) => r.status() >= 400 && console.log("[page] HTTP", r.status(), new URL(r.url()).pathname));
   page.on("pageerror", (e) => console.log("[page error]", e.message));
   await page.goto(`${site.origin}/${query}`);
@@ -45,6 +50,7 @@ async function open(query = "") {
 const tasksOf = (page) => page.evaluate(() => window.tasks && window.tasks.map((t) => t.id));
 
 let a; // the first tab
+const pageErrors = []; // every console error of every page
 
 test("the built app ships at most 600 KB gzipped of JS and wasm", () => {
   const { total, files } = shippedSize(app);
@@ -65,8 +71,17 @@ test("a fresh tab syncs the board and its live query shows it", async () => {
   assert.equal(s.leader, true);
   assert.equal(s.schema.version, 1);
   assert.ok(s.lastSyncedAt > 0);
-  const progress = await a.evaluate(() => window.statuses.filter((x) => x.progress).map((x) => x.progress.phase));
+  const progress = await a.evaluate(() => window.statuses.filter((x) => x.progress).map((x) => [x.phase, x.progress]));
   assert.ok(progress.length > 0, "progress was reported while syncing");
+  // The download shows as phase syncing with the scope's total, which its rows reach.
+  const rebuild = progress.filter(([, p]) => p.phase === "rebuild");
+  assert.ok(rebuild.length > 0 && rebuild.every(([phase]) => phase === "syncing"), JSON.stringify(progress));
+  const board = rebuild.filter(([, p]) => p.scope === "board:demo").map(([, p]) => p);
+  const last = board[board.length - 1];
+  assert.ok(last && last.totalRows >= 52 && last.rows === last.totalRows, JSON.stringify(board));
+  // The live queries ran before the schema was installed: no rows then, no error.
+  assert.deepEqual(pageErrors.filter((t) => /no such table/.test(t)), []);
+  assert.equal(await a.evaluate(() => window.p2Error), undefined);
 });
 
 test("a refused write names the app's table field, never a field ID", async () => {
@@ -375,4 +390,46 @@ test("what waiting cannot cure is phase error with a code, apart from offline: a
   }, 30000);
   await context.setOffline(false);
   await cross.close();
+});
+
+test("a first visit with the app's bundled schema can write before any connect, and the write lands once the server is reachable", async () => {
+  // The served manifest as an app bundles it: `synchro-server codegen manifest`; it is the one
+  // connect serves.
+  const schema = JSON.parse(
+    execFileSync(path.join(TARGET, "debug/synchro-server"), ["codegen", "manifest"], {
+      env: { ...process.env, DATABASE_URL: await stack.database("synchro_dev_adapter") },
+    }).toString(),
+  );
+  const token = await stack.token("alice");
+  const connect = await fetch(`${stack.url}/sync/connect`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: JSON.stringify({ protocol_version: 3, client_id: "bundled-schema-probe", schema: { version: 0, hash: "" } }),
+  }).then((r) => r.json());
+  assert.deepEqual(schema, connect.schema_definition);
+  const page = await context.newPage();
+  await page.addInitScript((m) => (window.bundledSchema = m), schema);
+  // The sync server cannot be reached (the app itself is loaded, as from a cache).
+  await page.route(/\/sync\/|\/ready$/, (route) => route.abort());
+  await page.goto(`${site.origin}/?db=bundled&bundled=1`);
+  await page.waitForFunction(() => document.getElementById("state").textContent === "ready");
+  const id = await page.evaluate(() =>
+    window.client.insert("tasks", "t960", { project_id: "p1", title: "written before any connect", done: false, position: 0, updated_at: new Date() }),
+  );
+  assert.deepEqual(await page.evaluate(() => window.client.query("SELECT id, title FROM tasks WHERE id = 't960'")), [{ id: "t960", title: "written before any connect" }]);
+  await until("offline", () => page.evaluate(() => window.client.status.phase === "offline"));
+  assert.equal(await page.evaluate(() => window.client.status.pendingWrites), 1);
+  // The server becomes reachable: the write is pushed and the board downloads.
+  await page.unroute(/\/sync\/|\/ready$/);
+  await page.evaluate(() => window.client.syncNow().catch(() => {}));
+  assert.equal((await page.evaluate((id) => window.client.outcome(id), id)).state, "applied");
+  assert.deepEqual(await stack.rows(`SELECT title FROM app.tasks WHERE id = 't960'`), [{ title: "written before any connect" }]);
+  await until("the board downloaded", async () => (await page.evaluate(() => window.tasks?.length)) > 50);
+  // A manifest that does not verify is refused at open.
+  const bad = await context.newPage();
+  await bad.addInitScript(() => (window.bundledSchema = { schema_version: 1, tables: [] }));
+  await bad.goto(`${site.origin}/?db=badschema&bundled=1`);
+  await until("phase error: invalid_schema", () => bad.evaluate(() => window.client.status.lastError?.code === "invalid_schema"));
+  await bad.close();
+  await page.close();
 });

@@ -1578,7 +1578,10 @@ async fn listed_browser_origins_may_call_the_server_and_others_may_not() {
         let h = response.headers();
         if origin == app {
             assert_eq!(h["access-control-allow-origin"], app, "{status}");
-            assert_eq!(h["access-control-expose-headers"], "retry-after");
+            assert_eq!(
+                h["access-control-expose-headers"],
+                "retry-after, x-synchro-scope-rows"
+            );
             assert_eq!(h["vary"], "origin");
         } else {
             assert!(h.get("access-control-allow-origin").is_none());

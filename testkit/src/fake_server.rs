@@ -271,6 +271,7 @@ impl Transport for Fake {
             return Ok(Response {
                 status: 400,
                 body: Json::parse(&refused.to_json_string()).unwrap(),
+                scope_rows: None,
             });
         }
         let req = Json::parse(&body).expect("the client sends JSON");
@@ -298,6 +299,7 @@ impl Transport for Fake {
                 return Ok(Response {
                     status: 422,
                     body: Json::parse(&mismatch.to_json_string()).unwrap(),
+                    scope_rows: None,
                 });
             }
             "/sync/pull" => {
@@ -312,6 +314,7 @@ impl Transport for Fake {
         Ok(Response {
             status: 200,
             body: Json::parse(&text).unwrap(),
+            scope_rows: None,
         })
     }
 }

@@ -692,7 +692,10 @@ async fn identity_provider_tokens_and_browser_origins_are_taken_at_the_edge_as_b
             .unwrap();
         assert_eq!(r.status().as_u16(), status);
         assert_eq!(r.headers()["access-control-allow-origin"], app);
-        assert_eq!(r.headers()["access-control-expose-headers"], "retry-after");
+        assert_eq!(
+            r.headers()["access-control-expose-headers"],
+            "retry-after, x-synchro-scope-rows"
+        );
         assert_eq!(
             r.headers()
                 .get_all("access-control-allow-origin")

@@ -317,6 +317,19 @@ async fn two_scopes_restart_reopen_and_tampering() {
         "progress counts every rebuilt row (the 10 red docs of alice are in both scopes)"
     );
     assert!(progress.borrow().iter().any(|p| p.phase == "pull"));
+    // Each rebuild's progress carries the scope's total from the first page on (the
+    // server's x-synchro-scope-rows), and its last report reaches it.
+    for scope in ["team:red", "user:alice"] {
+        let reports: Vec<Progress> = progress
+            .borrow()
+            .iter()
+            .filter(|p| p.phase == "rebuild" && p.scope.as_deref() == Some(scope))
+            .cloned()
+            .collect();
+        let last = reports.last().expect("the scope was rebuilt");
+        assert!(reports.iter().all(|p| p.total_rows == last.total_rows));
+        assert_eq!(last.total_rows, Some(last.rows), "{scope}: {reports:?}");
+    }
     assert_eq!(first.action, SchemaActionKind::Replace);
     assert_eq!(
         first.rebuilt,

@@ -84,6 +84,8 @@ pub struct Progress {
     pub pages: u64,
     /// Rows applied so far in this operation.
     pub rows: u64,
+    /// A rebuild's total rows, when the server said (its `x-synchro-scope-rows` header).
+    pub total_rows: Option<u64>,
 }
 
 /// What one [`Client::sync_once`] did.

@@ -19,6 +19,7 @@ impl<T: Transport> Client<T> {
             scope: None,
             pages: 0,
             rows: 0,
+            total_rows: None,
         };
         loop {
             let scopes = self.scopes()?;

@@ -48,6 +48,7 @@ impl<T: Transport> Client<T> {
             scope: Some(scope.to_owned()),
             pages: 0,
             rows: 0,
+            total_rows: None,
         };
         let mut restarts = 0;
         let (client_id, schema, limit) = (
@@ -85,6 +86,7 @@ impl<T: Transport> Client<T> {
                 return Err(e);
             }
             let first = continuation.is_none();
+            progress.total_rows = r.scope_rows.or(progress.total_rows);
             let page = RebuildResponse::from_json(&r.body)
                 .map_err(|e| StorageError::Verification(e.message))?;
             let following = match &page.end {

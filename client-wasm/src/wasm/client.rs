@@ -5,12 +5,13 @@ use js_sys::{Array, Function, Object, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
-use super::convert::{client_error, js_error, set, storage_error, strings};
+use super::convert::{client_error, js_error, js_to_json, set, storage_error, strings};
 use super::fetch::FetchTransport;
 use super::opfs::{install_opfs_in, open_opfs_from_seed, DEFAULT_OPFS_DIRECTORY};
 use super::ops::{clear_resolved, mutations, query, read_tables, schema, write};
 use crate::engine::{Client, ClientConfig, SeedOutcome};
 use crate::store::Storage;
+use synchro_protocol::manifest::Manifest;
 
 /// `options.opfsDirectory` of `SynchroClient.open` (default `.synchro`): the OPFS pool
 /// directory, one per worker that runs at once (see [`install_opfs_in`]).
@@ -49,6 +50,27 @@ fn seed_url(options: &Option<Object>) -> Result<Option<String>, JsValue> {
             false,
         )),
     }
+}
+
+/// `options.schema` of `SynchroClient.open`: a manifest bundled with the app (`synchro-server
+/// codegen manifest`), installed into a new database so a first visit offline can write.
+fn bundled_schema(options: &Option<Object>) -> Result<Option<Manifest>, JsValue> {
+    let v = options
+        .as_ref()
+        .map(|o| Reflect::get(o, &"schema".into()).unwrap_or(JsValue::UNDEFINED))
+        .unwrap_or(JsValue::UNDEFINED);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    let refused = || {
+        js_error(
+            "invalid_schema",
+            "schema is not a manifest that verifies (write it with synchro-server codegen manifest)",
+            false,
+        )
+    };
+    let json = js_to_json(&v).map_err(|_| refused())?;
+    Manifest::from_json(&json).map(Some).map_err(|_| refused())
 }
 
 /// What opening with a seed did, as `seedOutcome()` gives it: `{status: "installed",
@@ -124,7 +146,9 @@ impl SynchroClient {
     /// `localMigrations` (SQL per version, 1..N), reads the durable migration journal, and
     /// returns a client for the server at `url` whose bearer tokens come from `tokenProvider`.
     /// `options.seed` (an absolute URL) creates a new database from that portable seed
-    /// (verified before it is used; see `seedOutcome()`). `options.clientVersion` is the
+    /// (verified before it is used; see `seedOutcome()`). `options.schema` (a manifest,
+    /// `synchro-server codegen manifest`) is installed into a new database, so writes work
+    /// before the first connect. `options.clientVersion` is the
     /// runtime version presented on connect (SemVer 2.0.0;
     /// the default is this package's version); a malformed one throws
     /// `invalid_client_version` before the database is opened. `options.opfsDirectory`
@@ -139,6 +163,7 @@ impl SynchroClient {
     ) -> Result<SynchroClient, JsValue> {
         let directory = opfs_directory(&options)?;
         let seed = seed_url(&options)?;
+        let bundled = bundled_schema(&options)?;
         let config = client_config(options)?;
         install_opfs_in(&directory).await.map_err(storage_error)?;
         let transport = FetchTransport::new(&url, token_provider);
@@ -151,6 +176,13 @@ impl SynchroClient {
                 (storage, seed_outcome(&outcome))
             }
         };
+        if let Some(manifest) = bundled {
+            // A new database starts with the bundled schema (one from a seed or an earlier
+            // visit is kept; connect moves it to the server's current one as usual).
+            if storage.active_schema().map_err(storage_error)?.is_none() {
+                storage.install(&manifest).map_err(storage_error)?;
+            }
+        }
         let ladder = local_migrations.unwrap_or_default();
         let ladder: Vec<&str> = ladder.iter().map(String::as_str).collect();
         storage.migrate_local(&ladder).map_err(storage_error)?;
@@ -282,6 +314,9 @@ impl SynchroClient {
             );
             set(&o, "pages", (p.pages as f64).into());
             set(&o, "rows", (p.rows as f64).into());
+            if let Some(total) = p.total_rows {
+                set(&o, "totalRows", (total as f64).into());
+            }
             let _ = callback.call1(&JsValue::NULL, &o);
         });
     }

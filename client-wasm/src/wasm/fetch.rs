@@ -233,9 +233,19 @@ async fn text(response: &web_sys::Response) -> Result<String, FetchFailure> {
 /// The response's status and JSON body.
 async fn json_response(response: &web_sys::Response) -> Result<Response, TransportError> {
     let status = response.status();
+    let scope_rows = response
+        .headers()
+        .get(synchro_protocol::wire::SCOPE_ROWS_HEADER)
+        .ok()
+        .flatten()
+        .and_then(|v| v.parse().ok());
     let body = Json::parse(&text(response).await?)
         .map_err(|_| TransportError(format!("HTTP {status} with a body that is not JSON")))?;
-    Ok(Response { status, body })
+    Ok(Response {
+        status,
+        body,
+        scope_rows,
+    })
 }
 
 /// An open events stream: the `fetch` response body's `ReadableStream` reader. Dropping it

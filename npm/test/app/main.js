@@ -17,6 +17,8 @@ const client = createClient({
   clientVersion: q.get("v") || undefined,
   // ?seed=/seeds/<name>: a new database starts from that portable seed.
   seed: q.get("seed") || undefined,
+  // ?bundled=1: the manifest the test put in window.bundledSchema, as an app bundles it.
+  schema: q.get("bundled") ? window.bundledSchema : undefined,
   live: { backoffMinMs: 200, backoffMaxMs: 1000, safetyPollMs: 600000 },
 });
 window.client = client;

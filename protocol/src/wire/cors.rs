@@ -5,7 +5,7 @@
 //! the methods and request headers the client uses; one from any other origin 403, without
 //! CORS headers. Every response to a listed origin, errors included (so the app can read a
 //! 401 or a 503 rather than see a network failure), carries `Access-Control-Allow-Origin`
-//! and exposes `Retry-After`. Bearer tokens are not cookies: no credentials mode is involved,
+//! and exposes `Retry-After` and the rebuild's `x-synchro-scope-rows`. Bearer tokens are not cookies: no credentials mode is involved,
 //! so `*` (any origin) is allowed too.
 
 /// The origins allowed to call the API from a browser.
@@ -96,7 +96,10 @@ impl CorsOrigins {
             }
             (false, false) => CorsAnswer::Respond(Vec::new()),
             (false, true) => {
-                headers.push(("access-control-expose-headers", "retry-after".to_owned()));
+                headers.push((
+                    "access-control-expose-headers",
+                    format!("retry-after, {}", super::SCOPE_ROWS_HEADER),
+                ));
                 CorsAnswer::Respond(headers)
             }
         }
@@ -153,6 +156,9 @@ mod tests {
         let CorsAnswer::Respond(h) = cors.answer(Some(app), false) else {
             panic!("a listed origin's request is answered with headers")
         };
-        assert!(h.contains(&("access-control-expose-headers", "retry-after".to_owned())));
+        assert!(h.contains(&(
+            "access-control-expose-headers",
+            "retry-after, x-synchro-scope-rows".to_owned()
+        )));
     }
 }

@@ -15,6 +15,11 @@
 
 mod connect;
 pub mod cors;
+
+/// A response header of `POST /sync/rebuild` (every page): the rebuild session's row count,
+/// the scope's cardinality at its snapshot, so a client can show its progress against a
+/// total. An HTTP header beside the exact body members of spec 000, which it does not change.
+pub const SCOPE_ROWS_HEADER: &str = "x-synchro-scope-rows";
 mod error;
 mod events;
 pub mod gate;

@@ -144,12 +144,24 @@ async fn push(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body
     .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// The rebuild session's row count on every rebuild page: what a client's progress shows as
+/// its total (not a protocol member: the bodies stay exactly spec 000's).
+pub use synchro_protocol::wire::SCOPE_ROWS_HEADER;
+
 async fn rebuild(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     async {
         let r = preamble::preamble(&state, &headers, body).await?;
-        let text = rebuild::rebuild(&state, &r.user_id, r.request).await?;
+        let (text, rows) = rebuild::rebuild(&state, &r.user_id, r.request).await?;
         Ok::<_, ApiError>(
-            (StatusCode::OK, [("content-type", "application/json")], text).into_response(),
+            (
+                StatusCode::OK,
+                [
+                    ("content-type", "application/json".to_owned()),
+                    (SCOPE_ROWS_HEADER, rows.to_string()),
+                ],
+                text,
+            )
+                .into_response(),
         )
     }
     .await

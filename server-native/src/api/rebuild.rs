@@ -42,7 +42,9 @@ fn restart(scope: &str) -> ApiError {
     ApiError::rebuild_restart(scope)
 }
 
-/// Handles one rebuild request for an authenticated user; returns the 200 body's text.
+/// Handles one rebuild request for an authenticated user; returns the 200 body's text and
+/// the session's row count (the scope's cardinality at its snapshot, which the
+/// `x-synchro-scope-rows` header tells the client for its progress).
 ///
 /// The phases: the gates, the scope's stream bindings, the session (a new one, or the one a
 /// continuation names), its page checked against the session's bindings, then the page's
@@ -51,7 +53,7 @@ pub(crate) async fn rebuild(
     state: &AppState,
     user_id: &str,
     req: RebuildRequest,
-) -> Result<String, ApiError> {
+) -> Result<(String, u64), ApiError> {
     // The current assignment is read alongside the gates (both only read): access ends
     // when the assignment does, not at the client's next connect.
     let (gated, assigned) = super::gates_and_assignment(
@@ -131,12 +133,13 @@ pub(crate) async fn rebuild(
         .await?
     };
     tracing::info!(status = 200, has_more, "rebuild");
-    Ok(RenderedRebuildPage {
+    let text = RenderedRebuildPage {
         scope_id: &req.scope_id,
         records: &records,
         end: &end,
     }
-    .to_output_string())
+    .to_output_string();
+    Ok((text, page.row_count.max(0) as u64))
 }
 
 /// The stream state bound to this scope: its own membership and retention generations bind

@@ -117,7 +117,8 @@ enum Command {
     /// schema's tables for @synchro/client (`createClient<Schema>`), from the database
     /// (an adapter or operator login).
     Codegen {
-        /// The language: typescript.
+        /// What to write: typescript (the tables' types) or manifest (the served schema as
+        /// JSON).
         #[arg(value_enum)]
         language: CodegenLanguage,
         /// Connection string of an adapter or operator login.
@@ -192,6 +193,9 @@ impl Command {
 enum CodegenLanguage {
     /// A `.d.ts` for @synchro/client.
     Typescript,
+    /// The served manifest as JSON, for @synchro/client's `schema` option (a first visit
+    /// offline can write).
+    Manifest,
 }
 
 /// The options of `serve` (each also an environment variable).
@@ -823,10 +827,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             every,
         } => operator::compact(&database_url, batch_size, every).await,
         Command::Codegen {
-            language: CodegenLanguage::Typescript,
+            language,
             database_url,
             out,
-        } => operator::codegen_typescript(&database_url, out.as_deref()).await,
+        } => {
+            let manifest = matches!(language, CodegenLanguage::Manifest);
+            operator::codegen(&database_url, manifest, out.as_deref()).await
+        }
         Command::Seed { command } => operator::seed_command(command).await,
         Command::Dev {
             database_url,

@@ -119,8 +119,9 @@ pub(super) async fn compact(
 
 /// `codegen typescript`: the served manifest's tables as TypeScript types, to `out` or
 /// standard output.
-pub(super) async fn codegen_typescript(
+pub(super) async fn codegen(
     database_url: &str,
+    manifest_json: bool,
     out: Option<&std::path::Path>,
 ) -> Result<ExitCode> {
     let db = connect_db(database_url).await?;
@@ -128,7 +129,13 @@ pub(super) async fn codegen_typescript(
     let manifest = lineage
         .current()
         .context("no manifest is served yet: publish one first (synchro-server publish)")?;
-    let text = crate::codegen::typescript(manifest);
+    let text = if manifest_json {
+        // The manifest exactly as connect serves it (`schema_definition`): the client checks
+        // its hash before installing it.
+        synchro_protocol::jcs::to_output_string(&manifest.definition_json()) + "\n"
+    } else {
+        crate::codegen::typescript(manifest)
+    };
     match out {
         Some(path) => {
             std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
