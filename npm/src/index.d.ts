@@ -51,6 +51,14 @@ export interface ClientOptions {
    * as usual. A manifest whose hash does not verify is refused (`invalid_schema`).
    */
   schema?: object;
+  /**
+   * What happens to an offline update the server's row moved past: "keep" (the default: the
+   * server's row stands and the write is a `conflict`), or "rebase_disjoint": when the fields
+   * the write changed are ones the server did not change since the row it was made on, the
+   * write is queued again on the server's current row (a new mutation, which the server still
+   * decides; the conflict's outcome names it as `rebased_as`).
+   */
+  conflicts?: "keep" | "rebase_disjoint";
   /** Live session tuning (milliseconds). */
   live?: { safetyPollMs?: number; backoffMinMs?: number; backoffMaxMs?: number; streamIdleMs?: number };
 }

@@ -65,7 +65,7 @@ function derived(s, leader) {
 
 class SynchroClient {
   constructor(options = {}) {
-    const { url, token, name = "synchro", localMigrations = [], clientVersion, live, seed, schema } = options;
+    const { url, token, name = "synchro", localMigrations = [], clientVersion, live, seed, schema, conflicts } = options;
     if (typeof url !== "string") throw fail("invalid_request", "createClient: url must be a string");
     if (typeof token !== "function") throw fail("invalid_request", "createClient: token must be a function returning a token (or a promise of one)");
     if (typeof name !== "string" || name === "") throw fail("invalid_request", "createClient: name must be a non-empty string");
@@ -85,6 +85,7 @@ class SynchroClient {
       seed: seed ? new URL(seed, globalThis.location ? location.href : undefined).href : undefined,
       // The app's bundled manifest (synchro-server codegen manifest) for a new database.
       schema,
+      conflicts,
     };
     this._tokenFn = token;
     this._token = null;

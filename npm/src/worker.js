@@ -159,6 +159,7 @@ async function open(o) {
         opfsDirectory: o.opfsDirectory,
         seed: o.seed,
         schema: o.schema,
+        conflicts: o.conflicts,
       });
       break;
     } catch (e) {

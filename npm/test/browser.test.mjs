@@ -433,3 +433,49 @@ test("a first visit with the app's bundled schema can write before any connect, 
   await bad.close();
   await page.close();
 });
+
+test("with conflicts: rebase_disjoint, an offline update the other user's change did not touch is written again on it; one they did touch stays a conflict", async () => {
+  const alice = await open("?db=rebase&conflicts=rebase_disjoint&user=alice");
+  const bob = await open("?db=bobs&user=bob");
+  for (const p of [alice, bob]) await until("synced", () => p.evaluate(() => window.client.status.connected && window.tasks?.length >= 50));
+  // Alice goes offline and edits two titles.
+  await alice.route(/\/sync\/|\/ready$/, (route) => route.abort());
+  await alice.evaluate(() => window.client.syncNow().catch(() => {}));
+  await until("alice offline", () => alice.evaluate(() => window.client.status.phase === "offline"));
+  const [disjoint, overlapping] = await alice.evaluate(async () => [
+    await window.client.update("tasks", "t020", { title: "alice, offline" }),
+    await window.client.update("tasks", "t021", { title: "alice, offline too" }),
+  ]);
+  // Meanwhile Bob marks t020 done (another field) and retitles t021 (the same field).
+  const bobs = await bob.evaluate(async () => [
+    await window.client.update("tasks", "t020", { done: true }),
+    await window.client.update("tasks", "t021", { title: "bob's title" }),
+  ]);
+  for (const id of bobs) assert.equal((await bob.evaluate((id) => window.client.outcome(id), id)).state, "applied");
+  // Alice comes back.
+  await alice.unroute(/\/sync\/|\/ready$/);
+  await alice.evaluate(() => window.client.syncNow().catch(() => {}));
+  const first = await alice.evaluate((id) => window.client.outcome(id), disjoint);
+  assert.equal(first.state, "conflict");
+  assert.ok(first.outcome.rebased_as, JSON.stringify(first.outcome));
+  const rebased = await alice.evaluate((id) => window.client.outcome(id), first.outcome.rebased_as);
+  assert.equal(rebased.state, "applied");
+  assert.deepEqual(rebased.values, { title: "alice, offline" });
+  const second = await alice.evaluate((id) => window.client.outcome(id), overlapping);
+  assert.equal(second.state, "conflict");
+  assert.equal(second.outcome.rebased_as, undefined);
+  // The server holds both users' changes where they did not overlap, Bob's where they did.
+  assert.deepEqual(await stack.rows(`SELECT id, title, done FROM app.tasks WHERE id IN ('t020', 't021') ORDER BY id`), [
+    { id: "t020", title: "alice, offline", done: true },
+    { id: "t021", title: "bob's title", done: false },
+  ]);
+  // And both tabs show it.
+  for (const p of [alice, bob]) {
+    await until("the merged rows shown", async () => {
+      const rows = await p.evaluate(() => window.client.query("SELECT id, title, done FROM tasks WHERE id IN ('t020', 't021') ORDER BY id"));
+      return JSON.stringify(rows) === JSON.stringify([{ id: "t020", title: "alice, offline", done: 1 }, { id: "t021", title: "bob's title", done: 0 }]);
+    });
+  }
+  await alice.close();
+  await bob.close();
+});

@@ -24,6 +24,7 @@ pub const DEFAULT_CLIENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 #[non_exhaustive]
 pub struct ClientConfig {
     client_version: Option<String>,
+    rebase_conflicts: bool,
 }
 
 impl ClientConfig {
@@ -38,6 +39,20 @@ impl ClientConfig {
     pub fn with_client_version(mut self, version: impl Into<String>) -> ClientConfig {
         self.client_version = Some(version.into());
         self
+    }
+
+    /// The opt-in conflict policy: an update that conflicts is written again on the
+    /// server's current row when the fields it wrote are ones the server did not change
+    /// since the row it was made on (a new mutation, so the server still decides); otherwise,
+    /// and by default, the server's row stands and the write is a conflict.
+    pub fn with_conflict_rebase(mut self, rebase: bool) -> ClientConfig {
+        self.rebase_conflicts = rebase;
+        self
+    }
+
+    /// Whether conflicts of disjoint updates are rebased ([`ClientConfig::with_conflict_rebase`]).
+    pub fn rebases_conflicts(&self) -> bool {
+        self.rebase_conflicts
     }
 
     /// The version the client presents (checked or not).

@@ -226,6 +226,8 @@ pub struct Client<T: Transport> {
     machine: StateMachine,
     client_id: String,
     client_version: String,
+    /// The opt-in conflict policy ([`ClientConfig::with_conflict_rebase`]).
+    rebase_conflicts: bool,
     manifest: Option<Manifest>,
     page_limit: u32,
     failpoint: Failpoint,
@@ -271,6 +273,7 @@ impl<T: Transport> Client<T> {
     ) -> Result<Client<T>, ClientError> {
         config.validate()?;
         let client_version = config.client_version().to_owned();
+        let rebase_conflicts = config.rebases_conflicts();
         let identity = storage.open_client(|| hex(&random()))?;
         let manifest = storage.active_schema()?;
         let runtime_refused = identity
@@ -288,6 +291,7 @@ impl<T: Transport> Client<T> {
             machine: StateMachine::new(state),
             client_id: identity.client_id,
             client_version,
+            rebase_conflicts,
             manifest,
             page_limit: DEFAULT_PAGE_LIMIT,
             failpoint: Failpoint::None,

@@ -66,8 +66,13 @@ impl<T: Transport> Client<T> {
                 let r = self.post("/sync/push", &request_body).await?;
                 if r.status == 200 {
                     self.fail(Failpoint::BeforeOutcomes)?;
+                    let (clock, random) = (&mut self.clock, &mut self.random);
+                    let mut new_id = || super::uuid_v7(clock(), random());
+                    let rebase = self
+                        .rebase_conflicts
+                        .then_some(&mut new_id as &mut dyn FnMut() -> String);
                     self.storage
-                        .record_outcomes(&manifest, &batch_id, &r.body)?;
+                        .record_outcomes(&manifest, &batch_id, &r.body, rebase)?;
                     // A conflict or a rejection put the server's row back: the tables the
                     // batch wrote changed for the application's queries.
                     let tables = match request.get("mutations") {

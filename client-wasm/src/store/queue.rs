@@ -354,6 +354,47 @@ fn append_intent(
     Ok(())
 }
 
+/// Queues `m`'s columns again as a new update of its row on the server's `version`, applied
+/// to the visible row (now the server's); the new mutation's ID, or `None` when the active
+/// schema cannot hold the columns any more (the conflict then stands as it is).
+fn rebase_one(
+    tx: &Connection,
+    manifest: &Manifest,
+    m: &wire::Mutation,
+    pk_text: &str,
+    version: &str,
+    new_id: &mut dyn FnMut() -> String,
+) -> Result<Option<String>, StorageError> {
+    let Some(table) = manifest.table(&m.table_id) else {
+        return Ok(None);
+    };
+    let typed = |spec, v| TypedValue::from_wire(spec, v).ok();
+    let Some(pk) = typed(&table.primary_key().spec, &m.pk) else {
+        return Ok(None);
+    };
+    let mut columns = Vec::new();
+    for c in &m.columns {
+        match table.field(&c.field_id).filter(|f| f.writable) {
+            Some(f) => match typed(&f.spec, &c.value) {
+                Some(v) => columns.push((c.field_id.clone(), v)),
+                None => return Ok(None),
+            },
+            None => return Ok(None),
+        }
+    }
+    let write = LocalWrite {
+        table_id: &m.table_id,
+        operation: wire::Operation::Update,
+        pk: &pk,
+        columns: &columns,
+    };
+    let mut intent = build_intent(tx, manifest, &write, pk_text, new_id(), m.columns.clone())?;
+    intent.base_version = Some(version.to_owned());
+    apply_visible(tx, table, &write, pk_text, true)?;
+    append_intent(tx, &intent, pk_text, new_id())?;
+    Ok(Some(intent.mutation_id))
+}
+
 impl Storage {
     /// Writes locally and queues the intent, in one transaction. `columns` are
     /// `(field_id, value)` in the application's order (the key field excluded: it is `pk`);
@@ -534,11 +575,19 @@ impl Storage {
     /// applied row refreshed, and every row whose intent is now resolved returned to the
     /// server's state when its last outcome was not applied. Row-bearing outcomes are
     /// verified first; a response that does not match its batch changes nothing.
+    ///
+    /// With `rebase` (the opt-in conflict policy: a source of new mutation IDs), an update
+    /// that conflicted is written again in the same transaction, as a new mutation whose base
+    /// is the server's current version, when the fields it wrote are ones the server did not
+    /// change since the row it was made on (and the row has no other pending intent): the
+    /// visible row becomes the server's with those fields, and the server still decides. The
+    /// conflict's stored outcome then names it (`rebased_as`).
     pub(crate) fn record_outcomes(
         &mut self,
         manifest: &Manifest,
         batch_id: &str,
         response: &Json,
+        mut rebase: Option<&mut dyn FnMut() -> String>,
     ) -> Result<usize, StorageError> {
         let integrity = StorageError::Verification;
         // The one parser of the wire: every outcome's shape and checksum object.
@@ -553,6 +602,8 @@ impl Storage {
                 return Err(integrity("the outcomes do not match the batch"));
             }
             let mut touched: Vec<(&str, String, OutcomeStatus)> = Vec::new();
+            // Conflicts a rebase may take up: (the mutation, its outcome, the server's version).
+            let mut rebases: Vec<(&QueuedMutation, &Outcome, &str)> = Vec::new();
             for (queued, o) in batch.iter().zip(outcomes) {
                 let m = &queued.mutation;
                 let pk_text = queued.pk_text();
@@ -597,6 +648,22 @@ impl Storage {
                     )?;
                 }
                 if status == OutcomeStatus::Conflict {
+                    if let (true, Some(Some(base)), Some((version, current, _))) = (
+                        rebase.is_some() && m.operation == wire::Operation::Update,
+                        shadow(tx, &m.table_id, &pk_text)?,
+                        o.row(),
+                    ) {
+                        // The row the write was made on against the server's: the fields
+                        // the server changed since.
+                        let base = Json::parse(&base).ok();
+                        let untouched = |c: &Column| {
+                            base.as_ref()
+                                .is_some_and(|b| b.get(&c.field_id) == current.get(&c.field_id))
+                        };
+                        if m.columns.iter().all(untouched) {
+                            rebases.push((queued, o, version));
+                        }
+                    }
                     // The conflict names the server's current row (or none): that is the
                     // state to return to.
                     set_shadow(tx, &m.table_id, &pk_text, server_row.as_deref())?;
@@ -623,6 +690,29 @@ impl Storage {
                     restore_visible(tx, table, &key, shadow.as_deref())?;
                 }
                 drop_shadow(tx, table_id, pk)?;
+            }
+            if let Some(new_id) = rebase.as_mut() {
+                let pending = pending_keys(tx)?;
+                for (queued, o, version) in rebases {
+                    let m = &queued.mutation;
+                    let pk_text = queued.pk_text();
+                    if pending.contains(&(m.table_id.clone(), pk_text.clone())) {
+                        continue;
+                    }
+                    let Some(id) = rebase_one(tx, manifest, m, &pk_text, version, &mut **new_id)?
+                    else {
+                        continue;
+                    };
+                    let mut outcome = o.to_json();
+                    if let Json::Object(members) = &mut outcome {
+                        members.push(("rebased_as".into(), Json::String(id)));
+                    }
+                    run(
+                        tx,
+                        r#"UPDATE "_synchro_outcomes" SET "outcome" = ? WHERE "mutation_id" = ?"#,
+                        params![to_output_string(&outcome), m.mutation_id],
+                    )?;
+                }
             }
             Ok(outcomes.len())
         })

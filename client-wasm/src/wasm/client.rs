@@ -102,8 +102,8 @@ fn seed_outcome(outcome: &SeedOutcome) -> JsValue {
     o.into()
 }
 
-/// The `options` of `SynchroClient.open`: `{ clientVersion?: string }`, checked before
-/// anything is opened.
+/// The `options` of `SynchroClient.open`: `{ clientVersion?: string, conflicts?: "keep" |
+/// "rebase_disjoint" }`, checked before anything is opened.
 fn client_config(options: Option<Object>) -> Result<ClientConfig, JsValue> {
     let mut config = ClientConfig::new();
     if let Some(options) = options {
@@ -117,6 +117,20 @@ fn client_config(options: Option<Object>) -> Result<ClientConfig, JsValue> {
                 )
             })?;
             config = config.with_client_version(v);
+        }
+        // `conflicts`: "keep" (the default: the server's row stands) or "rebase_disjoint".
+        let v = Reflect::get(&options, &"conflicts".into()).unwrap_or(JsValue::UNDEFINED);
+        match v.as_string().as_deref() {
+            _ if v.is_undefined() || v.is_null() => {}
+            Some("keep") => {}
+            Some("rebase_disjoint") => config = config.with_conflict_rebase(true),
+            _ => {
+                return Err(js_error(
+                    "invalid_request",
+                    "conflicts must be \"keep\" or \"rebase_disjoint\"",
+                    false,
+                ))
+            }
         }
     }
     config.validate().map_err(client_error)?;

@@ -19,6 +19,8 @@ const client = createClient({
   seed: q.get("seed") || undefined,
   // ?bundled=1: the manifest the test put in window.bundledSchema, as an app bundles it.
   schema: q.get("bundled") ? window.bundledSchema : undefined,
+  // ?conflicts=rebase_disjoint: the opt-in conflict policy.
+  conflicts: q.get("conflicts") || undefined,
   live: { backoffMinMs: 200, backoffMaxMs: 1000, safetyPollMs: 600000 },
 });
 window.client = client;
