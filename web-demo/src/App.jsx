@@ -95,7 +95,7 @@ function StatusBar({ status }) {
         {connection(status)}
       </span>
       <span>
-        sync <b data-testid="status-progress">{p ? `${p.phase}: ${p.rows} rows` : "idle"}</b>
+        sync <b data-testid="status-progress">{p ? `${p.phase}: ${p.rows}${p.totalRows != null ? ` of ${p.totalRows}` : ""} rows` : "idle"}</b>
       </span>
       <span>
         last synced <b data-testid="status-last-synced">{showTime(status.lastSyncedAt)}</b>

@@ -15,6 +15,9 @@ if (!USERS.includes(user)) {
     url: "/",
     // One database per user, so alice and bob can share one browser profile.
     name: `board-${user}`,
+    // An offline edit of fields the other user did not touch is written again on their
+    // change instead of lost to it (the same field edited by both stays a conflict).
+    conflicts: "rebase_disjoint",
     // The stand-in auth backend (vite.config.js). The client keeps the token and asks for a
     // new one after the server answered 401 (an expired token).
     token: async () => {
