@@ -31,7 +31,8 @@ CREATE TABLE synchro.capture_state (
     -- A bounded reason code when capture is blocked; never row data.
     blocked_reason text CHECK (blocked_reason IN
         ('registered_relation_drift', 'unrepresentable_value', 'decode_error', 'truncate_unsupported',
-         'scope_evaluation_failed', 'membership_evaluation_failed', 'membership_bound_exceeded', 'missing_fence')),
+         'scope_evaluation_failed', 'membership_evaluation_failed', 'membership_bound_exceeded', 'missing_fence',
+         'slot_missing', 'slot_invalidated', 'lineage_changed')),
     blocked_at timestamptz,
     -- Where the block was found: the relation (when one is to blame), a bounded detail code,
     -- the commit LSN of the source transaction (or the WAL position when the catalog showed
@@ -46,7 +47,16 @@ CREATE TABLE synchro.capture_state (
     blocked_ordinal integer,
     -- The SQLSTATE of the database error behind the block (a failed membership or impact
     -- function), when there was one: the operator's pointer into the PostgreSQL log.
-    blocked_sqlstate text CHECK (blocked_sqlstate ~ '^[0-9A-Z]{5}$')
+    blocked_sqlstate text CHECK (blocked_sqlstate ~ '^[0-9A-Z]{5}$'),
+    -- The lineage of the stream materialized here (issue 38, capture/lineage.rs): the database
+    -- system identifier ('unknown' where pg_control_system() cannot be read), the timeline
+    -- and where the slot began, recorded when the worker created the slot. NULL until then,
+    -- and after the operator accepted a lineage block (synchro_capture_unblock): the worker
+    -- creates a slot only then.
+    lineage_system_identifier text,
+    lineage_timeline integer,
+    lineage_slot_began_lsn pg_lsn,
+    lineage_recorded_at timestamptz
 );
 REVOKE ALL ON synchro.capture_state FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.capture_state TO synchro_worker;

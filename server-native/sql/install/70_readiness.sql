@@ -133,7 +133,16 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                           ELSE 'failed' END
                                 FROM synchro.capture_state c CROSS JOIN limits l
                                 LEFT JOIN synchro.capture_progress p ON true),
-        'capture_slot', CASE WHEN EXISTS (SELECT 1 FROM slot) THEN 'ok' ELSE 'failed' END,
+        'capture_slot', CASE WHEN EXISTS (SELECT 1 FROM slot WHERE wal_status IS DISTINCT FROM 'lost')
+                             THEN 'ok' ELSE 'failed' END,
+        -- The slot is the one whose stream was materialized (issue 38): not dropped, not
+        -- invalidated, not made anew, on the same database system. Unknown until the worker
+        -- first recorded it.
+        'capture_lineage', (SELECT CASE WHEN blocked_reason IN ('slot_missing', 'slot_invalidated', 'lineage_changed')
+                                        THEN 'failed'
+                                        WHEN lineage_recorded_at IS NULL THEN 'unknown'
+                                        ELSE 'ok' END
+                              FROM synchro.capture_state),
         -- The oldest commit not yet materialized is younger than the later of the last
         -- applied commit and the moment the worker last found everything before it applied
         -- (an upper bound on its age; unknown until the worker has recorded either).
@@ -326,6 +335,16 @@ BEGIN
     UPDATE synchro.capture_state
        SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
            blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL;
+    IF v_state.blocked_reason IN ('slot_missing', 'slot_invalidated', 'lineage_changed') THEN
+        -- Accepting a broken lineage: the worker's next start records a new one (creating a
+        -- slot, dropping an invalidated one). Changes written while no usable slot existed
+        -- are not captured: docs/operator.md "When the capture slot is lost".
+        UPDATE synchro.capture_state
+           SET lineage_system_identifier = NULL, lineage_timeline = NULL,
+               lineage_slot_began_lsn = NULL, lineage_recorded_at = NULL;
+        RETURN jsonb_build_object('reason', v_state.blocked_reason, 'since', v_state.blocked_at,
+                                  'lineage_accepted', true);
+    END IF;
     RETURN jsonb_strip_nulls(jsonb_build_object(
         'reason', v_state.blocked_reason, 'detail', v_state.blocked_detail,
         'relation_id', v_state.blocked_relation_id, 'sqlstate', v_state.blocked_sqlstate,

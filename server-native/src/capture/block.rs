@@ -52,6 +52,14 @@ block_reasons! {
     MembershipBoundExceeded => "membership_bound_exceeded",
     /// A change of an active relation without the fence its source trigger emits first.
     MissingFence => "missing_fence",
+    /// The capture slot does not exist (dropped, or not on a promoted standby): changes
+    /// written since may not be in any stream (issue 38).
+    SlotMissing => "slot_missing",
+    /// The capture slot's WAL is lost (`max_slot_wal_keep_size`).
+    SlotInvalidated => "slot_invalidated",
+    /// The slot is not the one whose stream was materialized: another database system, or a
+    /// slot made anew that begins after what was materialized.
+    LineageChanged => "lineage_changed",
 }
 
 impl std::fmt::Display for BlockReason {

@@ -40,6 +40,7 @@ use tokio_postgres::Client;
 mod block;
 mod bootstrap;
 mod heartbeat;
+mod lineage;
 mod materialize;
 mod membership;
 pub mod pgoutput;
@@ -126,8 +127,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Connects the control and materialization sessions (`url` is the worker login) and
-    /// ensures the slot exists; the replication stream opens at the first step that leads.
+    /// Connects the control and materialization sessions (`url` is the worker login); the
+    /// slot's lineage is checked (the slot created at a first start, `lineage.rs`) and the
+    /// replication stream opened at the first step that leads.
     pub async fn connect(url: &str) -> Result<Worker> {
         let control = crate::connect_db(url).await?;
         let materialize = crate::connect_db(url).await?;
@@ -148,7 +150,6 @@ impl Worker {
             .await?;
         let slot: String = row.get(0);
         let heartbeat = heartbeat::Heartbeat::start(url, row.get(1));
-        ensure_slot(&control, &materialize, &slot).await?;
         let unseen = control.prepare(step::UNSEEN).await?;
         let statements = Statements::prepare(&materialize).await?;
         let registry_queries = registry::Queries::prepare(&materialize).await?;
@@ -231,40 +232,6 @@ impl Worker {
             self.analyze_materialized().await;
         }
     }
-}
-
-/// Creates the logical slot when it does not exist, and records where it begins as
-/// acknowledgeable (readiness: the slot is never acknowledged past what the worker recorded).
-async fn ensure_slot(control: &Client, materialize: &Client, slot: &str) -> Result<()> {
-    let exists = control
-        .query_opt(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?
-        .is_some();
-    if !exists {
-        let begins: tokio_postgres::types::PgLsn = control
-            .query_one(
-                "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[&slot],
-            )
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "creating the capture slot: {}",
-                    crate::install::describe(&e)
-                )
-            })?
-            .get(0);
-        materialize
-            .execute(
-                "UPDATE synchro.capture_state SET acknowledged_lsn = greatest(acknowledged_lsn, $1)",
-                &[&begins],
-            )
-            .await?;
-    }
-    Ok(())
 }
 
 /// Runs the worker forever: reconnects after errors, idles while blocked or not leader; a

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
-use super::block::{block_site, BlockDetail, BlockSite, Decoding, Drifted, InTransaction};
+use super::block::{block_site, BlockDetail, BlockSite, Blocked, Decoding, Drifted, InTransaction};
 use super::heartbeat::Phase;
 use super::materialize::Span;
 use super::registry::{Relations, Status};
@@ -165,6 +165,16 @@ impl Worker {
 
     /// The step of a leader that is not blocked.
     async fn run(&mut self, confirmed: PgLsn, failpoint: Failpoint) -> Result<StepOutcome> {
+        // Before a stream opens (at start, after a failure), the slot must be the one whose
+        // stream was materialized (issue 38); a first start creates it, before anything (a
+        // bootstrap's message) must be in its stream.
+        if self.stream.is_none() {
+            if let Some(reason) =
+                super::lineage::check(&self.control, &self.materialize, &self.slot).await?
+            {
+                return Err(Blocked(reason).into());
+            }
+        }
         // The drift check and the registry load go out together (both only read).
         let (drift, registry) = futures_util::join!(self.catalog_drift(), self.registry());
         drift?;
