@@ -127,7 +127,15 @@ impl Authenticator {
         );
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(jwks::FETCH_TIMEOUT_SECS))
-            .redirect(reqwest::redirect::Policy::limited(3))
+            // A redirect may not leave https (nor localhost for a local http set): the keys
+            // decide who is who, so no hop may be readable or alterable on the way.
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                if attempt.previous().len() >= 3 || !jwks::acceptable_url(attempt.url().as_str()) {
+                    attempt.stop()
+                } else {
+                    attempt.follow()
+                }
+            }))
             .user_agent(concat!("synchro-server/", env!("CARGO_PKG_VERSION")))
             .build()?;
         let auth = Authenticator::of(

@@ -246,3 +246,34 @@ async fn a_slot_invalidated_by_max_slot_wal_keep_size_blocks_capture() {
         env.admin.batch_execute(sql).await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_database_with_a_history_but_no_recorded_lineage_is_not_given_a_new_slot() {
+    // As a database installed by a binary before lineage was recorded: transactions applied,
+    // no lineage columns; its slot is gone.
+    let env = setup().await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&url).await.unwrap();
+    drain(&mut worker).await;
+    env.admin
+        .batch_execute("INSERT INTO app.items VALUES (1, 'before')")
+        .await
+        .unwrap();
+    step_until_projected(&env, &mut worker, 1).await;
+    drop(worker);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    env.admin
+        .batch_execute(
+            "UPDATE synchro.capture_state SET lineage_system_identifier = NULL, lineage_timeline = NULL,
+                    lineage_slot_began_lsn = NULL, lineage_recorded_at = NULL;
+             SELECT pg_drop_replication_slot('synchro_capture');",
+        )
+        .await
+        .unwrap();
+    let mut worker = Worker::connect(&url).await.unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("slot_missing".into())
+    );
+    assert_eq!(slots(&env).await, 0, "no replacement slot");
+}

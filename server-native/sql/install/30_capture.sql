@@ -56,7 +56,10 @@ CREATE TABLE synchro.capture_state (
     lineage_system_identifier text,
     lineage_timeline integer,
     lineage_slot_began_lsn pg_lsn,
-    lineage_recorded_at timestamptz
+    lineage_recorded_at timestamptz,
+    -- When the operator accepted a lineage block (synchro_capture_unblock): only then, or in a
+    -- database that never applied anything, may the worker create or replace the slot.
+    lineage_accepted_at timestamptz
 );
 REVOKE ALL ON synchro.capture_state FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.capture_state TO synchro_worker;

@@ -341,7 +341,7 @@ BEGIN
         -- are not captured: docs/operator.md "When the capture slot is lost".
         UPDATE synchro.capture_state
            SET lineage_system_identifier = NULL, lineage_timeline = NULL,
-               lineage_slot_began_lsn = NULL, lineage_recorded_at = NULL;
+               lineage_slot_began_lsn = NULL, lineage_recorded_at = NULL, lineage_accepted_at = now();
         RETURN jsonb_build_object('reason', v_state.blocked_reason, 'since', v_state.blocked_at,
                                   'lineage_accepted', true);
     END IF;

@@ -7,9 +7,12 @@
 //! replacement slot at the current WAL position, which skipped (for good, and without a
 //! word) every change written while no slot existed.
 //!
-//! Only a start with no lineage recorded creates the slot: the first start after `install`,
-//! or after the operator accepted a lineage block (`synchro-server capture unblock`, which
-//! forgets the recorded lineage; see docs/operator.md "When the capture slot is lost").
+//! Only a start with no lineage recorded creates (or replaces) the slot, and only in a
+//! database that never applied a transaction (the first start after `install`) or after the
+//! operator accepted a lineage block (`synchro-server capture unblock`, which forgets the
+//! recorded lineage; docs/operator.md "When capture blocks"). A database with no lineage
+//! recorded but a history (installed by an older binary) takes a usable slot as it is and
+//! blocks on a missing or lost one like any other.
 
 use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
@@ -70,15 +73,23 @@ pub(super) async fn check(
 ) -> Result<Option<BlockReason>> {
     let state = materialize
         .query_one(
-            "SELECT lineage_system_identifier, acknowledged_lsn FROM synchro.capture_state",
+            "SELECT lineage_system_identifier, acknowledged_lsn,
+                    lineage_accepted_at IS NOT NULL OR confirmed_lsn = '0/0'
+               FROM synchro.capture_state",
             &[],
         )
         .await?;
     let recorded: Option<String> = state.get(0);
     let acknowledged: PgLsn = state.get(1);
+    let may_replace: bool = state.get(2);
     let (system, timeline) = system(control).await;
     let found = slot(control, name).await?;
     let Some(recorded) = recorded else {
+        match &found {
+            None if !may_replace => return Ok(Some(BlockReason::SlotMissing)),
+            Some(s) if s.lost && !may_replace => return Ok(Some(BlockReason::SlotInvalidated)),
+            _ => {}
+        }
         return begin(control, materialize, name, found, &system, timeline)
             .await
             .map(|()| None);
@@ -155,7 +166,8 @@ async fn begin(
         .execute(
             "UPDATE synchro.capture_state
                 SET lineage_system_identifier = $1, lineage_timeline = $2, lineage_slot_began_lsn = $3,
-                    lineage_recorded_at = now(), acknowledged_lsn = greatest(acknowledged_lsn, $3)",
+                    lineage_recorded_at = now(), lineage_accepted_at = NULL,
+                    acknowledged_lsn = greatest(acknowledged_lsn, $3)",
             &[&system, &timeline, &began],
         )
         .await?;
