@@ -201,6 +201,10 @@ pub struct ScopeStreamState {
     pub resume_floor: u64,
     /// Current schema hash.
     pub schema_hash: [u8; 32],
+    /// Earlier stream generations whose cursors resume, each with the highest position that
+    /// does (a lineage reset's bridge: the history up to it is the one the current generation
+    /// continues; a cursor beyond it comes from a history the database no longer has).
+    pub bridged: Vec<(u64, u64)>,
 }
 
 /// An incremental scope cursor's bindings.
@@ -377,7 +381,12 @@ impl ScopeCursor {
             });
         }
         let stale = |r| Ok(CursorStatus::Stale(r));
-        if self.stream_generation != state.stream_generation {
+        if self.stream_generation != state.stream_generation
+            && !state
+                .bridged
+                .iter()
+                .any(|&(g, through)| g == self.stream_generation && self.position <= through)
+        {
             return stale(StaleReason::Stream);
         }
         if self.membership_generation != state.membership_generation {

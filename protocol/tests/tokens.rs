@@ -41,6 +41,7 @@ fn state() -> ScopeStreamState {
         retention_generation: 3,
         resume_floor: 100,
         schema_hash: [7; 32],
+        bridged: Vec::new(),
     }
 }
 
@@ -211,5 +212,47 @@ fn misbound_is_an_error_and_obsolete_is_stale() {
     assert_eq!(
         c.check("user:u", &newer_client, &state()).unwrap(),
         CursorStatus::Stale(StaleReason::ClientGeneration)
+    );
+}
+
+/// A lineage reset's bridge (issue 38): a cursor of the earlier stream generation resumes at
+/// or below the bridge and is stale beyond it (a history the database no longer has); a
+/// generation not on the chain stays stale; every other binding is still checked.
+#[test]
+fn a_bridged_stream_generation_resumes_only_up_to_its_bridge() {
+    let c = cursor(); // stream generation 1, position 500
+    let after_reset = |through| ScopeStreamState {
+        stream_generation: 1_800_000_000_000_000,
+        bridged: vec![(1, through)],
+        ..state()
+    };
+    assert_eq!(
+        c.check("user:u", &who(), &after_reset(500)).unwrap(),
+        CursorStatus::Resumable(500)
+    );
+    assert_eq!(
+        c.check("user:u", &who(), &after_reset(10_000)).unwrap(),
+        CursorStatus::Resumable(500)
+    );
+    assert_eq!(
+        c.check("user:u", &who(), &after_reset(499)).unwrap(),
+        CursorStatus::Stale(StaleReason::Stream),
+        "a cursor from beyond the surviving history"
+    );
+    let other_chain = ScopeStreamState {
+        bridged: vec![(2, 10_000)],
+        ..after_reset(0)
+    };
+    assert_eq!(
+        c.check("user:u", &who(), &other_chain).unwrap(),
+        CursorStatus::Stale(StaleReason::Stream)
+    );
+    let floor_above = ScopeStreamState {
+        resume_floor: 501,
+        ..after_reset(10_000)
+    };
+    assert_eq!(
+        c.check("user:u", &who(), &floor_above).unwrap(),
+        CursorStatus::Stale(StaleReason::BelowFloor)
     );
 }

@@ -83,6 +83,10 @@ pub const INSTALL: &[SqlFile] = &[
         sql: include_str!("../sql/install/34_rollout.sql"),
     },
     SqlFile {
+        name: "35_lineage.sql",
+        sql: include_str!("../sql/install/35_lineage.sql"),
+    },
+    SqlFile {
         name: "40_membership.sql",
         sql: include_str!("../sql/install/40_membership.sql"),
     },
@@ -341,10 +345,14 @@ pub fn describe_for_log(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// A database error for an operator's command output: message and SQLSTATE.
+/// A database error for an operator's command output: message, SQLSTATE and the hint (the
+/// way out) when there is one.
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
-        Some(d) => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
+        Some(d) => match d.hint() {
+            Some(hint) => format!("{} (SQLSTATE {}); {hint}", d.message(), d.code().code()),
+            None => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
+        },
         None => e.to_string(),
     }
 }

@@ -333,6 +333,70 @@ impl TempCluster {
         )
     }
 
+    /// Takes a physical base backup of the running cluster (`pg_basebackup`, its WAL streamed
+    /// along; like every base backup, without replication slots); its directory.
+    pub fn base_backup(&self) -> Result<PathBuf> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let backup = self
+            .dir
+            .join(format!("backup-{}", SEQ.fetch_add(1, Ordering::Relaxed)));
+        let port = self.port.to_string();
+        self.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "--no-sync",
+                "--checkpoint=fast",
+                "-D",
+            ],
+            Some(&backup),
+        )?;
+        Ok(backup)
+    }
+
+    /// Restores a [`TempCluster::base_backup`] in place, as an operator restores a database:
+    /// the server stops, the backup becomes its data directory (the lost one is kept aside),
+    /// and it starts again with the same settings on the same port.
+    pub fn restore_in_place(&self, backup: &Path) -> Result<()> {
+        let data = self.data_dir();
+        self.end_walsenders();
+        self.run("pg_ctl", &["-m", "fast", "-w", "stop", "-D"], Some(&data))?;
+        let opts = std::fs::read(data.join("postmaster.opts"))?;
+        std::fs::rename(&data, self.dir.join("data-lost"))?;
+        std::fs::rename(backup, &data)?;
+        // `pg_ctl restart` of a stopped server starts it with these options.
+        std::fs::write(data.join("postmaster.opts"), opts)?;
+        hand_over(self.run_as.as_deref(), &data.join("postmaster.opts"))?;
+        self.restart().map_err(|e| {
+            let log = self.server_log().unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            anyhow::anyhow!(
+                "{e}\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        })
+    }
+
+    /// Ends every walsender session (best effort: a failure leaves the shutdown's wait).
+    fn end_walsenders(&self) {
+        let port = self.port.to_string();
+        let _ = self.run(
+            "psql",
+            &[
+                "-X", "-q", "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-d", "postgres", "-c",
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'walsender'",
+            ],
+            None,
+        );
+    }
+
     /// Stops the cluster and deletes its directory (a persistent one's is kept).
     pub fn stop(&mut self) -> Result<()> {
         if !self.stopped {
@@ -341,15 +405,7 @@ impl TempCluster {
             // shutdown checkpoint, up to wal_sender_timeout: a capture stream of a test
             // whose runtime is blocked in this drop cannot. End those sessions first
             // (best effort: a failure leaves the wait).
-            let port = self.port.to_string();
-            let _ = self.run(
-                "psql",
-                &[
-                    "-X", "-q", "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-d", "postgres", "-c",
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'walsender'",
-                ],
-                None,
-            );
+            self.end_walsenders();
             self.run("pg_ctl", &["-m", "fast", "-w", "stop", "-D"], Some(&data))?;
             self.stopped = true;
         }

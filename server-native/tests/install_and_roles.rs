@@ -634,7 +634,13 @@ const EXECUTE: &[(&str, &[&str])] = &[
     ("synchro_set_setting", &["synchro_operator"]),
     ("synchro_settings", &["synchro_monitor", "synchro_operator"]),
     ("synchro_skip_staging", &["synchro_operator"]),
-    ("synchro_stage_generation", &["synchro_operator"]),
+    (
+        "synchro_stage_generation",
+        &["synchro_operator", "synchro_worker"],
+    ),
+    ("synchro_lineage_reset", &["synchro_operator"]),
+    ("synchro_lineage_reset_begin", &["synchro_worker"]),
+    ("synchro_lineage_restage", &["synchro_worker"]),
     ("synchro_stream_state", &["synchro_adapter"]),
     (
         "synchro_transition_scopes",

@@ -3,27 +3,19 @@
 //! reason (readiness and health name it) instead of being replaced by a new slot at the
 //! current WAL position, which skipped every change written meanwhile without a word; the
 //! worker never creates a replacement on its own. The way out needs no superuser and loses
-//! nothing: `capture unblock` accepts a new lineage (the worker creates the slot), then
-//! `registry reset` of each relation copies it afresh into the new slot's stream (every scope
-//! holding its rows rebuilds; issue 38.2's `lineage reset` is to send only the differences).
+//! nothing: `lineage reset` (issue 38.2) has the worker make a new slot and copy every
+//! relation into its stream, recording only the rows that differ as changes.
 
 mod common;
 
 use common::Env;
 use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
-use synchro_server::registry::{register, RegisterRequest};
 
+/// `app.docs`, registered with its membership rule (each row in `user:<owner>` and
+/// `team:<team>`) and published.
 async fn setup() -> Env {
     let env = Env::installed().await;
-    env.as_app_owner("CREATE TABLE app.items (id bigint PRIMARY KEY, label text)")
-        .await;
-    let op = env.login("synchro_dev_operator").await;
-    register(
-        &op,
-        &RegisterRequest::synced("app", "items", "single_scope"),
-    )
-    .await
-    .unwrap();
+    common::docs_with_owner_and_team(&env, "").await;
     env
 }
 
@@ -63,6 +55,28 @@ async fn step_until_projected(env: &Env, worker: &mut Worker, n: i64) {
     }
 }
 
+/// A worker materializes row 1 and goes away; the operator drops the slot (freeing WAL);
+/// row 2 is written while no slot exists.
+async fn lose_the_slot(env: &Env) {
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    let mut worker = Worker::connect(&url).await.unwrap();
+    drain(&mut worker).await;
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red', 'before')")
+        .await
+        .unwrap();
+    step_until_projected(env, &mut worker, 1).await;
+    drop(worker);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    env.admin
+        .batch_execute(
+            "SELECT pg_drop_replication_slot('synchro_capture');
+             INSERT INTO app.docs VALUES (2, 'alice', 'red', 'while no slot existed');",
+        )
+        .await
+        .unwrap();
+}
+
 async fn slots(env: &Env) -> i64 {
     env.admin
         .query_one(
@@ -82,6 +96,33 @@ async fn check(env: &Env, name: &str) -> String {
         .get(0)
 }
 
+/// `synchro_lineage_reset(dry_run)` as the operator.
+async fn lineage_reset(op: &tokio_postgres::Client, dry_run: bool) -> serde_json::Value {
+    let text: String = op
+        .query_one(
+            "SELECT synchro.synchro_lineage_reset($1)::text",
+            &[&dry_run],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The current stream generation and the highest effect position.
+async fn stream(env: &Env) -> (i64, i64) {
+    let r = env
+        .admin
+        .query_one(
+            "SELECT (SELECT stream_generation FROM synchro.capture_state),
+                    (SELECT effect_position FROM synchro.synchro_pull_watermark())",
+            &[],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
 async fn projected(env: &Env) -> i64 {
     env.admin
         .query_one("SELECT count(*) FROM synchro.projection_rows", &[])
@@ -94,13 +135,7 @@ async fn projected(env: &Env) -> i64 {
 async fn a_slot_dropped_while_the_worker_was_away_blocks_capture_and_is_not_replaced() {
     let env = setup().await;
     let url = env.cluster.url("synchro_dev_worker", "app");
-    let mut worker = Worker::connect(&url).await.unwrap();
-    drain(&mut worker).await;
-    env.admin
-        .batch_execute("INSERT INTO app.items VALUES (1, 'before')")
-        .await
-        .unwrap();
-    step_until_projected(&env, &mut worker, 1).await;
+    lose_the_slot(&env).await;
     let recorded: Option<String> = env
         .admin
         .query_one(
@@ -124,18 +159,6 @@ async fn a_slot_dropped_while_the_worker_was_away_blocks_capture_and_is_not_repl
         Some(system.as_str()),
         "the lineage is recorded"
     );
-
-    // The worker goes away; the operator drops the slot (freeing WAL); a row is written
-    // while no slot exists.
-    drop(worker);
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    env.admin
-        .batch_execute(
-            "SELECT pg_drop_replication_slot('synchro_capture');
-             INSERT INTO app.items VALUES (2, 'while no slot existed');",
-        )
-        .await
-        .unwrap();
     let mut worker = Worker::connect(&url).await.unwrap();
     assert_eq!(
         worker.step(Failpoint::None).await.unwrap(),
@@ -159,29 +182,63 @@ async fn a_slot_dropped_while_the_worker_was_away_blocks_capture_and_is_not_repl
         .get(0);
     assert!(!ready, "not ready while the lineage is broken");
 
-    // The operator accepts the new lineage (no superuser): a new slot, capture goes on.
+    // `capture unblock` is refused: a new slot alone would skip the row.
     let op = env.login("synchro_dev_operator").await;
-    let answer: serde_json::Value = serde_json::from_str(
-        op.query_one("SELECT synchro.synchro_capture_unblock()::text", &[])
-            .await
-            .unwrap()
-            .get(0),
-    )
-    .unwrap();
-    assert_eq!(answer["reason"], "slot_missing");
-    assert_eq!(answer["lineage_accepted"], true);
-    drain(&mut worker).await;
-    assert_eq!(slots(&env).await, 1);
-    // Then, once the new slot exists, each relation is copied afresh (`registry reset`: its
-    // copy and activation message go into the new slot's stream), so nothing written while
-    // no slot existed is skipped.
-    let mut op = op;
-    synchro_server::registry::reset(&mut op, "app", "items")
+    let refused = op
+        .query_one("SELECT synchro.synchro_capture_unblock()", &[])
         .await
-        .unwrap();
+        .unwrap_err();
+    assert_eq!(refused.code().unwrap().code(), "55000");
+    // The operator asks for a lineage reset (no superuser); a dry run first changes nothing.
+    let plan = lineage_reset(&op, true).await;
+    assert_eq!(plan["slot"]["state"], "missing");
+    assert_eq!(plan["capture_blocked"], "slot_missing");
+    assert_eq!(plan["relations"][0]["relation"], "app.docs");
+    assert_eq!(plan["relations"][0]["action"], "copy");
+    assert!(plan["requested_at"].is_null());
+    assert_eq!(slots(&env).await, 0);
+    let (generation_before, watermark_before) = stream(&env).await;
+    let plan = lineage_reset(&op, false).await;
+    assert!(!plan["requested_at"].is_null());
+    // The worker makes the new slot and copies the relation into its stream: the row
+    // written while no slot existed arrives, as the only change.
     step_until_projected(&env, &mut worker, 2).await;
+    assert_eq!(slots(&env).await, 1);
+    let (generation, watermark) = stream(&env).await;
+    assert!(generation > generation_before);
+    let bridge: (i64, i64) = {
+        let r = env
+            .admin
+            .query_one(
+                "SELECT previous_generation, bridged_through FROM synchro.stream_generations
+                  WHERE stream_generation = $1",
+                &[&generation],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(bridge, (generation_before, watermark_before));
+    let changed: (i64, i64) = {
+        let r = env
+            .admin
+            .query_one(
+                "SELECT count(DISTINCT pk), count(*) FROM synchro.scope_effects WHERE position > $1",
+                &[&watermark_before],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(
+        changed,
+        (1, 2),
+        "the missing row (in its two scopes), not the one the projection already had"
+    );
+    assert_eq!(watermark - watermark_before, 2);
+    assert_eq!(lineage_reset(&op, true).await["in_progress"], 0);
     env.admin
-        .batch_execute("INSERT INTO app.items VALUES (3, 'after')")
+        .batch_execute("INSERT INTO app.docs VALUES (3, 'alice', 'red', 'after')")
         .await
         .unwrap();
     step_until_projected(&env, &mut worker, 3).await;
@@ -221,7 +278,7 @@ async fn a_slot_invalidated_by_max_slot_wal_keep_size_blocks_capture() {
     for i in 0..8 {
         env.admin
             .batch_execute(&format!(
-                "INSERT INTO app.items SELECT g, repeat('x', 1000) FROM generate_series({0}, {0} + 999) g",
+                "INSERT INTO app.docs SELECT g, 'alice', 'red', repeat('x', 1000) FROM generate_series({0}, {0} + 999) g",
                 10_000 + i * 1000
             ))
             .await
@@ -253,6 +310,16 @@ async fn a_slot_invalidated_by_max_slot_wal_keep_size_blocks_capture() {
     ] {
         env.admin.batch_execute(sql).await.unwrap();
     }
+    // The lineage reset replaces the invalidated slot and copies what its lost WAL held.
+    let op = env.login("synchro_dev_operator").await;
+    assert_eq!(
+        lineage_reset(&op, true).await["slot"]["state"],
+        "invalidated"
+    );
+    lineage_reset(&op, false).await;
+    step_until_projected(&env, &mut worker, 8000).await;
+    assert_eq!(check(&env, "capture_slot").await, "ok");
+    assert_eq!(check(&env, "capture_lineage").await, "ok");
 }
 
 #[tokio::test]
@@ -264,7 +331,7 @@ async fn a_database_with_a_history_but_no_recorded_lineage_is_not_given_a_new_sl
     let mut worker = Worker::connect(&url).await.unwrap();
     drain(&mut worker).await;
     env.admin
-        .batch_execute("INSERT INTO app.items VALUES (1, 'before')")
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'red', 'before')")
         .await
         .unwrap();
     step_until_projected(&env, &mut worker, 1).await;
@@ -284,4 +351,39 @@ async fn a_database_with_a_history_but_no_recorded_lineage_is_not_given_a_new_sl
         StepOutcome::Blocked("slot_missing".into())
     );
     assert_eq!(slots(&env).await, 0, "no replacement slot");
+}
+
+#[tokio::test]
+async fn a_reset_staged_while_the_slot_was_lost_is_staged_again_by_the_lineage_reset() {
+    let env = setup().await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    lose_the_slot(&env).await;
+    // A `registry reset` while no slot exists: its copy's message goes into no stream.
+    let mut op = env.login("synchro_dev_operator").await;
+    synchro_server::registry::reset(&mut op, "app", "docs")
+        .await
+        .unwrap();
+    let mut worker = Worker::connect(&url).await.unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("slot_missing".into())
+    );
+    // The lineage reset stages it again (no second copy of its own for that relation), and
+    // it activates in the new stream.
+    lineage_reset(&op, false).await;
+    step_until_projected(&env, &mut worker, 2).await;
+    let generations: Vec<(String, String)> = env
+        .admin
+        .query(
+            "SELECT change, state FROM synchro.registry_generations
+              WHERE change IN ('reset', 'resync') ORDER BY generation",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(generations, vec![("reset".into(), "active".into())]);
+    assert_eq!(lineage_reset(&op, true).await["in_progress"], 0);
 }

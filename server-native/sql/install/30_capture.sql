@@ -50,16 +50,15 @@ CREATE TABLE synchro.capture_state (
     blocked_sqlstate text CHECK (blocked_sqlstate ~ '^[0-9A-Z]{5}$'),
     -- The lineage of the stream materialized here (issue 38, capture/lineage.rs): the database
     -- system identifier ('unknown' where pg_control_system() cannot be read), the timeline
-    -- and where the slot began, recorded when the worker created the slot. NULL until then,
-    -- and after the operator accepted a lineage block (synchro_capture_unblock): the worker
-    -- creates a slot only then.
+    -- and where the slot began, recorded when the worker created the slot (at the first
+    -- start after install, or in a lineage reset, 35_lineage). NULL until then.
     lineage_system_identifier text,
     lineage_timeline integer,
     lineage_slot_began_lsn pg_lsn,
     lineage_recorded_at timestamptz,
-    -- When the operator accepted a lineage block (synchro_capture_unblock): only then, or in a
-    -- database that never applied anything, may the worker create or replace the slot.
-    lineage_accepted_at timestamptz
+    -- When the operator asked for a lineage reset (synchro_lineage_reset, 35_lineage) that the
+    -- worker has not carried out yet.
+    lineage_reset_requested_at timestamptz
 );
 REVOKE ALL ON synchro.capture_state FROM PUBLIC;
 GRANT SELECT, UPDATE ON synchro.capture_state TO synchro_worker;

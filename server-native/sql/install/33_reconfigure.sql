@@ -30,7 +30,7 @@ CREATE TABLE synchro.registry_generations (
     generation bigint PRIMARY KEY CHECK (generation >= 1),
     -- (No foreign key: a retired relation's generations stay as history.)
     relation_id text NOT NULL,
-    change text NOT NULL CHECK (change IN ('registration', 'reconfiguration', 'reset', 'retirement')),
+    change text NOT NULL CHECK (change IN ('registration', 'reconfiguration', 'reset', 'retirement', 'resync')),
     state text NOT NULL CHECK (state IN ('pending', 'staged', 'active', 'superseded')),
     server_only_columns name[] NOT NULL DEFAULT '{}',
     -- The relation's lifecycle declaration under this generation (as synchro.relations).
@@ -404,6 +404,25 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_retire_relation(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_retire_relation(text, text) TO synchro_operator;
 
+-- A pending generation with the relation's registered fields unchanged: a stream reset
+-- (below), or a lineage reset's copy (35_lineage, change 'resync'). Its number.
+CREATE FUNCTION synchro.synchro_record_fresh_copy(p_relation_id text, p_change text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_generation bigint := synchro.synchro_next_generation();
+BEGIN
+    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns, lifecycle)
+    SELECT v_generation, r.relation_id, p_change, 'pending', r.server_only_columns, r.lifecycle
+      FROM synchro.relations r WHERE r.relation_id = p_relation_id;
+    INSERT INTO synchro.pending_fields (generation, relation_id, field_id, column_name, attnum, portable_type,
+        nullable, writable, is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
+    SELECT v_generation, f.relation_id, f.field_id, f.column_name, f.attnum, f.portable_type, f.nullable, f.writable,
+           f.is_key, f.decimal_precision, f.decimal_scale, f.type_oid, f.type_modifier
+      FROM synchro.fields f WHERE f.relation_id = p_relation_id;
+    RETURN v_generation;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_record_fresh_copy(text, text) FROM PUBLIC;
+
 -- A stream reset of one synced relation (see the top of this file): a pending generation
 -- with the registered fields, so the next publish stages a fresh copy and lifts a block found
 -- at one of its changes (an unrepresentable value since fixed, a TRUNCATE, writes with the
@@ -413,19 +432,10 @@ CREATE FUNCTION synchro.synchro_reset_relation(p_schema text, p_relation text) R
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_rel synchro.relations%ROWTYPE;
-    v_generation bigint;
 BEGIN
     v_rel := synchro.synchro_relation_for_change(p_schema, p_relation, false, false);
-    v_generation := synchro.synchro_next_generation();
-    INSERT INTO synchro.registry_generations (generation, relation_id, change, state, server_only_columns, lifecycle)
-    VALUES (v_generation, v_rel.relation_id, 'reset', 'pending', v_rel.server_only_columns, v_rel.lifecycle);
-    INSERT INTO synchro.pending_fields (generation, relation_id, field_id, column_name, attnum, portable_type,
-        nullable, writable, is_key, decimal_precision, decimal_scale, type_oid, type_modifier)
-    SELECT v_generation, f.relation_id, f.field_id, f.column_name, f.attnum, f.portable_type, f.nullable, f.writable,
-           f.is_key, f.decimal_precision, f.decimal_scale, f.type_oid, f.type_modifier
-      FROM synchro.fields f WHERE f.relation_id = v_rel.relation_id;
     RETURN jsonb_build_object('relation_id', v_rel.relation_id, 'table_id', v_rel.table_id,
-                              'generation', v_generation);
+                              'generation', synchro.synchro_record_fresh_copy(v_rel.relation_id, 'reset'));
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_reset_relation(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_reset_relation(text, text) TO synchro_operator;
@@ -530,7 +540,8 @@ BEGIN
     RETURN v_rows;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint, boolean) TO synchro_operator;
+-- The worker stages the copies of a lineage reset (35_lineage).
+GRANT EXECUTE ON FUNCTION synchro.synchro_stage_generation(bigint, bigint, boolean) TO synchro_operator, synchro_worker;
 
 -- Activates a staged generation when the stream reaches its message (the worker, inside the
 -- materialization transaction of that source transaction, after it read the stage).

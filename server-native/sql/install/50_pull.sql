@@ -46,14 +46,20 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_scope_retention(text[]) TO synchro_ada
 
 -- The stream generation a cursor binds, and a membership generation summed over every
 -- membership contract (pull and rebuild bind each scope's own generation from
--- synchro_scope_retention instead).
+-- synchro_scope_retention instead); the earlier stream generations whose cursors resume up
+-- to a position (a lineage reset's bridge, 35_lineage), in two arrays of the same order.
 CREATE FUNCTION synchro.synchro_stream_state()
-RETURNS TABLE (stream_generation bigint, membership_generation bigint)
+RETURNS TABLE (stream_generation bigint, membership_generation bigint, bridged_generations bigint[],
+               bridged_through bigint[])
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
     SELECT c.stream_generation,
            coalesce((SELECT sum(m.membership_generation) FROM synchro.membership_functions m), 0)::bigint
-           + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d), 0)::bigint + 1
+           + coalesce((SELECT sum(d.generation) FROM synchro.membership_dependencies d), 0)::bigint + 1,
+           coalesce(b.generations, '{}'), coalesce(b.through, '{}')
       FROM synchro.capture_state c
+      CROSS JOIN (SELECT array_agg(s.stream_generation ORDER BY s.stream_generation) AS generations,
+                         array_agg(s.bridged_through ORDER BY s.stream_generation) AS through
+                    FROM synchro.synchro_stream_bridges() s) b
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_stream_state() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_stream_state() TO synchro_adapter;

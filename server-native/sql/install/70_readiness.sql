@@ -306,6 +306,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
         'registry_generation', (SELECT max(generation) FROM synchro.registry_generations WHERE state = 'active'),
         'reconfigurations_pending', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'pending'),
         'reconfigurations_staged', (SELECT count(*) FROM synchro.registry_generations WHERE state = 'staged'),
+        -- A lineage reset asked for and not yet taken by the worker, and its copies not yet
+        -- activated (35_lineage).
+        'lineage_reset_requested_at', (SELECT lineage_reset_requested_at FROM synchro.capture_state),
+        'lineage_reset_copies_pending', (SELECT count(*) FROM synchro.registry_generations
+                                          WHERE change = 'resync' AND state IN ('pending', 'staged')),
         -- Retention: how many effects are kept (the planner's estimate, free to read), and
         -- the last acknowledgement of the least recent unexpired client: its acknowledged
         -- positions hold compaction of its scopes back until client_ttl_days from then.
@@ -336,14 +341,12 @@ BEGIN
        SET blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
            blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL;
     IF v_state.blocked_reason IN ('slot_missing', 'slot_invalidated', 'lineage_changed') THEN
-        -- Accepting a broken lineage: the worker's next start records a new one (creating a
-        -- slot, dropping an invalidated one). Changes written while no usable slot existed
-        -- are not captured: docs/operator.md "When the capture slot is lost".
-        UPDATE synchro.capture_state
-           SET lineage_system_identifier = NULL, lineage_timeline = NULL,
-               lineage_slot_began_lsn = NULL, lineage_recorded_at = NULL, lineage_accepted_at = now();
-        RETURN jsonb_build_object('reason', v_state.blocked_reason, 'since', v_state.blocked_at,
-                                  'lineage_accepted', true);
+        -- Capture from a new slot alone would skip every change written while no usable
+        -- slot existed: the way out is a lineage reset (35_lineage), which copies it.
+        RAISE EXCEPTION 'capture is blocked on its lineage (%): a new slot alone would skip what was written meanwhile',
+                        v_state.blocked_reason
+            USING ERRCODE = '55000',
+                  HINT = 'synchro-server lineage reset (docs/operator.md "When the capture slot is lost")';
     END IF;
     RETURN jsonb_strip_nulls(jsonb_build_object(
         'reason', v_state.blocked_reason, 'detail', v_state.blocked_detail,

@@ -501,13 +501,14 @@ async fn cursor_bindings(
     };
     let db = state.db.get().await?;
     let db = &*db;
-    let stream_generation: i64 = db
+    let stream = db
         .query_one(
-            "SELECT stream_generation FROM synchro.synchro_stream_state()",
+            "SELECT stream_generation, bridged_generations, bridged_through FROM synchro.synchro_stream_state()",
             &[],
         )
-        .await?
-        .get(0);
+        .await?;
+    let stream_generation: i64 = stream.get(0);
+    let bridged = super::gates::bridges(&stream);
     let scopes: Vec<String> = opened.keys().cloned().collect();
     let who = Principal {
         user_id: user_id.to_owned(),
@@ -530,6 +531,7 @@ async fn cursor_bindings(
             retention_generation: r.get::<_, i64>(1) as u64,
             resume_floor: r.get::<_, i64>(2) as u64,
             schema_hash: presented_hash.unwrap_or(cursor.schema_hash),
+            bridged: bridged.clone(),
         };
         match cursor
             .check(&scope, &who, &bindings)

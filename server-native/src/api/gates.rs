@@ -82,6 +82,7 @@ pub(crate) async fn gates(
         retention_generation: 1,
         resume_floor: 0,
         schema_hash: current.schema_hash(),
+        bridged: bridges(&stream),
     };
     Ok(Gates {
         stored_assigned: stored.get::<_, Vec<String>>(1).into_iter().collect(),
@@ -197,4 +198,16 @@ pub(crate) async fn serving_lineage(
         tracing::warn!("the manifest history could not be read");
         ApiError::unavailable()
     })
+}
+
+/// A lineage reset's bridges from a `synchro_stream_state()` row: the earlier stream
+/// generations whose cursors resume, each with the highest position that does.
+pub(crate) fn bridges(row: &tokio_postgres::Row) -> Vec<(u64, u64)> {
+    let generations: Vec<i64> = row.get("bridged_generations");
+    let through: Vec<i64> = row.get("bridged_through");
+    generations
+        .into_iter()
+        .zip(through)
+        .map(|(g, t)| (g as u64, t as u64))
+        .collect()
 }

@@ -7,18 +7,20 @@
 //! replacement slot at the current WAL position, which skipped (for good, and without a
 //! word) every change written while no slot existed.
 //!
-//! Only a start with no lineage recorded creates (or replaces) the slot, and only in a
-//! database that never applied a transaction (the first start after `install`) or after the
-//! operator accepted a lineage block (`synchro-server capture unblock`, which forgets the
-//! recorded lineage; docs/operator.md "When capture blocks"). A database with no lineage
-//! recorded but a history (installed by an older binary) takes a usable slot as it is and
-//! blocks on a missing or lost one like any other.
+//! Only the first start after `install` (a database that never applied a transaction)
+//! creates the slot on its own. After that only a lineage reset the operator asked for
+//! (`synchro-server lineage reset`, install file 35_lineage) replaces it: [`reset`] makes the
+//! new slot and records the new lineage and stream generation, and [`restage`] copies every
+//! registered relation into the new slot's stream before it is read, so the rows written
+//! while no slot existed arrive as ordinary changes. A database with no lineage recorded but
+//! a history (installed by an older binary) takes a usable slot as it is and blocks on a
+//! missing or lost one like any other.
 
 use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
-use super::block::BlockReason;
+use super::block::{BlockReason, Blocked};
 
 /// The system identifier recorded when `pg_control_system()` cannot be read (a managed
 /// service may refuse it): the other checks still apply.
@@ -74,7 +76,7 @@ pub(super) async fn check(
     let state = materialize
         .query_one(
             "SELECT lineage_system_identifier, acknowledged_lsn,
-                    lineage_accepted_at IS NOT NULL OR confirmed_lsn = '0/0'
+                    confirmed_lsn = '0/0'
                FROM synchro.capture_state",
             &[],
         )
@@ -145,19 +147,7 @@ async fn begin(
                     .await
                     .context("dropping the invalidated capture slot")?;
             }
-            let created: PgLsn = control
-                .query_one(
-                    "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[&name],
-                )
-                .await
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "creating the capture slot: {}",
-                        crate::install::describe(&e)
-                    )
-                })?
-                .get(0);
+            let created = create_slot(control, name).await?;
             tracing::info!("capture slot created; its lineage is recorded");
             created
         }
@@ -166,10 +156,117 @@ async fn begin(
         .execute(
             "UPDATE synchro.capture_state
                 SET lineage_system_identifier = $1, lineage_timeline = $2, lineage_slot_began_lsn = $3,
-                    lineage_recorded_at = now(), lineage_accepted_at = NULL,
+                    lineage_recorded_at = now(),
                     acknowledged_lsn = greatest(acknowledged_lsn, $3)",
             &[&system, &timeline, &began],
         )
         .await?;
     Ok(())
+}
+
+/// Creates the logical slot; where it begins. On PostgreSQL 17 and later with failover
+/// enabled, so that a standby configured to synchronize it (docs/operator.md "Failover")
+/// holds it when promoted and capture continues there without a reset.
+async fn create_slot(control: &Client, name: &str) -> Result<PgLsn> {
+    let version: i32 = control
+        .query_one("SELECT current_setting('server_version_num')::integer", &[])
+        .await?
+        .get(0);
+    let create = if version >= 170_000 {
+        "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
+    Ok(control
+        .query_one(create, &[&name])
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "creating the capture slot: {}",
+                crate::install::describe(&e)
+            )
+        })?
+        .get(0))
+}
+
+/// Carries out a lineage reset the operator asked for (35_lineage.sql): whatever slot has
+/// the name goes, a new one is made, and the new lineage, stream generation and the copies
+/// of every relation are recorded (one transaction). A crash in between leaves the request
+/// standing, and the next step does it again. Returns the new stream generation.
+pub(super) async fn reset(control: &Client, materialize: &Client, name: &str) -> Result<i64> {
+    let (system, timeline) = system(control).await;
+    if slot(control, name).await?.is_some() {
+        control
+            .execute("SELECT pg_drop_replication_slot($1)", &[&name])
+            .await
+            .context("dropping the capture slot of the old lineage")?;
+    }
+    let began = create_slot(control, name).await?;
+    let generation: i64 = materialize
+        .query_one(
+            "SELECT synchro.synchro_lineage_reset_begin($1, $2, $3)",
+            &[&system, &timeline, &began],
+        )
+        .await?
+        .get(0);
+    tracing::info!(
+        "lineage reset: a new capture slot; every registered relation is copied into its stream and compared"
+    );
+    Ok(generation)
+}
+
+/// Stages the copies a lineage reset put up (and the generations it put back to pending),
+/// each under its write gate with its message in the new slot's stream, before that stream
+/// is read. `false` when a table's lock could not be had in time: the stream waits for the
+/// next step (read before the copy, the relation's changes would apply to rows the
+/// projection does not have yet).
+pub(super) async fn restage(materialize: &Client) -> Result<bool> {
+    let pending = materialize
+        .query(
+            "SELECT generation, schema_version, record_scopes FROM synchro.synchro_lineage_restage()",
+            &[],
+        )
+        .await?;
+    if pending.is_empty() {
+        return Ok(true);
+    }
+    materialize
+        .batch_execute("SET lock_timeout = '10s'")
+        .await?;
+    let mut done = true;
+    for r in &pending {
+        let (generation, version, scopes): (i64, Option<i64>, bool) =
+            (r.get(0), r.get(1), r.get(2));
+        let staged = materialize
+            .execute(
+                "SELECT synchro.synchro_stage_generation($1, $2, $3)",
+                &[&generation, &version, &scopes],
+            )
+            .await;
+        match staged.as_ref().map_err(|e| e.code().map(|c| c.code())) {
+            Ok(_) => {}
+            Err(Some("55P03")) => {
+                tracing::warn!("lineage reset: a table's lock is not available; copying it later");
+                done = false;
+                break;
+            }
+            // The table changed shape since it was registered: drift, as anywhere else.
+            Err(Some("40001")) => {
+                materialize.batch_execute("RESET lock_timeout").await?;
+                return Err(Blocked(BlockReason::RegisteredRelationDrift).into());
+            }
+            Err(_) => {
+                materialize.batch_execute("RESET lock_timeout").await?;
+                staged?;
+            }
+        }
+    }
+    materialize.batch_execute("RESET lock_timeout").await?;
+    if done {
+        tracing::info!(
+            relations = pending.len(),
+            "lineage reset: every relation copied"
+        );
+    }
+    Ok(done)
 }

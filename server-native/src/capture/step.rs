@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio_postgres::types::PgLsn;
 
-use super::block::{block_site, BlockDetail, BlockSite, Blocked, Decoding, Drifted, InTransaction};
+use super::block::{
+    block_site, BlockDetail, BlockReason, BlockSite, Blocked, Decoding, Drifted, InTransaction,
+};
 use super::heartbeat::Phase;
 use super::materialize::Span;
 use super::registry::{Relations, Status};
@@ -83,12 +85,21 @@ impl Worker {
             self.control
                 .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK]),
             self.materialize.query_one(
-                "SELECT confirmed_lsn, blocked_reason FROM synchro.capture_state",
+                "SELECT confirmed_lsn, blocked_reason, lineage_reset_requested_at IS NOT NULL
+                   FROM synchro.capture_state",
                 &[],
             ),
         )?;
         if !leader.get::<_, bool>(0) {
             return Ok(StepOutcome::NotLeader);
+        }
+        if state.get::<_, bool>(2) {
+            // The operator asked for a lineage reset (`synchro-server lineage reset`): the
+            // next step copies every relation into the new slot's stream.
+            self.stream = None;
+            super::lineage::reset(&self.control, &self.materialize, &self.slot).await?;
+            self.functions.forget_prepared();
+            return Ok(StepOutcome::Applied(1));
         }
         let confirmed: PgLsn = state.get(0);
         if let Some(reason) = state.get::<_, Option<String>>(1) {
@@ -173,6 +184,10 @@ impl Worker {
                 super::lineage::check(&self.control, &self.materialize, &self.slot).await?
             {
                 return Err(Blocked(reason).into());
+            }
+            // A lineage reset's copies go into the new stream before it is read.
+            if !super::lineage::restage(&self.materialize).await? {
+                return Ok(StepOutcome::Applied(0));
             }
         }
         // The drift check and the registry load go out together (both only read).
@@ -300,13 +315,23 @@ impl Worker {
             return Ok(StepOutcome::Applied(0));
         }
         // Relation IDs and codes only: never a value, key or scope.
-        tracing::error!(
-            reason,
-            detail,
-            relation_id = site.relation_id.as_deref(),
-            sqlstate,
-            "capture blocked; fix the cause, then `synchro-server capture unblock` (see docs/operator.md, \"When capture blocks\")"
-        );
+        if matches!(
+            site.reason,
+            BlockReason::SlotMissing | BlockReason::SlotInvalidated | BlockReason::LineageChanged
+        ) {
+            tracing::error!(
+                reason,
+                "capture blocked: the capture slot is not the one whose stream was materialized; `synchro-server lineage reset` (see docs/operator.md, \"When the capture slot is lost\")"
+            );
+        } else {
+            tracing::error!(
+                reason,
+                detail,
+                relation_id = site.relation_id.as_deref(),
+                sqlstate,
+                "capture blocked; fix the cause, then `synchro-server capture unblock` (see docs/operator.md, \"When capture blocks\")"
+            );
+        }
         self.functions.forget_prepared();
         Ok(StepOutcome::Blocked(reason.to_owned()))
     }

@@ -69,6 +69,11 @@ enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
     },
+    /// The capture stream's lineage (synchro_operator login; no superuser).
+    Lineage {
+        #[command(subcommand)]
+        command: LineageCommand,
+    },
     /// Print the operator settings as JSON (value, and range when settable), or change one
     /// with `--set KEY VALUE` (synchro_operator login): client_ttl_days,
     /// rebuild_session_ttl_minutes, backfill_batch_size, capture_max_heartbeat_age_seconds,
@@ -178,6 +183,7 @@ impl Command {
             Command::Serve { .. } => "synchro-server serve",
             Command::Capture { action: None, .. } => "synchro-server capture",
             Command::Capture { .. } => "synchro-server capture (operator)",
+            Command::Lineage { .. } => "synchro-server lineage",
             Command::Settings { .. } => "synchro-server settings",
             Command::Probe { .. } => "synchro-server probe",
             Command::Compact { .. } => "synchro-server compact",
@@ -311,6 +317,29 @@ enum CaptureCommand {
     /// one keeps serving; a first rule is removed (its rows are in no scope until a rule is
     /// registered).
     SkipStaging(StagedRelation),
+}
+
+/// `lineage ...`.
+#[derive(Subcommand)]
+enum LineageCommand {
+    /// The way out of a lost capture slot (`capture_lineage: failed`: `slot_missing`,
+    /// `slot_invalidated`, `lineage_changed`): the capture worker makes a new slot, copies
+    /// every registered relation into its stream and records only the rows that differ from
+    /// what was materialized, so nothing written while no slot existed is lost; clients
+    /// receive just those differences (a client holding changes the database no longer has,
+    /// after a restored backup, rebuilds). Prints the plan, then waits until the worker
+    /// (`serve` or `capture`) has done it.
+    Reset {
+        /// PostgreSQL connection string (synchro_operator login).
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// Print what would be done and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// How long to wait for the worker to finish (seconds; 0: do not wait).
+        #[arg(long, default_value_t = 600)]
+        wait_secs: u64,
+    },
 }
 
 /// `seed ...`: each prints one JSON object; a refusal prints `{"error": ...}` and exits 1.
@@ -813,6 +842,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             action: None,
             database_url,
         } => serve::capture_worker(database_url).await,
+        Command::Lineage {
+            command:
+                LineageCommand::Reset {
+                    database_url,
+                    dry_run,
+                    wait_secs,
+                },
+        } => operator::lineage_reset(&database_url, dry_run, wait_secs).await,
         Command::Settings { database_url, set } => operator::settings(&database_url, set).await,
         Command::Probe { listen } => Ok(match crate::probe::ready(listen).await {
             Ok(()) => ExitCode::SUCCESS,

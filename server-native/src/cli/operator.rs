@@ -167,6 +167,72 @@ pub(super) async fn capture_command(action: CaptureCommand) -> Result<ExitCode> 
     operator_function(&url, sql, &args).await
 }
 
+/// `lineage reset`: asks for the reset (or, with `dry_run`, only prints the plan), then
+/// waits up to `wait_secs` for the capture worker to carry it out, printing its progress on
+/// stderr. Exit 0 once done (or after a dry run), 1 while it is still to be done.
+pub(super) async fn lineage_reset(url: &str, dry_run: bool, wait_secs: u64) -> Result<ExitCode> {
+    let db = connect_db(url).await?;
+    let ask = |dry: bool| {
+        let db = &db;
+        async move {
+            let text: String = db
+                .query_one("SELECT synchro.synchro_lineage_reset($1)::text", &[&dry])
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", crate::install::describe(&e)))?
+                .get(0);
+            anyhow::Ok(serde_json::from_str::<serde_json::Value>(&text)?)
+        }
+    };
+    let plan = ask(dry_run).await?;
+    if dry_run {
+        println!("{plan}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "lineage reset requested: the capture worker makes a new slot and copies {} relation(s)",
+        plan["relations"].as_array().map_or(0, Vec::len)
+    );
+    let from = plan["stream_generation"].as_i64();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait_secs);
+    let mut last_pending = None;
+    loop {
+        let now = ask(true).await?;
+        // Taken by the worker (or already under way when asked: then this only follows it).
+        let taken = now["requested_at"].is_null()
+            && (now["stream_generation"].as_i64() != from
+                || plan["in_progress"].as_i64().unwrap_or(0) > 0);
+        let pending = now["in_progress"].as_i64().unwrap_or(0);
+        if taken && pending == 0 {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "reset": "done",
+                    "stream_generation": {"from": from, "to": now["stream_generation"]},
+                    "slot": now["slot"],
+                    "relations": plan["relations"],
+                })
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if taken && last_pending != Some(pending) {
+            eprintln!("lineage reset: {pending} relation cop(ies) still to reach the stream");
+            last_pending = Some(pending);
+        }
+        if std::time::Instant::now() >= deadline {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "reset": if taken { "in_progress" } else { "requested" },
+                    "waiting_for": "the capture worker (synchro-server serve or capture) carries the reset out at its next step; run this command again to follow it",
+                    "plan": plan,
+                })
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 /// Runs one `seed` subcommand.
 pub(super) async fn seed_command(command: SeedCommand) -> Result<ExitCode> {
     let (url, sql, args) = match command {
@@ -289,7 +355,10 @@ pub(super) async fn operator_function(url: &str, sql: &str, args: &[String]) -> 
                 println!("{}", serde_json::json!({ "error": error }));
                 return Ok(ExitCode::FAILURE);
             }
-            super::registry::printed(Err::<String, _>(crate::registry::registration_error(e)))
+            match crate::registry::registration_error(e) {
+                crate::registry::RegistrationError::Database(text) => Err(anyhow::anyhow!(text)),
+                invalid => super::registry::printed(Err::<String, _>(invalid)),
+            }
         }
     }
 }

@@ -1,0 +1,194 @@
+-- synchro install 35: the capture stream's lineage reset (issue 38; capture/lineage.rs).
+-- Spec 003 "Per-Scope Retention and Client Generations" (stream generation).
+--
+-- When the slot whose stream was materialized is lost (dropped, invalidated by
+-- max_slot_wal_keep_size, absent after a failover or a base-backup restore, made anew, on
+-- another database system), capture blocks (slot_missing, slot_invalidated,
+-- lineage_changed). The way out is `synchro-server lineage reset` (operator):
+--   1. synchro_lineage_reset(false) records the request (the plan it returns is what
+--      `--dry-run` prints: synchro_lineage_reset(true) changes nothing).
+--   2. The capture worker, which holds the leader lock and the REPLICATION the slot needs,
+--      takes it at its next step: drops whatever slot has the name, creates a new one (with
+--      failover on PostgreSQL 17 and later), then synchro_lineage_reset_begin records the
+--      new lineage and a new stream generation bridged from the old one, and puts every
+--      registered relation up for a fresh copy: a 'resync' generation with its fields
+--      unchanged (and a staged generation whose message went into a stream no longer read
+--      back to pending, a bootstrap copy whose message was lost back to pending).
+--   3. The worker stages each (synchro_stage_generation: the copy under the write gate and
+--      its message, now in the new slot's stream) before it opens the stream; at each
+--      message the copy is compared with the projection and only the rows that differ
+--      become changes (capture/reconfigure.rs), so nothing written while no slot existed is
+--      skipped, and no scope is made to rebuild for it.
+-- Cursors bind the stream generation. A cursor of an earlier generation resumes when its
+-- position is at or below the bridge (that history survives: effects are written in
+-- position order by the single capture leader, so the history up to the bridge is the one
+-- the new generation continues); one beyond it comes from a history the database no longer
+-- has (a restored backup) and is stale: its scope rebuilds. The new generation is at least
+-- the clock in microseconds, so a generation lost with a restored database is never issued
+-- again.
+
+-- Every stream generation after the first, with its bridge.
+CREATE TABLE synchro.stream_generations (
+    stream_generation bigint PRIMARY KEY CHECK (stream_generation >= 1),
+    previous_generation bigint NOT NULL CHECK (previous_generation >= 1),
+    -- Cursors of previous_generation at or below this position resume.
+    bridged_through bigint NOT NULL CHECK (bridged_through >= 0),
+    began_at timestamptz NOT NULL DEFAULT now(),
+    CHECK (previous_generation < stream_generation)
+);
+REVOKE ALL ON synchro.stream_generations FROM PUBLIC;
+
+-- The generations whose cursors still resume, each with the highest position that does:
+-- the lowest bridge on the way from it to the current generation.
+CREATE FUNCTION synchro.synchro_stream_bridges()
+RETURNS TABLE (stream_generation bigint, bridged_through bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    WITH RECURSIVE chain (generation, through) AS (
+        SELECT g.previous_generation, g.bridged_through
+          FROM synchro.stream_generations g JOIN synchro.capture_state c ON c.stream_generation = g.stream_generation
+        UNION ALL
+        SELECT g.previous_generation, least(chain.through, g.bridged_through)
+          FROM chain JOIN synchro.stream_generations g ON g.stream_generation = chain.generation)
+    SELECT generation, through FROM chain
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_stream_bridges() FROM PUBLIC;
+
+-- What a lineage reset does, and (unless p_dry_run) the request the worker carries out.
+-- Refused (55000) while capture is blocked for another reason (resolve that first) or while
+-- a reconfiguration is pending that was never staged (publish it first: its copy then
+-- covers the relation). Asked again while one is under way, it only reports. Returns
+-- {"dry_run","requested_at","capture_blocked","slot":{"name","state": missing|invalidated|
+-- usable},"stream_generation","in_progress","relations":[{"relation","action": copy|restage|
+-- bootstrap,"rows_estimate"}]}.
+CREATE FUNCTION synchro.synchro_lineage_reset(p_dry_run boolean) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_state synchro.capture_state%ROWTYPE;
+    v_wal_status text;
+    v_slot_found boolean;
+    v_unstaged text;
+BEGIN
+    IF p_dry_run IS NULL THEN
+        RAISE EXCEPTION 'p_dry_run is required' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO v_state FROM synchro.capture_state FOR UPDATE;
+    SELECT s.wal_status::text INTO v_wal_status FROM pg_replication_slots s
+     WHERE s.slot_name = v_state.slot_name AND s.database = current_database();
+    v_slot_found := FOUND;
+    -- Asked again while one is requested or its copies are on their way: nothing more.
+    IF NOT p_dry_run AND v_state.lineage_reset_requested_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations
+                        WHERE change = 'resync' AND state IN ('pending', 'staged')) THEN
+        IF v_state.blocked_reason IS NOT NULL
+           AND v_state.blocked_reason NOT IN ('slot_missing', 'slot_invalidated', 'lineage_changed') THEN
+            RAISE EXCEPTION 'capture is blocked for another reason (%): resolve that first', v_state.blocked_reason
+                USING ERRCODE = '55000',
+                      HINT = 'synchro-server health shows the block; docs/operator.md "When capture blocks"';
+        END IF;
+        SELECT format('%I.%I', r.physical_schema, r.physical_relation) INTO v_unstaged
+          FROM synchro.registry_generations g JOIN synchro.relations r USING (relation_id)
+         WHERE g.state = 'pending' AND g.staged_at IS NULL AND g.change <> 'resync'
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'a reconfiguration of % is pending: publish it first', v_unstaged
+                USING ERRCODE = '55000', HINT = 'synchro-server publish stages it';
+        END IF;
+        UPDATE synchro.capture_state SET lineage_reset_requested_at = now();
+        v_state.lineage_reset_requested_at := now();
+    END IF;
+    RETURN jsonb_build_object(
+        'dry_run', p_dry_run,
+        'requested_at', v_state.lineage_reset_requested_at,
+        'capture_blocked', v_state.blocked_reason,
+        'slot', jsonb_build_object('name', v_state.slot_name,
+                                   'state', CASE WHEN NOT v_slot_found THEN 'missing'
+                                                 WHEN v_wal_status = 'lost' THEN 'invalidated'
+                                                 ELSE 'usable' END),
+        'stream_generation', v_state.stream_generation,
+        -- Copies of the last reset not yet activated.
+        'in_progress', (SELECT count(*) FROM synchro.registry_generations
+                         WHERE change = 'resync' AND state IN ('pending', 'staged')),
+        'relations', coalesce((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'relation', format('%I.%I', r.physical_schema, r.physical_relation),
+                       'action', CASE WHEN c.status IN ('pending', 'copied')
+                                           AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                                                            WHERE g.relation_id = r.relation_id
+                                                              AND g.state IN ('pending', 'staged'))
+                                      THEN 'bootstrap'
+                                      WHEN EXISTS (SELECT 1 FROM synchro.registry_generations g
+                                                    WHERE g.relation_id = r.relation_id
+                                                      AND g.state IN ('pending', 'staged') AND g.change <> 'resync')
+                                      THEN 'restage'
+                                      ELSE 'copy' END,
+                       'rows_estimate', greatest(pc.reltuples, 0)::bigint)
+                   ORDER BY r.physical_schema, r.physical_relation)
+              FROM synchro.relations r
+              JOIN synchro.relation_capture c ON c.relation_id = r.relation_id
+              LEFT JOIN pg_class pc ON pc.oid = r.physical_relation_oid), '[]'::jsonb));
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_reset(boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_reset(boolean) TO synchro_operator;
+
+-- The worker's part of a requested reset, once it created the new slot (beginning at
+-- p_began on system p_system, timeline p_timeline), in one transaction; returns the new
+-- stream generation.
+CREATE FUNCTION synchro.synchro_lineage_reset_begin(p_system text, p_timeline integer, p_began pg_lsn)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_state synchro.capture_state%ROWTYPE;
+    v_next bigint;
+BEGIN
+    SELECT * INTO v_state FROM synchro.capture_state FOR UPDATE;
+    IF v_state.lineage_reset_requested_at IS NULL THEN
+        RAISE EXCEPTION 'no lineage reset was requested' USING ERRCODE = '55000';
+    END IF;
+    v_next := greatest(v_state.stream_generation + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
+    INSERT INTO synchro.stream_generations (stream_generation, previous_generation, bridged_through)
+    VALUES (v_next, v_state.stream_generation, (SELECT effect_position FROM synchro.synchro_pull_watermark()));
+    -- The new stream begins at the slot: positions of the old one mean nothing in it (on
+    -- another database system they can even be higher).
+    UPDATE synchro.capture_state
+       SET stream_generation = v_next, confirmed_lsn = p_began, acknowledged_lsn = p_began,
+           lineage_system_identifier = p_system, lineage_timeline = p_timeline, lineage_slot_began_lsn = p_began,
+           lineage_recorded_at = now(), lineage_reset_requested_at = NULL,
+           blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
+           blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL;
+    -- A bootstrap copy whose message went into the lost stream: copied again.
+    DELETE FROM synchro.projection_rows p USING synchro.relation_capture c
+     WHERE p.relation_id = c.relation_id AND c.status = 'copied'
+       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                        WHERE g.relation_id = c.relation_id AND g.state = 'staged');
+    UPDATE synchro.relation_capture c SET status = 'pending', rows_copied = NULL, updated_at = now()
+     WHERE c.status = 'copied'
+       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                        WHERE g.relation_id = c.relation_id AND g.state = 'staged');
+    -- A staged generation whose message went into the lost stream: staged again.
+    DELETE FROM synchro.projection_stage s USING synchro.registry_generations g
+     WHERE s.generation = g.generation AND g.state = 'staged';
+    UPDATE synchro.registry_generations SET state = 'pending' WHERE state = 'staged';
+    -- Every other relation: a fresh copy with its fields unchanged.
+    PERFORM synchro.synchro_record_fresh_copy(c.relation_id, 'resync')
+       FROM synchro.relation_capture c
+      WHERE c.status = 'active'
+        AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                         WHERE g.relation_id = c.relation_id AND g.state = 'pending')
+      ORDER BY c.relation_id;
+    RETURN v_next;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_reset_begin(text, integer, pg_lsn) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_reset_begin(text, integer, pg_lsn) TO synchro_worker;
+
+-- The generations the worker stages itself after a reset (before it opens the stream): the
+-- reset's copies and the generations it put back to pending, each with the manifest and
+-- scope recording it was staged with.
+CREATE FUNCTION synchro.synchro_lineage_restage()
+RETURNS TABLE (generation bigint, schema_version bigint, record_scopes boolean)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT g.generation, g.schema_version, g.scopes_recorded FROM synchro.registry_generations g
+     WHERE g.state = 'pending' AND (g.change = 'resync' OR g.staged_at IS NOT NULL)
+     ORDER BY g.generation
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_restage() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_restage() TO synchro_worker;
