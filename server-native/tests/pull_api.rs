@@ -1839,3 +1839,136 @@ async fn an_events_stream_ends_when_its_token_expires() {
         "{after:?}"
     );
 }
+
+/// Spec 003: "The server records last_acknowledged_at whenever a successful request presents
+/// a newer valid scope cursor" — a connect as well as a pull (issue 38.4). A client that
+/// only reconnects with its cursor is not expired as if it had been away.
+#[tokio::test]
+async fn a_connect_presenting_a_newer_valid_cursor_refreshes_the_acknowledgement() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let g = s.connect(&token, "c1").await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'a')")
+        .await
+        .unwrap();
+    s.capture().await;
+    // One pull from a null cursor: nothing acknowledged yet.
+    let (q, rebuild, _) = follow(&s, &token, "c1", g, Value::Null).await;
+    assert!(!rebuild);
+    s.env
+        .admin
+        .batch_execute(
+            "UPDATE synchro.clients SET generation_started_at = now() - interval '20 days',
+                    last_acknowledged_at = now() - interval '20 days' WHERE client_id = 'c1'",
+        )
+        .await
+        .unwrap();
+    let acks = || async {
+        s.env
+            .admin
+            .query_one(
+                "SELECT count(*) FROM synchro.client_scope_acks WHERE client_id = 'c1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(acks().await, 0);
+    let schema = s.schema().await;
+    let (st, v) = s
+        .post(
+            "/sync/connect",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": g,
+                   "schema": schema, "scope_cursors": {"user:alice": q}}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["client_generation"], g);
+    assert_eq!(acks().await, 1, "the presented position is acknowledged");
+    let age: f64 = s
+        .env
+        .admin
+        .query_one(
+            "SELECT extract(epoch FROM now() - last_acknowledged_at)::float8 FROM synchro.clients
+              WHERE client_id = 'c1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(age < 60.0, "last_acknowledged_at refreshed: {age} s ago");
+}
+
+/// Spec 003 "Scope-local compaction": an active rebuild session pins the history its final
+/// cursor needs (issue 38.4). Compaction runs between a session's pages, after writes that
+/// came after its snapshot: the session completes, and from its final cursor the client pulls
+/// exactly those writes (no rebuild loop, no change lost) and ends at the source's digest.
+#[tokio::test]
+async fn compaction_during_a_rebuild_session_keeps_what_its_final_cursor_needs() {
+    let mut s = stack().await;
+    let token = mint(SECRET, "alice", 3600);
+    let g = s.connect(&token, "c1").await;
+    let operator_db = s.env.login("synchro_dev_operator").await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs SELECT g, 'alice', 'v1' FROM generate_series(1, 5) g")
+        .await
+        .unwrap();
+    s.capture().await;
+    let schema = s.schema().await;
+    let page = |continuation: Value| {
+        json!({"protocol_version": 3, "client_id": "c1", "client_generation": g, "schema": schema,
+               "scope_id": "user:alice", "limit": 2, "continuation": continuation})
+    };
+    let (st, first) = s.post("/sync/rebuild", &token, page(Value::Null)).await;
+    assert_eq!(st, 200, "{first}");
+    assert_eq!(first["has_more"], true);
+    // Writes after the session's snapshot, then a compaction pass mid-session.
+    s.env
+        .admin
+        .batch_execute(
+            "UPDATE app.docs SET title = 'v2' WHERE id = 5; INSERT INTO app.docs VALUES (6, 'alice', 'v1')",
+        )
+        .await
+        .unwrap();
+    s.capture().await;
+    let c = synchro_server::retention::compact(&operator_db, 1000)
+        .await
+        .unwrap();
+    assert!(
+        c.effects_deleted > 0,
+        "compaction ran, up to the session: {c:?}"
+    );
+    let mut continuation = first["continuation"].clone();
+    let cursor = loop {
+        let (st, p) = s.post("/sync/rebuild", &token, page(continuation)).await;
+        assert_eq!(st, 200, "{p}");
+        if p["has_more"] == false {
+            break p["final_scope_cursor"].clone();
+        }
+        continuation = p["continuation"].clone();
+    };
+    let (st, v) = s
+        .post(
+            "/sync/pull",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": g,
+                   "schema": schema, "scope_cursors": {"user:alice": cursor}, "limit": 1000}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["rebuild_scopes"],
+        json!([]),
+        "the final cursor resumes: {v}"
+    );
+    assert_eq!(v["changes"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(
+        v["checksums"]["user:alice"]["digest"].as_str().unwrap(),
+        digest_from_source(&s, "alice").await
+    );
+}

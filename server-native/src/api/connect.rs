@@ -54,6 +54,7 @@ pub(crate) async fn connect(
     let kind = matches!(action, SchemaAction::Unsupported { .. }).then_some("unsupported");
     hold(state, user_id, &req.client_id, kind, &req.schema).await?;
     let recorded = record(state, db, user_id, &req, &known, &action).await?;
+    acknowledge(db, user_id, &req.client_id, recorded.generation, &positions).await?;
     let mut scope_cursor_updates = bridge_cursors(
         state,
         user_id,
@@ -471,6 +472,33 @@ fn schema_outcome(action: &SchemaAction<'_>) -> (SchemaOutcome, Option<Json>, Op
         reason,
     };
     (schema, schema_definition, affected_scopes)
+}
+
+/// Spec 003: a successful request that presents a newer valid cursor refreshes the client's
+/// `last_acknowledged_at` (and the scope's acknowledged position, which pins its history
+/// against compaction) — a connect as well as a pull.
+async fn acknowledge(
+    db: &tokio_postgres::Client,
+    user_id: &str,
+    client_id: &str,
+    generation: u64,
+    positions: &BTreeMap<String, Bound>,
+) -> Result<(), ApiError> {
+    if positions.is_empty() {
+        return Ok(());
+    }
+    db.execute(
+        "SELECT synchro.synchro_record_acks($1, $2, $3, $4, $5)",
+        &[
+            &user_id,
+            &client_id,
+            &(generation as i64),
+            &positions.keys().cloned().collect::<Vec<_>>(),
+            &positions.values().map(|b| b.0 as i64).collect::<Vec<_>>(),
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Per-scope bindings a resumable position: (position, membership generation, retention
