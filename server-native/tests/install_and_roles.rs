@@ -641,6 +641,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
     ("synchro_lineage_reset", &["synchro_operator"]),
     ("synchro_lineage_reset_begin", &["synchro_worker"]),
     ("synchro_lineage_restage", &["synchro_worker"]),
+    ("synchro_lineage_reset_scope", &["synchro_operator"]),
     ("synchro_stream_state", &["synchro_adapter"]),
     (
         "synchro_transition_scopes",

@@ -554,8 +554,11 @@ async fn rebuild_pages_one_snapshot_and_hands_over_to_pull() {
         .post("/sync/rebuild", &token, req(Some(&again["continuation"])))
         .await;
     assert_eq!(st, 200, "{v}");
-    // A rule that takes a row out of the scope advances its membership generation: the
-    // session restarts. An unassigned scope is refused.
+    // A rule that takes a row out of the scope advances its membership generation. A session
+    // that started before the activation completes against the generation it was built
+    // under (spec 003 staged backfill, step 5: the prior generation is retained for rebuild
+    // sessions in flight) instead of restarting; its final cursor binds that generation, so
+    // the next pull rebuilds the scope under the new rule. An unassigned scope is refused.
     op.batch_execute(
         "CREATE FUNCTION rules.doc_scopes_v2(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
          BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.docs\" WHERE id = p_id AND id <> 1; END;
@@ -566,18 +569,27 @@ async fn rebuild_pages_one_snapshot_and_hands_over_to_pull() {
     .await
     .unwrap();
     s.capture().await;
+    let mut page = again;
+    let mut records = page["records"].as_array().unwrap().len();
+    while page["has_more"] == true {
+        let (st, v) = s
+            .post("/sync/rebuild", &token, req(Some(&page["continuation"])))
+            .await;
+        assert_eq!(st, 200, "the session completes: {v}");
+        records += v["records"].as_array().unwrap().len();
+        page = v;
+    }
+    assert_eq!(records, 5, "the session's own snapshot, row 1 included");
     let (st, v) = s
-        .post("/sync/rebuild", &token, req(Some(&again["continuation"])))
+        .post(
+            "/sync/pull",
+            &token,
+            json!({"protocol_version": 3, "client_id": "c1", "client_generation": generation, "schema": schema,
+                   "scope_cursors": {"user:alice": page["final_scope_cursor"]}, "limit": 100}),
+        )
         .await;
-    assert_eq!(
-        (
-            st,
-            v["error"]["code"].clone(),
-            v["error"]["scope_id"].clone()
-        ),
-        (409, json!("rebuild_restart_required"), json!("user:alice")),
-        "{v}"
-    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["rebuild_scopes"], json!(["user:alice"]), "{v}");
     let mut other = req(None);
     other["scope_id"] = json!("user:bob");
     let (st, v) = s.post("/sync/rebuild", &token, other).await;
@@ -1970,5 +1982,75 @@ async fn compaction_during_a_rebuild_session_keeps_what_its_final_cursor_needs()
     assert_eq!(
         v["checksums"]["user:alice"]["digest"].as_str().unwrap(),
         digest_from_source(&s, "alice").await
+    );
+}
+
+/// Issue 38.3: `lineage reset --scope` (spec 003: the retention generation changes only when
+/// the retention lineage itself is invalidated) stales that scope's cursors only: its client
+/// rebuilds it and ends at the source's digest; another user's scope resumes untouched. A
+/// dry run changes nothing; a blank or unknown scope is refused.
+#[tokio::test]
+async fn a_scope_lineage_reset_stales_only_that_scopes_cursors() {
+    let mut s = stack().await;
+    let alice = mint(SECRET, "alice", 3600);
+    let bob = mint(SECRET, "bob", 3600);
+    let ga = s.connect(&alice, "c1").await;
+    let gb = s.connect(&bob, "c2").await;
+    s.env
+        .admin
+        .batch_execute("INSERT INTO app.docs VALUES (1, 'alice', 'a'), (2, 'bob', 'b')")
+        .await
+        .unwrap();
+    s.capture().await;
+    let schema = s.schema().await;
+    let pull = |token: &str, client: &str, generation: u64, scope: &str, cursor: Value| {
+        let body = json!({"protocol_version": 3, "client_id": client, "client_generation": generation,
+                          "schema": schema, "scope_cursors": {scope: cursor}, "limit": 1000});
+        let token = token.to_owned();
+        let s = &s;
+        async move { s.post("/sync/pull", &token, body).await }
+    };
+    let (_, a) = pull(&alice, "c1", ga, "user:alice", Value::Null).await;
+    let (_, b) = pull(&bob, "c2", gb, "user:bob", Value::Null).await;
+    let qa = a["scope_cursor_updates"]["user:alice"].clone();
+    let qb = b["scope_cursor_updates"]["user:bob"].clone();
+    let op = s.env.login("synchro_dev_operator").await;
+    let reset = |scope: &'static str, dry: bool| {
+        let op = &op;
+        async move {
+            op.query_one(
+                "SELECT synchro.synchro_lineage_reset_scope($1, $2)::text",
+                &[&scope, &dry],
+            )
+            .await
+            .map(|r| serde_json::from_str::<Value>(r.get(0)).unwrap())
+        }
+    };
+    for bad in ["", "  ", "user:nobody"] {
+        let e = reset(bad, true).await.unwrap_err();
+        assert_eq!(e.code().unwrap().code(), "22023", "{bad:?}");
+    }
+    let dry = reset("user:alice", true).await.unwrap();
+    assert_eq!(dry["retention_generation"], json!({"from": 1, "to": 1}));
+    assert_eq!(dry["clients_assigned"], 1);
+    let (_, still) = pull(&alice, "c1", ga, "user:alice", qa.clone()).await;
+    assert_eq!(
+        still["rebuild_scopes"],
+        json!([]),
+        "a dry run changes nothing"
+    );
+    let done = reset("user:alice", false).await.unwrap();
+    assert_eq!(done["retention_generation"], json!({"from": 1, "to": 2}));
+    let (_, a) = pull(&alice, "c1", ga, "user:alice", qa).await;
+    assert_eq!(a["rebuild_scopes"], json!(["user:alice"]), "{a}");
+    let (_, b) = pull(&bob, "c2", gb, "user:bob", qb).await;
+    assert_eq!(b["rebuild_scopes"], json!([]), "another scope resumes: {b}");
+    let (cursor, checksum) = rebuild_scope(&s, &alice, "c1", ga).await;
+    assert_eq!(checksum, digest_from_source(&s, "alice").await);
+    let (_, a) = pull(&alice, "c1", ga, "user:alice", cursor).await;
+    assert_eq!(
+        a["rebuild_scopes"],
+        json!([]),
+        "the rebuilt cursor resumes: {a}"
     );
 }

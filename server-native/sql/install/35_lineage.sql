@@ -192,3 +192,54 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_restage() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_restage() TO synchro_worker;
+
+-- A lineage reset of one scope (spec 003: retention_generation changes only when the
+-- retention lineage itself is invalidated): its retention generation advances, so every
+-- cursor and seed receipt of the scope is stale and each client holding it rebuilds it from
+-- the current projection; its rebuild sessions end (they restart) and its acknowledgements go
+-- (they pinned a history no client resumes from). Every other scope resumes untouched. For a
+-- scope whose rows a client may hold wrongly although the stream is intact (rows repaired
+-- outside capture for it alone, a scope's history in doubt after an incident). Refused
+-- (22023) for a blank scope and for one synchro knows nothing of (no rows, effects, stream
+-- state, grant, shared declaration or assigned client). Returns {"dry_run",
+-- "retention_generation": {"from","to"},"clients_assigned","rebuild_sessions"} (no IDs).
+CREATE FUNCTION synchro.synchro_lineage_reset_scope(p_scope text, p_dry_run boolean) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_from bigint;
+    v_to bigint;
+    v_clients bigint;
+    v_sessions bigint;
+BEGIN
+    IF p_dry_run IS NULL OR p_scope IS NULL OR btrim(p_scope) = '' THEN
+        RAISE EXCEPTION 'a scope and p_dry_run are required' USING ERRCODE = '22023';
+    END IF;
+    SELECT count(*) INTO v_clients FROM synchro.clients c
+     WHERE p_scope = ANY (c.assigned_scopes) AND c.expired_at IS NULL;
+    IF v_clients = 0
+       AND NOT EXISTS (SELECT 1 FROM synchro.membership_edges WHERE scope_id = p_scope)
+       AND NOT EXISTS (SELECT 1 FROM synchro.scope_effects WHERE scope_id = p_scope)
+       AND NOT EXISTS (SELECT 1 FROM synchro.scope_retention WHERE scope_id = p_scope)
+       AND NOT EXISTS (SELECT 1 FROM synchro.user_scope_grants WHERE scope_id = p_scope)
+       AND NOT EXISTS (SELECT 1 FROM synchro.shared_scopes WHERE scope_id = p_scope) THEN
+        RAISE EXCEPTION 'no such scope' USING ERRCODE = '22023';
+    END IF;
+    IF NOT p_dry_run THEN
+        INSERT INTO synchro.scope_retention (scope_id) VALUES (p_scope) ON CONFLICT DO NOTHING;
+    END IF;
+    SELECT coalesce(max(retention_generation), 1) INTO v_from FROM synchro.scope_retention WHERE scope_id = p_scope;
+    SELECT count(*) INTO v_sessions FROM synchro.rebuild_sessions WHERE scope_id = p_scope;
+    v_to := v_from;
+    IF NOT p_dry_run THEN
+        UPDATE synchro.scope_retention SET retention_generation = retention_generation + 1 WHERE scope_id = p_scope
+        RETURNING retention_generation INTO v_to;
+        v_from := v_to - 1;
+        DELETE FROM synchro.rebuild_sessions WHERE scope_id = p_scope;
+        DELETE FROM synchro.client_scope_acks WHERE scope_id = p_scope;
+    END IF;
+    RETURN jsonb_build_object('dry_run', p_dry_run,
+                              'retention_generation', jsonb_build_object('from', v_from, 'to', v_to),
+                              'clients_assigned', v_clients, 'rebuild_sessions', v_sessions);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_reset_scope(text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_reset_scope(text, boolean) TO synchro_operator;

@@ -99,17 +99,7 @@ pub(crate) async fn rebuild(
             resumed
         }
     };
-    let page = session_page(
-        state,
-        db,
-        user_id,
-        &req,
-        &session_id,
-        from,
-        &stream,
-        current,
-    )
-    .await?;
+    let page = session_page(state, db, user_id, &req, &session_id, from, current).await?;
     // None: a concurrent request completed the session (its records are gone) after its
     // header was read, or compaction ended it for idleness.
     let records = page
@@ -232,11 +222,13 @@ struct SessionPage {
     watermark: u64,
     /// The scope checksum of the session's snapshot (hex), computed when it started.
     checksum: String,
+    /// The stream and membership generations the session was built under.
+    stream_generation: u64,
+    membership_generation: u64,
 }
 
 /// Reads the session and its page from `from`; a session bound to another principal is 400,
-/// one bound to another generation, schema, stream or membership (or gone) restarts.
-#[allow(clippy::too_many_arguments)]
+/// one bound to another client generation or schema (or gone) restarts.
 async fn session_page(
     state: &AppState,
     db: &tokio_postgres::Client,
@@ -244,7 +236,6 @@ async fn session_page(
     req: &RebuildRequest,
     session_id: &str,
     from: i32,
-    stream: &ScopeStreamState,
     current: &Manifest,
 ) -> Result<SessionPage, ApiError> {
     // The session and its page in one round trip (a page of a session that does not match
@@ -274,10 +265,14 @@ async fn session_page(
             "the continuation token is invalid",
         ));
     }
+    // A session completes against the stream and membership generations it was built under
+    // (spec 003 staged backfill, step 5: the prior generation is retained for the rebuild
+    // sessions in flight; its stored rows are that retention): its final cursor binds them,
+    // so a membership generation activated meanwhile stales it at the next pull (the scope
+    // rebuilds again under the new rule), and a lineage reset's bridge lets it resume. Another
+    // client generation or schema restarts it.
     if bound_generation != req.client_generation
         || s.get::<_, String>(4) != current.schema_hash_hex()
-        || s.get::<_, i64>(5) as u64 != stream.stream_generation
-        || s.get::<_, i64>(6) as u64 != stream.membership_generation
     {
         return Err(restart(&req.scope_id));
     }
@@ -287,6 +282,8 @@ async fn session_page(
         row_count: i64::from(s.get::<_, i32>(8)),
         watermark: s.get::<_, i64>(7) as u64,
         checksum: s.get::<_, String>(9),
+        stream_generation: s.get::<_, i64>(5) as u64,
+        membership_generation: s.get::<_, i64>(6) as u64,
     })
 }
 
@@ -338,8 +335,8 @@ async fn finish(
     .await?;
     let cursor = ScopeCursor {
         scope_id: req.scope_id.clone(),
-        stream_generation: stream.stream_generation,
-        membership_generation: stream.membership_generation,
+        stream_generation: page.stream_generation,
+        membership_generation: page.membership_generation,
         retention_generation: stream.retention_generation,
         position: page.watermark,
         schema_hash: current.schema_hash(),

@@ -339,6 +339,11 @@ enum LineageCommand {
         /// How long to wait for the worker to finish (seconds; 0: do not wait).
         #[arg(long, default_value_t = 600)]
         wait_secs: u64,
+        /// Reset one scope's lineage instead (the stream is intact): its retention generation
+        /// advances, so every client holding it (cursors and seed receipts) rebuilds it from
+        /// the current rows; every other scope resumes untouched. Takes effect at once.
+        #[arg(long)]
+        scope: Option<String>,
     },
 }
 
@@ -848,8 +853,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     database_url,
                     dry_run,
                     wait_secs,
+                    scope,
                 },
-        } => operator::lineage_reset(&database_url, dry_run, wait_secs).await,
+        } => match scope {
+            Some(scope) => {
+                operator::operator_function(
+                    &database_url,
+                    "SELECT synchro.synchro_lineage_reset_scope($1, $2::text::boolean)::text",
+                    &[scope, dry_run.to_string()],
+                )
+                .await
+            }
+            None => operator::lineage_reset(&database_url, dry_run, wait_secs).await,
+        },
         Command::Settings { database_url, set } => operator::settings(&database_url, set).await,
         Command::Probe { listen } => Ok(match crate::probe::ready(listen).await {
             Ok(()) => ExitCode::SUCCESS,
