@@ -233,7 +233,11 @@ async fn main() -> Result<()> {
             generation: v["client_generation"].as_u64().expect("generation"),
             cursor: Value::Null,
         };
-        follow(&http, &base, &schema, &mut sim, &AtomicBool::new(false)).await;
+        // Twice: the second pull presents the first one's cursor, which acknowledges it (a
+        // client that never acknowledged pins nothing).
+        for _ in 0..2 {
+            follow(&http, &base, &schema, &mut sim, &AtomicBool::new(false)).await;
+        }
         sims.push(sim);
     }
     println!("{clients} clients synced; the soak begins");

@@ -192,6 +192,19 @@ pub(super) async fn lineage_reset(url: &str, dry_run: bool, wait_secs: u64) -> R
         "lineage reset requested: the capture worker makes a new slot and copies {} relation(s)",
         plan["relations"].as_array().map_or(0, Vec::len)
     );
+    let leading: Option<String> = db
+        .query_one(
+            "SELECT synchro.synchro_health_detail() ->> 'capture_worker'",
+            &[],
+        )
+        .await
+        .map(|r| r.get(0))
+        .unwrap_or(None);
+    if leading.as_deref() != Some("ok") {
+        eprintln!(
+            "no capture worker is running now: the reset is carried out when `synchro-server serve` (or `capture`) starts"
+        );
+    }
     let from = plan["stream_generation"].as_i64();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait_secs);
     let mut last_pending = None;
