@@ -101,11 +101,12 @@ async fn assert_blocked(env: &Env, base: &str, reason: &str) {
     assert_eq!(ready.status(), 503);
 }
 
-/// Runs `lineage reset` and checks it finished.
-fn lineage_reset(env: &Env) {
+/// Runs `lineage reset` (after a dry run that finds the slot in `slot_state`) and checks it
+/// finished.
+fn lineage_reset(env: &Env, slot_state: &str) {
     let (code, plan) = cli(env, &["lineage", "reset", "--dry-run"]);
     assert_eq!(code, 0, "{plan}");
-    assert_eq!(plan["slot"]["state"], "missing");
+    assert_eq!(plan["slot"]["state"], slot_state);
     assert_eq!(plan["relations"][0]["relation"], "app.docs");
     let (code, done) = cli(env, &["lineage", "reset", "--wait-secs", "120"]);
     assert_eq!(code, 0, "{done}");
@@ -174,7 +175,7 @@ async fn a_dropped_slot_blocks_and_lineage_reset_sends_a_caught_up_client_only_w
     assert_ne!(code, 0);
     assert!(stderr.contains("synchro-server lineage reset"), "{stderr}");
 
-    lineage_reset(&env);
+    lineage_reset(&env, "missing");
     wait_ready(&reqwest::Client::new(), &base).await;
     let report = alice.sync_once().await.unwrap();
     assert!(report.rebuilt.is_empty(), "no rebuild: {report:?}");
@@ -254,7 +255,7 @@ async fn after_a_base_backup_is_restored_a_client_of_the_lost_history_rebuilds_a
     let _server = start_server(&env, port, SECRET);
     assert_blocked(&env, &base, "slot_missing").await;
 
-    lineage_reset(&env);
+    lineage_reset(&env, "missing");
     wait_ready(&reqwest::Client::new(), &base).await;
     let source = source_rows(&env).await;
     assert_eq!(source.len(), 501);
@@ -270,4 +271,84 @@ async fn after_a_base_backup_is_restored_a_client_of_the_lost_history_rebuilds_a
     let mut fresh = client(&base, "alice", 3);
     fresh.sync_once().await.unwrap();
     assert_eq!(local_rows(&fresh), source);
+}
+
+#[tokio::test]
+async fn an_invalidated_slot_blocks_and_lineage_reset_sends_a_caught_up_client_only_what_it_missed()
+{
+    let env = Env::installed().await;
+    docs_with_owner_and_team(
+        &env,
+        "INSERT INTO app.docs SELECT g, 'alice', 'red', 'doc ' || g FROM generate_series(1, 500) g",
+    )
+    .await;
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let server = start_server(&env, port, SECRET);
+    wait_ready(&reqwest::Client::new(), &base).await;
+    let mut alice = client(&base, "alice", 1);
+    alice.sync_once().await.unwrap();
+
+    // The server is away while the slot may keep 1 MB of WAL: 8 segments' worth of writes
+    // (2,000 rows for alice, 6,000 for others) and checkpoints invalidate it.
+    drop(server);
+    for sql in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'",
+        "SELECT pg_reload_conf()",
+    ] {
+        env.admin.batch_execute(sql).await.unwrap();
+    }
+    for i in 0..8 {
+        let owner = if i % 4 == 0 { "alice" } else { "bob" };
+        env.admin
+            .batch_execute(&format!(
+                "INSERT INTO app.docs SELECT g, '{owner}', 'blue', repeat('x', 1000)
+                   FROM generate_series({0}, {0} + 999) g;
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+                10_000 + i * 1000
+            ))
+            .await
+            .unwrap();
+    }
+    let status: String = env
+        .admin
+        .query_one(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'synchro_capture'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "lost");
+    for sql in [
+        "ALTER SYSTEM RESET max_slot_wal_keep_size",
+        "SELECT pg_reload_conf()",
+    ] {
+        env.admin.batch_execute(sql).await.unwrap();
+    }
+    let _server = start_server(&env, port, SECRET);
+    assert_blocked(&env, &base, "slot_invalidated").await;
+    assert!(alice.sync_once().await.is_err());
+
+    lineage_reset(&env, "invalidated");
+    wait_ready(&reqwest::Client::new(), &base).await;
+    let report = alice.sync_once().await.unwrap();
+    assert!(report.rebuilt.is_empty(), "no rebuild: {report:?}");
+    // alice's 2,000 new rows (in her user scope; team blue is not hers), not her 500 again.
+    assert_eq!(report.pulled_changes, 2000, "{report:?}");
+    let alices: Vec<(i64, Option<String>)> = env
+        .admin
+        .query(
+            "SELECT id, title FROM app.docs WHERE owner = 'alice' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(local_rows(&alice), alices);
+    let mut fresh = client(&base, "alice", 2);
+    fresh.sync_once().await.unwrap();
+    assert_eq!(local_rows(&fresh), alices);
 }
