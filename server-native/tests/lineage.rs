@@ -200,10 +200,31 @@ async fn a_slot_dropped_while_the_worker_was_away_blocks_capture_and_is_not_repl
     let (generation_before, watermark_before) = stream(&env).await;
     let plan = lineage_reset(&op, false).await;
     assert!(!plan["requested_at"].is_null());
-    // The worker makes the new slot and copies the relation into its stream: the row
-    // written while no slot existed arrives, as the only change.
-    step_until_projected(&env, &mut worker, 2).await;
+    // The worker makes the new slot and copies the relation from its exported snapshot (no
+    // write gate); a row written after that snapshot, before the stream is read, comes
+    // through the stream. The row written while no slot existed and that one arrive, as the
+    // only changes.
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Applied(1)
+    );
     assert_eq!(slots(&env).await, 1);
+    env.admin
+        .batch_execute("INSERT INTO app.docs VALUES (3, 'alice', 'red', 'between the snapshot and the stream')")
+        .await
+        .unwrap();
+    step_until_projected(&env, &mut worker, 3).await;
+    let from_snapshot: i64 = env
+        .admin
+        .query_one(
+            "SELECT count(*) FROM synchro.registry_generations
+              WHERE change = 'resync' AND state = 'active' AND snapshot_lsn IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(from_snapshot, 1, "copied from the slot's snapshot");
     let (generation, watermark) = stream(&env).await;
     assert!(generation > generation_before);
     let bridge: (i64, i64) = {
@@ -232,16 +253,16 @@ async fn a_slot_dropped_while_the_worker_was_away_blocks_capture_and_is_not_repl
     };
     assert_eq!(
         changed,
-        (1, 2),
-        "the missing row (in its two scopes), not the one the projection already had"
+        (2, 4),
+        "the missing row and the later one (each in its two scopes), not the one the projection already had"
     );
-    assert_eq!(watermark - watermark_before, 2);
+    assert_eq!(watermark - watermark_before, 4);
     assert_eq!(lineage_reset(&op, true).await["in_progress"], 0);
     env.admin
-        .batch_execute("INSERT INTO app.docs VALUES (3, 'alice', 'red', 'after')")
+        .batch_execute("INSERT INTO app.docs VALUES (4, 'alice', 'red', 'after')")
         .await
         .unwrap();
-    step_until_projected(&env, &mut worker, 3).await;
+    step_until_projected(&env, &mut worker, 4).await;
     assert_eq!(check(&env, "capture_lineage").await, "ok");
     assert_eq!(check(&env, "capture_slot").await, "ok");
     // Every row, the one written while no slot existed too.
@@ -257,7 +278,7 @@ async fn a_slot_dropped_while_the_worker_was_away_blocks_capture_and_is_not_repl
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(ids, vec![1, 2, 3]);
+    assert_eq!(ids, vec![1, 2, 3, 4]);
 }
 
 #[tokio::test]

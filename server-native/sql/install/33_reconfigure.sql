@@ -48,7 +48,10 @@ CREATE TABLE synchro.registry_generations (
     created_at timestamptz NOT NULL DEFAULT now(),
     staged_at timestamptz,
     activated_at timestamptz,
-    activated_lsn pg_lsn
+    activated_lsn pg_lsn,
+    -- A lineage reset's copy made from the new slot's exported snapshot (35_lineage): the
+    -- slot's consistent point, where the worker activates it before reading the stream.
+    snapshot_lsn pg_lsn
 );
 REVOKE ALL ON synchro.registry_generations FROM PUBLIC;
 GRANT SELECT ON synchro.registry_generations TO synchro_worker;
@@ -440,6 +443,35 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_reset_relation(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_reset_relation(text, text) TO synchro_operator;
 
+-- Copies the rows of a pending generation's relation under its fields into
+-- synchro.projection_stage, each with the version of its last fenced write as of this copy
+-- (NULL: none since registration), as the caller's snapshot sees them (the stage's write
+-- gate, or a lineage reset's exported snapshot, 35_lineage). Returns the rows copied.
+CREATE FUNCTION synchro.synchro_copy_to_stage(p_generation bigint) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp
+SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
+SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
+DECLARE
+    v_rel synchro.relations%ROWTYPE;
+    v_cols text;
+    v_rows bigint;
+BEGIN
+    SELECT r.* INTO v_rel FROM synchro.relations r JOIN synchro.registry_generations g USING (relation_id)
+     WHERE g.generation = p_generation;
+    SELECT string_agg(format('CASE WHEN %1$I IS NULL THEN NULL ELSE format(''%%s'', %1$I) END', p.column_name),
+                      ', ' ORDER BY p.attnum)
+      INTO v_cols FROM synchro.pending_fields p WHERE p.generation = p_generation;
+    EXECUTE format('INSERT INTO synchro.projection_stage (generation, n, row_values, source_version) '
+                   'SELECT %s, row_number() OVER (), ARRAY[%s]::text[], '
+                   '(SELECT v.version::text FROM synchro.source_versions v '
+                   '  WHERE v.relation_id = %L AND v.pk = to_jsonb(t) ->> %L) FROM ONLY %I.%I t',
+                   p_generation, v_cols, v_rel.relation_id, v_rel.capture_key_column,
+                   v_rel.physical_schema, v_rel.physical_relation);
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_copy_to_stage(bigint) FROM PUBLIC;
+
 -- Stages a pending generation (see the top of this file): checks under the write gate that
 -- the catalog still has its shape, copies the rows, marks the relation 'copied', binds the
 -- manifest (NULL when the client-visible schema is unchanged), emits the message and clears
@@ -453,7 +485,6 @@ SET extra_float_digits = 1 SET bytea_output = 'hex' AS $$
 DECLARE
     v_gen synchro.registry_generations%ROWTYPE;
     v_rel synchro.relations%ROWTYPE;
-    v_cols text;
     v_rows bigint;
     v_trigger name;
 BEGIN
@@ -509,18 +540,7 @@ BEGIN
         RAISE EXCEPTION 'the relation changed after it was reconfigured; reconfigure it again'
             USING ERRCODE = '40001';
     END IF;
-    SELECT string_agg(format('CASE WHEN %1$I IS NULL THEN NULL ELSE format(''%%s'', %1$I) END', p.column_name),
-                      ', ' ORDER BY p.attnum)
-      INTO v_cols FROM synchro.pending_fields p WHERE p.generation = p_generation;
-    -- Each row with the version of its last fenced write as of this copy (NULL: none since
-    -- registration), read under the same lock.
-    EXECUTE format('INSERT INTO synchro.projection_stage (generation, n, row_values, source_version) '
-                   'SELECT %s, row_number() OVER (), ARRAY[%s]::text[], '
-                   '(SELECT v.version::text FROM synchro.source_versions v '
-                   '  WHERE v.relation_id = %L AND v.pk = to_jsonb(t) ->> %L) FROM ONLY %I.%I t',
-                   p_generation, v_cols, v_rel.relation_id, v_rel.capture_key_column,
-                   v_rel.physical_schema, v_rel.physical_relation);
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_rows := synchro.synchro_copy_to_stage(p_generation);
     UPDATE synchro.registry_generations
        SET state = 'staged', staged_at = now(), schema_version = p_schema_version,
            scopes_recorded = coalesce(p_record_scopes, false)

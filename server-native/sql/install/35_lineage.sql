@@ -8,17 +8,19 @@
 --   1. synchro_lineage_reset(false) records the request (the plan it returns is what
 --      `--dry-run` prints: synchro_lineage_reset(true) changes nothing).
 --   2. The capture worker, which holds the leader lock and the REPLICATION the slot needs,
---      takes it at its next step: drops whatever slot has the name, creates a new one (with
---      failover on PostgreSQL 17 and later), then synchro_lineage_reset_begin records the
---      new lineage and a new stream generation bridged from the old one, and puts every
---      registered relation up for a fresh copy: a 'resync' generation with its fields
---      unchanged (and a staged generation whose message went into a stream no longer read
---      back to pending, a bootstrap copy whose message was lost back to pending).
---   3. The worker stages each (synchro_stage_generation: the copy under the write gate and
---      its message, now in the new slot's stream) before it opens the stream; at each
---      message the copy is compared with the projection and only the rows that differ
+--      takes it at its next step: drops whatever slot has the name, puts every registered
+--      relation up for a fresh copy (synchro_lineage_reset_prepare: a 'resync' generation
+--      with its fields unchanged; a staged generation whose message went into the lost
+--      stream back to pending; a bootstrap copy whose message was lost back to pending),
+--      creates the new slot with an exported snapshot (and failover on PostgreSQL 17 and
+--      later), copies every relation as of exactly that snapshot (synchro_lineage_copy: no
+--      write gate, writers never wait), then synchro_lineage_reset_begin records the new
+--      lineage and a new stream generation bridged from the old one.
+--   3. Before it reads the new stream the worker activates the copies at the slot's
+--      beginning: each copy is compared with the projection and only the rows that differ
 --      become changes (capture/reconfigure.rs), so nothing written while no slot existed is
---      skipped, and no scope is made to rebuild for it.
+--      skipped, and no scope is made to rebuild for it. The generations put back to pending
+--      are staged again (synchro_stage_generation, their message in the new stream).
 -- Cursors bind the stream generation. A cursor of an earlier generation resumes when its
 -- position is at or below the bridge (that history survives: effects are written in
 -- position order by the single capture leader, so the history up to the bridge is the one
@@ -130,10 +132,72 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_reset(boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_reset(boolean) TO synchro_operator;
 
--- The worker's part of a requested reset, once it created the new slot (beginning at
--- p_began on system p_system, timeline p_timeline), in one transaction; returns the new
--- stream generation.
-CREATE FUNCTION synchro.synchro_lineage_reset_begin(p_system text, p_timeline integer, p_began pg_lsn)
+-- The worker's first part of a requested reset, after it dropped what was left of the old
+-- slot and before it creates the new one: every relation is put up for a fresh copy (a
+-- 'resync' generation with its fields unchanged; a staged generation whose message went into
+-- the lost stream back to pending, to be staged again; a bootstrap copy whose message was
+-- lost back to pending, to be copied again). Idempotent (a crash before the reset is recorded
+-- runs it again). Returns the resync generations to copy.
+CREATE FUNCTION synchro.synchro_lineage_reset_prepare() RETURNS SETOF bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM synchro.capture_state WHERE lineage_reset_requested_at IS NOT NULL) THEN
+        RAISE EXCEPTION 'no lineage reset was requested' USING ERRCODE = '55000';
+    END IF;
+    DELETE FROM synchro.projection_rows p USING synchro.relation_capture c
+     WHERE p.relation_id = c.relation_id AND c.status = 'copied'
+       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                        WHERE g.relation_id = c.relation_id AND g.state = 'staged');
+    UPDATE synchro.relation_capture c SET status = 'pending', rows_copied = NULL, updated_at = now()
+     WHERE c.status = 'copied'
+       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                        WHERE g.relation_id = c.relation_id AND g.state = 'staged');
+    DELETE FROM synchro.projection_stage s USING synchro.registry_generations g
+     WHERE s.generation = g.generation AND g.state = 'staged';
+    UPDATE synchro.registry_generations SET state = 'pending', snapshot_lsn = NULL WHERE state = 'staged';
+    PERFORM synchro.synchro_record_fresh_copy(c.relation_id, 'resync')
+       FROM synchro.relation_capture c
+      WHERE c.status = 'active'
+        AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
+                         WHERE g.relation_id = c.relation_id AND g.state = 'pending')
+      ORDER BY c.relation_id;
+    RETURN QUERY SELECT generation FROM synchro.registry_generations
+                  WHERE change = 'resync' AND state = 'pending' ORDER BY generation;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_reset_prepare() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_reset_prepare() TO synchro_worker;
+
+-- The copies of the prepared resync generations, in the caller's transaction, which imported
+-- the new slot's exported snapshot (SET TRANSACTION SNAPSHOT): each relation exactly as of
+-- the point the new stream begins, with no write gate (writers never wait) and no message.
+-- Only inserts into projection_stage (the rows the snapshot cannot see are written after it,
+-- by synchro_lineage_reset_begin). Returns the rows copied.
+CREATE FUNCTION synchro.synchro_lineage_copy(p_generations bigint[]) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_generation bigint;
+    v_rows bigint := 0;
+BEGIN
+    FOREACH v_generation IN ARRAY coalesce(p_generations, '{}') LOOP
+        IF NOT EXISTS (SELECT 1 FROM synchro.registry_generations
+                        WHERE generation = v_generation AND change = 'resync' AND state = 'pending') THEN
+            RAISE EXCEPTION 'no such pending lineage copy' USING ERRCODE = '22023';
+        END IF;
+        DELETE FROM synchro.projection_stage WHERE generation = v_generation;
+        v_rows := v_rows + synchro.synchro_copy_to_stage(v_generation);
+    END LOOP;
+    RETURN v_rows;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_copy(bigint[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_copy(bigint[]) TO synchro_worker;
+
+-- The worker's last part, once the copies are made: the new slot (beginning at p_began on
+-- system p_system, timeline p_timeline) becomes the recorded lineage, a new stream
+-- generation bridged from the old one begins, the block and the request are cleared, and the
+-- copies are staged at the slot's beginning (the worker activates them there before it reads
+-- the stream). One transaction; returns the new stream generation.
+CREATE FUNCTION synchro.synchro_lineage_reset_begin(p_system text, p_timeline integer, p_began pg_lsn,
+    p_generations bigint[])
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -155,30 +219,28 @@ BEGIN
            lineage_recorded_at = now(), lineage_reset_requested_at = NULL,
            blocked_reason = NULL, blocked_at = NULL, blocked_relation_id = NULL, blocked_detail = NULL,
            blocked_lsn = NULL, blocked_ordinal = NULL, blocked_sqlstate = NULL;
-    -- A bootstrap copy whose message went into the lost stream: copied again.
-    DELETE FROM synchro.projection_rows p USING synchro.relation_capture c
-     WHERE p.relation_id = c.relation_id AND c.status = 'copied'
-       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
-                        WHERE g.relation_id = c.relation_id AND g.state = 'staged');
-    UPDATE synchro.relation_capture c SET status = 'pending', rows_copied = NULL, updated_at = now()
-     WHERE c.status = 'copied'
-       AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
-                        WHERE g.relation_id = c.relation_id AND g.state = 'staged');
-    -- A staged generation whose message went into the lost stream: staged again.
-    DELETE FROM synchro.projection_stage s USING synchro.registry_generations g
-     WHERE s.generation = g.generation AND g.state = 'staged';
-    UPDATE synchro.registry_generations SET state = 'pending' WHERE state = 'staged';
-    -- Every other relation: a fresh copy with its fields unchanged.
-    PERFORM synchro.synchro_record_fresh_copy(c.relation_id, 'resync')
-       FROM synchro.relation_capture c
-      WHERE c.status = 'active'
-        AND NOT EXISTS (SELECT 1 FROM synchro.registry_generations g
-                         WHERE g.relation_id = c.relation_id AND g.state = 'pending')
-      ORDER BY c.relation_id;
+    UPDATE synchro.registry_generations SET state = 'staged', staged_at = now(), snapshot_lsn = p_began
+     WHERE generation = ANY (p_generations) AND change = 'resync' AND state = 'pending';
+    UPDATE synchro.relation_capture c
+       SET status = 'copied', updated_at = now(),
+           rows_copied = (SELECT count(*) FROM synchro.projection_stage s WHERE s.generation = g.generation)
+      FROM synchro.registry_generations g
+     WHERE g.relation_id = c.relation_id AND g.generation = ANY (p_generations) AND g.state = 'staged';
     RETURN v_next;
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_reset_begin(text, integer, pg_lsn) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_reset_begin(text, integer, pg_lsn) TO synchro_worker;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_reset_begin(text, integer, pg_lsn, bigint[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_reset_begin(text, integer, pg_lsn, bigint[]) TO synchro_worker;
+
+-- The copies made from the new slot's snapshot and not yet activated, with the position the
+-- worker activates them at (before it reads the stream).
+CREATE FUNCTION synchro.synchro_lineage_snapshot_copies()
+RETURNS TABLE (generation bigint, at pg_lsn)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT g.generation, g.snapshot_lsn FROM synchro.registry_generations g
+     WHERE g.state = 'staged' AND g.snapshot_lsn IS NOT NULL ORDER BY g.generation
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_lineage_snapshot_copies() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_lineage_snapshot_copies() TO synchro_worker;
 
 -- The generations the worker stages itself after a reset (before it opens the stream): the
 -- reset's copies and the generations it put back to pending, each with the manifest and

@@ -10,9 +10,11 @@
 //! Only the first start after `install` (a database that never applied a transaction)
 //! creates the slot on its own. After that only a lineage reset the operator asked for
 //! (`synchro-server lineage reset`, install file 35_lineage) replaces it: [`reset`] makes the
-//! new slot and records the new lineage and stream generation, and [`restage`] copies every
-//! registered relation into the new slot's stream before it is read, so the rows written
-//! while no slot existed arrive as ordinary changes. A database with no lineage recorded but
+//! new slot with an exported snapshot, copies every registered relation as of that snapshot
+//! and records the new lineage and stream generation; before the new stream is read the
+//! copies are activated at its beginning ([`snapshot_copies`], `step.rs`), so the rows
+//! written while no slot existed arrive as ordinary changes, and [`restage`] stages again what
+//! was staged into the lost stream. A database with no lineage recorded but
 //! a history (installed by an older binary) takes a usable slot as it is and blocks on a
 //! missing or lost one like any other.
 
@@ -190,10 +192,17 @@ async fn create_slot(control: &Client, name: &str) -> Result<PgLsn> {
 }
 
 /// Carries out a lineage reset the operator asked for (35_lineage.sql): whatever slot has
-/// the name goes, a new one is made, and the new lineage, stream generation and the copies
-/// of every relation are recorded (one transaction). A crash in between leaves the request
-/// standing, and the next step does it again. Returns the new stream generation.
-pub(super) async fn reset(control: &Client, materialize: &Client, name: &str) -> Result<i64> {
+/// the name goes; every relation is put up for a fresh copy; the new slot is created with an
+/// exported snapshot, and every relation is copied as of exactly that snapshot (no write
+/// gate); then the new lineage and stream generation are recorded. The copies are activated
+/// at the slot's beginning before the stream is read ([`snapshot_copies`]). A crash in
+/// between leaves the request standing, and the next step does it all again.
+pub(super) async fn reset(
+    url: &str,
+    control: &Client,
+    materialize: &Client,
+    name: &str,
+) -> Result<i64> {
     let (system, timeline) = system(control).await;
     if slot(control, name).await?.is_some() {
         control
@@ -201,25 +210,96 @@ pub(super) async fn reset(control: &Client, materialize: &Client, name: &str) ->
             .await
             .context("dropping the capture slot of the old lineage")?;
     }
-    let began = create_slot(control, name).await?;
+    let generations: Vec<i64> = materialize
+        .query("SELECT synchro.synchro_lineage_reset_prepare()", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    // The slot and its snapshot, on a replication session that stays open (idle) until the
+    // copies are made: the snapshot lives only as long as that.
+    let version: i32 = control
+        .query_one("SELECT current_setting('server_version_num')::integer", &[])
+        .await?
+        .get(0);
+    let mut replication =
+        pgwire_replication::ReplicationClient::connect_gated(super::stream::config(url, name)?)
+            .await?;
+    let created = replication
+        .simple_query(&format!(
+            "CREATE_REPLICATION_SLOT \"{}\" LOGICAL pgoutput (SNAPSHOT 'export'{})",
+            name.replace('"', "\"\""),
+            if version >= 170_000 { ", FAILOVER" } else { "" }
+        ))
+        .await
+        .context("creating the capture slot")?;
+    let text = |i: usize| {
+        created
+            .first()
+            .and_then(|row| row.get(i))
+            .and_then(|v| v.as_ref())
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .context("CREATE_REPLICATION_SLOT answered no row")
+    };
+    let began: PgLsn = text(1)?
+        .parse()
+        .map_err(|_| anyhow::anyhow!("CREATE_REPLICATION_SLOT answered no position"))?;
+    let snapshot = text(2)?;
+    materialize
+        .batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '{}'",
+            snapshot.replace('\'', "''")
+        ))
+        .await?;
+    let copied = materialize
+        .query_one("SELECT synchro.synchro_lineage_copy($1)", &[&generations])
+        .await;
+    let copied: i64 = match copied {
+        Ok(row) => {
+            materialize.batch_execute("COMMIT").await?;
+            row.get(0)
+        }
+        Err(e) => {
+            materialize.batch_execute("ROLLBACK").await?;
+            return Err(e.into());
+        }
+    };
+    drop(replication);
     let generation: i64 = materialize
         .query_one(
-            "SELECT synchro.synchro_lineage_reset_begin($1, $2, $3)",
-            &[&system, &timeline, &began],
+            "SELECT synchro.synchro_lineage_reset_begin($1, $2, $3, $4)",
+            &[&system, &timeline, &began, &generations],
         )
         .await?
         .get(0);
     tracing::info!(
-        "lineage reset: a new capture slot; every registered relation is copied into its stream and compared"
+        relations = generations.len(),
+        rows = copied,
+        "lineage reset: a new capture slot; every relation copied from its snapshot, to be compared"
     );
     Ok(generation)
 }
 
-/// Stages the copies a lineage reset put up (and the generations it put back to pending),
-/// each under its write gate with its message in the new slot's stream, before that stream
-/// is read. `false` when a table's lock could not be had in time: the stream waits for the
-/// next step (read before the copy, the relation's changes would apply to rows the
-/// projection does not have yet).
+/// The copies a lineage reset made from the new slot's snapshot and not yet activated, and
+/// where the stream begins (they are activated there, before the stream is read).
+pub(super) async fn snapshot_copies(materialize: &Client) -> Result<Option<(PgLsn, Vec<i64>)>> {
+    let rows = materialize
+        .query(
+            "SELECT generation, at FROM synchro.synchro_lineage_snapshot_copies()",
+            &[],
+        )
+        .await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let at: PgLsn = first.get(1);
+    Ok(Some((at, rows.iter().map(|r| r.get(0)).collect())))
+}
+
+/// Stages the generations a lineage reset put back to pending (a reconfiguration or reset
+/// staged into the lost stream), each under its write gate with its message in the new
+/// slot's stream, before that stream is read. `false` when a table's lock could not be had
+/// in time: the stream waits for the next step.
 pub(super) async fn restage(materialize: &Client) -> Result<bool> {
     let pending = materialize
         .query(

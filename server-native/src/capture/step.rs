@@ -97,7 +97,7 @@ impl Worker {
             // The operator asked for a lineage reset (`synchro-server lineage reset`): the
             // next step copies every relation into the new slot's stream.
             self.stream = None;
-            super::lineage::reset(&self.control, &self.materialize, &self.slot).await?;
+            super::lineage::reset(&self.url, &self.control, &self.materialize, &self.slot).await?;
             self.functions.forget_prepared();
             return Ok(StepOutcome::Applied(1));
         }
@@ -185,7 +185,10 @@ impl Worker {
             {
                 return Err(Blocked(reason).into());
             }
-            // A lineage reset's copies go into the new stream before it is read.
+            // A lineage reset's copies from the new slot's snapshot are activated where the
+            // stream begins, before it is read; the generations it put back to pending are
+            // staged again into it.
+            self.activate_snapshot_copies().await?;
             if !super::lineage::restage(&self.materialize).await? {
                 return Ok(StepOutcome::Applied(0));
             }
@@ -256,6 +259,35 @@ impl Worker {
         self.heartbeat(source_applied, caught_up).await?;
         self.heartbeat.report(Phase::Idle, None, None, None);
         Ok(StepOutcome::Applied(applied))
+    }
+
+    /// Activates a lineage reset's copies made from the new slot's snapshot, as a
+    /// transaction at the slot's beginning that changes nothing but carries their activation
+    /// (the copy compared with the projection: only the rows that differ become changes).
+    async fn activate_snapshot_copies(&self) -> Result<()> {
+        let Some((at, generations)) = super::lineage::snapshot_copies(&self.materialize).await?
+        else {
+            return Ok(());
+        };
+        let mut registry = self.registry().await?;
+        let micros_since_2000 = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0)
+            - 946_684_800_000_000;
+        let span = Span {
+            commit_lsn: at,
+            end_lsn: at,
+            transactions: 0,
+            commit_time: micros_since_2000,
+        };
+        let changes = TxChanges {
+            finals: Default::default(),
+            seq: 0,
+            bootstrapped: Vec::new(),
+            reconfigured: generations,
+        };
+        self.apply(&span, changes, &mut registry).await
     }
 
     /// Waits until every transaction of a batch is visible to new snapshots. Decoding hands

@@ -302,7 +302,7 @@ impl Stream {
 
 /// The replication client's configuration for the worker login `url` (a connection string
 /// or URL, as for tokio-postgres).
-fn config(url: &str, slot: &str) -> Result<ReplicationConfig> {
+pub(super) fn config(url: &str, slot: &str) -> Result<ReplicationConfig> {
     let pg = tokio_postgres::Config::from_str(url).context("the worker connection string")?;
     let port = pg.get_ports().first().copied().unwrap_or(5432);
     let host = match pg.get_hosts().first() {
