@@ -408,3 +408,55 @@ async fn a_reset_staged_while_the_slot_was_lost_is_staged_again_by_the_lineage_r
     assert_eq!(generations, vec![("reset".into(), "active".into())]);
     assert_eq!(lineage_reset(&op, true).await["in_progress"], 0);
 }
+
+/// Issue 38.2: on PostgreSQL 17 and later the slot a lineage reset creates has failover
+/// enabled (a standby configured to synchronize it continues capture when promoted); before
+/// 17, where slots have no such property, it is an ordinary logical slot of pgoutput. (CI runs
+/// this on every major version the matrix of issue 39 brings.)
+#[tokio::test]
+async fn the_slot_a_lineage_reset_creates_has_failover_where_postgresql_has_it() {
+    let env = setup().await;
+    let url = env.cluster.url("synchro_dev_worker", "app");
+    lose_the_slot(&env).await;
+    let mut worker = Worker::connect(&url).await.unwrap();
+    assert_eq!(
+        worker.step(Failpoint::None).await.unwrap(),
+        StepOutcome::Blocked("slot_missing".into())
+    );
+    let op = env.login("synchro_dev_operator").await;
+    lineage_reset(&op, false).await;
+    step_until_projected(&env, &mut worker, 2).await;
+    let version: i32 = env
+        .admin
+        .query_one("SELECT current_setting('server_version_num')::integer", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (plugin, kind): (String, String) = {
+        let r = env
+            .admin
+            .query_one(
+                "SELECT plugin::text, slot_type FROM pg_replication_slots WHERE slot_name = 'synchro_capture'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((plugin.as_str(), kind.as_str()), ("pgoutput", "logical"));
+    if version >= 170_000 {
+        let failover: bool = env
+            .admin
+            .query_one(
+                "SELECT failover FROM pg_replication_slots WHERE slot_name = 'synchro_capture'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            failover,
+            "PostgreSQL {version}: the slot has failover enabled"
+        );
+    }
+}
