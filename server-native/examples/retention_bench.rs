@@ -26,9 +26,10 @@ use synchro_protocol::token::Keyring;
 use synchro_server::api::{router, AppState, Config};
 use synchro_server::auth::{mint, Authenticator};
 use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
-use synchro_server::pg_harness::TempCluster;
-use synchro_server::registry::{register, RegisterRequest};
-use synchro_server::{connect_db, dev, install, publish};
+use synchro_server::{connect_db, publish};
+
+#[path = "bench_common/mod.rs"]
+mod bench_common;
 
 const SECRET: &[u8] = b"retention-bench-secret-0123456789";
 /// How often compaction runs (`synchro-server compact --every 10`).
@@ -146,44 +147,15 @@ async fn main() -> Result<()> {
         COMPACT_EVERY.as_secs()
     );
 
-    let cluster = TempCluster::start()?;
-    connect_db(&cluster.admin_url())
-        .await?
-        .batch_execute("CREATE DATABASE bench")
-        .await?;
-    let url = |user: &str| cluster.url(user, "bench");
-    let mut admin = connect_db(&url("postgres")).await?;
-    install::install(&mut admin).await?;
-    for (login, group) in dev::DEV_LOGINS {
-        dev::ensure_login(&admin, login, group).await?;
-    }
-    dev::ensure_worker_login(&admin, "synchro_dev_worker").await?;
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE app_owner NOLOGIN; GRANT app_owner TO synchro_owner;
-             CREATE SCHEMA app AUTHORIZATION app_owner;
-             SET ROLE app_owner;
-             CREATE TABLE app.items (id bigint PRIMARY KEY, owner text NOT NULL, title text);
-             INSERT INTO app.items SELECT g, 'u' || (g % {clients}), 'item ' || g FROM generate_series(1, {rows}) g;
-             RESET ROLE;
-             CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
-             GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
-            rows = clients * 20
-        ))
-        .await?;
-    let mut op = connect_db(&url("synchro_dev_operator")).await?;
-    register(&op, &RegisterRequest::synced("app", "items", "multi_scope"))
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    op.batch_execute(
-        "CREATE FUNCTION rules.item_scopes(p_id bigint) RETURNS SETOF text LANGUAGE sql STABLE
-         BEGIN ATOMIC SELECT 'user:' || owner FROM synchro_projection.\"app.items\" WHERE id = p_id; END;
-         REVOKE EXECUTE ON FUNCTION rules.item_scopes(bigint) FROM PUBLIC;
-         GRANT EXECUTE ON FUNCTION rules.item_scopes(bigint) TO synchro_worker;
-         SELECT synchro.synchro_register_membership_function('app', 'items', 'rules.item_scopes(bigint)');",
-    )
+    let (cluster, admin) = bench_common::bench_database(&format!(
+        "CREATE TABLE app.items (id bigint PRIMARY KEY, owner text NOT NULL, title text);
+         INSERT INTO app.items SELECT g, 'u' || (g % {clients}), 'item ' || g FROM generate_series(1, {rows}) g;",
+        rows = clients * 20
+    ))
     .await?;
-    publish::publish(&mut op).await?;
+    let url = |user: &str| cluster.url(user, "bench");
+    let mut op = connect_db(&url("synchro_dev_operator")).await?;
+    bench_common::register_items_by_owner(&mut op).await?;
     let mut worker = Worker::connect(&url("synchro_dev_worker")).await?;
     while worker.step(Failpoint::None).await? != StepOutcome::Applied(0) {}
     drop(worker);
