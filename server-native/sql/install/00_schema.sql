@@ -21,12 +21,25 @@ GRANT USAGE ON SCHEMA synchro TO synchro_adapter, synchro_seed, synchro_monitor,
 ALTER DEFAULT PRIVILEGES FOR ROLE synchro_owner REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 ALTER DEFAULT PRIVILEGES FOR ROLE synchro_owner REVOKE USAGE ON TYPES FROM PUBLIC;
 
--- PostgreSQL 15 lets PUBLIC emit logical messages: only synchro_owner may, through its
+-- PostgreSQL lets PUBLIC emit logical messages: only synchro_owner may, through its
 -- SECURITY DEFINER fence (31_fences) and bootstrap (32_bootstrap) functions, so no session
--- can forge a fence or a bootstrap marker.
-REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO synchro_owner;
+-- can forge a fence or a bootstrap marker. Every signature the server has (PostgreSQL 17
+-- added a fourth argument, `flush`, with a default: the calls read the same on every version).
+CREATE FUNCTION pg_temp.synchro_restrict_logical_messages() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_fn regprocedure;
+BEGIN
+    FOR v_fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+                 WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname = 'pg_logical_emit_message' LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_fn);
+        IF (SELECT p.proargtypes[2] FROM pg_catalog.pg_proc p WHERE p.oid = v_fn) = 'text'::regtype THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO synchro_owner', v_fn);
+        END IF;
+    END LOOP;
+END $$;
+REVOKE EXECUTE ON FUNCTION pg_temp.synchro_restrict_logical_messages() FROM PUBLIC;
+SELECT pg_temp.synchro_restrict_logical_messages();
 
 SET LOCAL ROLE synchro_owner;
 

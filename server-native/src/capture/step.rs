@@ -94,8 +94,9 @@ impl Worker {
             return Ok(StepOutcome::NotLeader);
         }
         if state.get::<_, bool>(2) {
-            // The operator asked for a lineage reset (`synchro-server lineage reset`): the
-            // next step copies every relation into the new slot's stream.
+            // The operator asked for a lineage reset (`synchro-server lineage reset`): a new
+            // slot, every relation copied from its snapshot; the next step activates the
+            // copies before it reads the new stream.
             self.stream = None;
             super::lineage::reset(&self.url, &self.control, &self.materialize, &self.slot).await?;
             self.functions.forget_prepared();
