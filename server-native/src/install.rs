@@ -341,8 +341,21 @@ pub fn quote_ident(name: &str) -> String {
 pub fn describe_for_log(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => format!("database error (SQLSTATE {})", d.code().code()),
-        None => e.to_string(),
+        None => with_causes(e),
     }
+}
+
+/// A client-side error with its causes (tokio-postgres displays "error performing TLS
+/// handshake" and keeps why, say a certificate not valid for the host name, as the source).
+fn with_causes(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// A database error for an operator's command output: message, SQLSTATE and the hint (the
@@ -353,6 +366,6 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
             Some(hint) => format!("{} (SQLSTATE {}); {hint}", d.message(), d.code().code()),
             None => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
         },
-        None => e.to_string(),
+        None => with_causes(e),
     }
 }

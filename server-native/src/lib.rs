@@ -32,6 +32,7 @@ pub mod digest_cache;
 pub mod install;
 pub mod logging;
 pub mod pg_harness;
+pub mod pgconn;
 pub mod probe;
 pub mod publish;
 pub mod registry;
@@ -64,17 +65,18 @@ pub(crate) fn track_session(task: tokio::task::JoinHandle<()>) {
     open.push(task);
 }
 
-/// Connects with tokio-postgres (no TLS: loopback or a trusted network; put TLS in front
-/// for anything else) and drives the connection on the runtime. Unless the URL sets them,
-/// a connect gives up after 10 s, and a path that went silent (no reset from the peer) is
-/// found dead within about a minute: TCP keepalives after 30 s idle, every 10 s, 3 tries,
-/// and a 60 s TCP user timeout on unacknowledged data; a closed connection is then replaced
-/// by the server (`api::SharedConnection`).
+/// Connects with tokio-postgres, over TLS as the connection string's libpq parameters say
+/// (`sslmode`, by default `prefer`; see [`pgconn`]), and drives the connection on the
+/// runtime. Unless the URL sets them, a connect gives up after 10 s, and a path that went
+/// silent (no reset from the peer) is found dead within about a minute: TCP keepalives after
+/// 30 s idle, every 10 s, 3 tries, and a 60 s TCP user timeout on unacknowledged data; a
+/// closed connection is then replaced by the server (`api::SharedConnection`).
 pub async fn connect_db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     let failed = |e: tokio_postgres::Error| {
         anyhow::anyhow!("connecting to PostgreSQL: {}", install::describe(&e))
     };
-    let mut config: tokio_postgres::Config = url.parse().map_err(failed)?;
+    let mut target = pgconn::parse(url).map_err(|e| e.context("connecting to PostgreSQL"))?;
+    let config = &mut target.config;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(std::time::Duration::from_secs(10));
     }
@@ -91,12 +93,9 @@ pub async fn connect_db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     if config.get_application_name().is_none() {
         config.application_name(APPLICATION_NAME.get().copied().unwrap_or("synchro-server"));
     }
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(failed)?;
+    let (client, connection) = pgconn::open(&target, None).await.map_err(failed)?;
     let task = tokio::spawn(async move {
-        if let Err(e) = connection.await {
+        if let Ok(Err(e)) = connection.await {
             tracing::warn!(error = %install::describe_for_log(&e), "database connection ended");
         }
     });

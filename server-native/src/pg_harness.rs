@@ -22,6 +22,9 @@ pub struct TempCluster {
     keep: bool,
     /// A persistent cluster's lock file, held (locked) while this run uses the directory.
     _lock: Option<std::fs::File>,
+    /// TCP takes only TLS ([`TempCluster::require_tls`]): the superuser comes in through the
+    /// unix socket.
+    tls_only: bool,
 }
 
 fn bindir() -> Result<PathBuf> {
@@ -102,6 +105,7 @@ impl TempCluster {
             stopped: true,
             keep: false,
             _lock: None,
+            tls_only: false,
         };
         cluster.initdb(&["--no-sync"])?;
         cluster.start_server(
@@ -150,6 +154,7 @@ impl TempCluster {
             stopped: true,
             keep: true,
             _lock: Some(lock),
+            tls_only: false,
         };
         let data = cluster.data_dir();
         match std::fs::read_to_string(data.join("PG_VERSION")) {
@@ -307,9 +312,77 @@ impl TempCluster {
         format!("host=127.0.0.1 port={} user={user} dbname={db}", self.port)
     }
 
-    /// The superuser connection string for the `postgres` database.
+    /// The superuser connection string for the `postgres` database (through the unix socket
+    /// once the cluster takes only TLS over TCP).
     pub fn admin_url(&self) -> String {
-        self.url("postgres", "postgres")
+        self.superuser_url("postgres")
+    }
+
+    /// The superuser connection string for database `db`.
+    pub fn superuser_url(&self, db: &str) -> String {
+        if self.tls_only {
+            format!(
+                "host={} port={} user=postgres dbname={db}",
+                self.dir.display(),
+                self.port
+            )
+        } else {
+            self.url("postgres", db)
+        }
+    }
+
+    /// Makes the cluster take TCP connections only over TLS, as a managed service or any
+    /// database reached over a network does: `cert_pem`/`key_pem` are its certificate and
+    /// key, `ca_pem` the roots it checks client certificates against, and `hostssl` the
+    /// lines of pg_hba.conf (`hostssl <db> <user> 127.0.0.1/32 <method>`), the only ones
+    /// besides the superuser's on the unix socket ([`TempCluster::admin_url`]).
+    pub fn require_tls(
+        &mut self,
+        cert_pem: &str,
+        key_pem: &str,
+        ca_pem: &str,
+        hostssl: &[&str],
+    ) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let data = self.data_dir();
+        for (name, text) in [
+            ("server.crt", cert_pem),
+            ("server.key", key_pem),
+            ("client-ca.crt", ca_pem),
+        ] {
+            let path = data.join(name);
+            std::fs::write(&path, text)?;
+            // PostgreSQL refuses a key file others can read.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            hand_over(self.run_as.as_deref(), &path)?;
+        }
+        let hba = std::iter::once("local all postgres trust")
+            .chain(hostssl.iter().copied())
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(data.join("pg_hba.conf"), hba + "\n")?;
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))?;
+        std::io::Write::write_all(&mut conf, b"\nssl = on\nssl_ca_file = 'client-ca.crt'\n")?;
+        let log = self.dir.join("server.log");
+        let reloads = || -> Result<usize> {
+            Ok(std::fs::read_to_string(&log)?
+                .matches("reloading configuration files")
+                .count())
+        };
+        let before = reloads()?;
+        self.run("pg_ctl", &["reload", "-D"], Some(&data))?;
+        self.tls_only = true;
+        // A reload is asynchronous: wait until the postmaster has read the new files.
+        for _ in 0..100 {
+            if reloads()? > before {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        bail!("the cluster did not reload its configuration")
     }
 
     /// Restarts the cluster with the same settings (a fast shutdown ends every session, as
@@ -384,17 +457,31 @@ impl TempCluster {
         })
     }
 
-    /// Ends every walsender session (best effort: a failure leaves the shutdown's wait).
+    /// Ends every walsender session (best effort: a failure leaves the shutdown's wait). Over
+    /// a tokio-postgres session on a thread of its own (a drop may run inside a runtime), so
+    /// it needs no `psql`: the server-only packages the version matrix uses have none.
     fn end_walsenders(&self) {
-        let port = self.port.to_string();
-        let _ = self.run(
-            "psql",
-            &[
-                "-X", "-q", "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-d", "postgres", "-c",
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'walsender'",
-            ],
-            None,
-        );
+        let url = self.admin_url();
+        let ended = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .ok()?;
+                tokio::spawn(conn);
+                client
+                    .batch_execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                          WHERE backend_type = 'walsender'",
+                    )
+                    .await
+                    .ok()
+            })
+        });
+        let _ = ended.join();
     }
 
     /// Stops the cluster and deletes its directory (a persistent one's is kept).

@@ -212,29 +212,27 @@ async fn listen_once(
     tx: &watch::Sender<u64>,
     schema: &watch::Sender<u64>,
 ) -> anyhow::Result<()> {
-    use futures_util::StreamExt;
-    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let target = crate::pgconn::parse(url)?;
+    let (messages, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let (client, connection) = crate::pgconn::open(&target, Some(messages))
         .await
         .map_err(|e| anyhow::anyhow!("{}", crate::install::describe_for_log(&e)))?;
     let (ended_tx, mut ended_rx) = tokio::sync::oneshot::channel::<()>();
     let bump_tx = tx.clone();
     let schema_tx = schema.clone();
     let pump = tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(m) = messages.next().await {
-            match m {
-                Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
-                    let to = if n.channel() == "synchro_schema" {
-                        &schema_tx
-                    } else {
-                        &bump_tx
-                    };
-                    to.send_modify(|n| *n = n.wrapping_add(1))
-                }
-                Ok(_) => {}
-                Err(_) => break,
+        while let Some(m) = received.recv().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let to = if n.channel() == "synchro_schema" {
+                    &schema_tx
+                } else {
+                    &bump_tx
+                };
+                to.send_modify(|n| *n = n.wrapping_add(1))
             }
         }
+        // The sender went with the connection's task: the session ended.
+        let _ = connection.await;
         let _ = ended_tx.send(());
     });
     client

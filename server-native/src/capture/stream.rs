@@ -13,12 +13,11 @@
 //! applied but not yet confirmed.
 
 use std::collections::VecDeque;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use futures_util::FutureExt as _;
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use tokio_postgres::config::Host;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
@@ -303,7 +302,8 @@ impl Stream {
 /// The replication client's configuration for the worker login `url` (a connection string
 /// or URL, as for tokio-postgres).
 pub(super) fn config(url: &str, slot: &str) -> Result<ReplicationConfig> {
-    let pg = tokio_postgres::Config::from_str(url).context("the worker connection string")?;
+    let target = crate::pgconn::parse(url).context("the worker connection string")?;
+    let pg = &target.config;
     let port = pg.get_ports().first().copied().unwrap_or(5432);
     let host = match pg.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
@@ -321,7 +321,7 @@ pub(super) fn config(url: &str, slot: &str) -> Result<ReplicationConfig> {
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, PUBLICATION)
             .with_port(port)
-            .with_tls(TlsConfig::disabled())
+            .with_tls(target.tls.clone())
             .with_start_lsn(Lsn::ZERO)
             .with_status_interval(STATUS_INTERVAL)
             .with_wakeup_interval(IDLE_WAKEUP)

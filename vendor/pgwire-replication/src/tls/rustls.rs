@@ -170,7 +170,7 @@ pub async fn maybe_upgrade_to_tls(
 
     // Install crypto provider (required for rustls 0.23+)
     // This is idempotent - safe to call multiple times
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    install_provider();
 
     // PostgreSQL TLS negotiation: send SSLRequest, expect 'S' or 'N'
     write_ssl_request(&mut tcp).await?;
@@ -193,7 +193,7 @@ pub async fn maybe_upgrade_to_tls(
     let verify_chain = matches!(tls.mode, SslMode::VerifyCa | SslMode::VerifyFull);
     let verify_hostname = matches!(tls.mode, SslMode::VerifyFull);
 
-    let cfg = build_rustls_config(tls, verify_chain, verify_hostname, host)?;
+    let cfg = build_rustls_config(tls, verify_chain, verify_hostname)?;
     let connector = TlsConnector::from(Arc::new(cfg));
 
     // SNI hostname: use override if provided, otherwise use connection host
@@ -209,12 +209,28 @@ pub async fn maybe_upgrade_to_tls(
     Ok(MaybeTlsStream::Tls(Box::new(tls_stream)))
 }
 
+/// synchro patch: the rustls configuration `maybe_upgrade_to_tls` uses for `tls`, public so
+/// that the same policy (roots, verification per mode, client certificate) serves the
+/// application's other PostgreSQL sessions (tokio-postgres through tokio-postgres-rustls).
+pub fn client_config(tls: &TlsConfig) -> Result<ClientConfig> {
+    install_provider();
+    let verify_chain = matches!(tls.mode, SslMode::VerifyCa | SslMode::VerifyFull);
+    let verify_hostname = matches!(tls.mode, SslMode::VerifyFull);
+    build_rustls_config(tls, verify_chain, verify_hostname)
+}
+
+/// synchro patch: rustls 0.23.48 deprecated ring's provider (no post-quantum key exchange);
+/// this crate is built with ring only, so it stays, in one place, until upstream moves on.
+#[allow(deprecated)]
+fn install_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Build rustls ClientConfig based on TLS settings.
 fn build_rustls_config(
     tls: &TlsConfig,
     verify_chain: bool,
     verify_hostname: bool,
-    host: &str,
 ) -> Result<ClientConfig> {
     // ---- mTLS config validation ----
     let has_cert = tls.client_cert_pem_path.is_some();
@@ -226,14 +242,8 @@ fn build_rustls_config(
         )));
     }
 
-    // Operator hint: VerifyFull + IP literal is a common misconfiguration
-    if verify_hostname && host.parse::<std::net::IpAddr>().is_ok() && tls.sni_hostname.is_none() {
-        return Err(PgWireError::Tls(format!(
-            "TLS config error: VerifyFull enabled but host '{host}' is an IP address. \
-             Hint: use a DNS name matching the certificate, or set tls.sni_hostname, \
-             or use VerifyCa mode."
-        )));
-    }
+    // synchro patch: no refusal of VerifyFull with an IP address as the host: rustls checks
+    // an IP address against the certificate's IP address names, as libpq does.
 
     // ---- Root certificate store ----
     let roots = build_root_store(tls)?;
@@ -450,9 +460,12 @@ impl rustls::client::danger::ServerCertVerifier for VerifyChainOnly {
         {
             Ok(ok) => Ok(ok),
             // VerifyCa: ignore hostname mismatch but enforce chain validation
-            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)) => {
-                Ok(rustls::client::danger::ServerCertVerified::assertion())
-            }
+            // synchro patch: rustls 0.23.22 and later report a name mismatch as
+            // NotValidForNameContext.
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(rustls::client::danger::ServerCertVerified::assertion()),
             Err(e) => Err(e),
         }
     }
@@ -497,7 +510,7 @@ mod tests {
             client_key_pem_path: None,
             ..Default::default()
         };
-        let err = build_rustls_config(&tls, false, false, "localhost").unwrap_err();
+        let err = build_rustls_config(&tls, false, false).unwrap_err();
         assert!(err.to_string().contains("mTLS requires both"));
 
         // Key without cert
@@ -506,23 +519,8 @@ mod tests {
             client_key_pem_path: Some("/path/to/key.pem".into()),
             ..Default::default()
         };
-        let err = build_rustls_config(&tls, false, false, "localhost").unwrap_err();
+        let err = build_rustls_config(&tls, false, false).unwrap_err();
         assert!(err.to_string().contains("mTLS requires both"));
-    }
-
-    // ==================== VerifyFull + IP address detection ====================
-    // Catches a common mistake: VerifyFull requires hostname, not IP
-
-    #[test]
-    fn verify_full_rejects_ip_without_sni_override() {
-        let tls = TlsConfig {
-            mode: SslMode::VerifyFull,
-            ..Default::default()
-        };
-
-        // Should fail early: IP address can't match certificate hostname
-        let err = build_rustls_config(&tls, true, true, "192.168.1.1").unwrap_err();
-        assert!(err.to_string().contains("IP address"));
     }
 
     // Note: Testing that SNI override allows IP addresses requires a CryptoProvider
