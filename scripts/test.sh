@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every test: format, lints (native and wasm32), native
-# tests (the server's against throwaway PostgreSQL clusters), wasm tests in node and in
+# tests (the server's against throwaway PostgreSQL clusters: the distribution's, then 16, 17 and
+# 18 through scripts/test-pg-versions.sh), wasm tests in node and in
 # headless Chromium, the wasm packages, the native/wasm parity test, the conformance run and
 # the npm package's and web demo's tests (scripts/test-npm.sh).
 # Ends with each runner's summary lines.
@@ -84,6 +85,9 @@ step test-native env SYNCHRO_TEST_SERVER_LOGS="$LOGS/servers" cargo test --works
 # The chaos run's short form (tests/examples/chaos, built by the step above): clients through a
 # fault proxy while the server, capture and PostgreSQL are killed with SIGKILL; end-state checks.
 step chaos scripts/chaos.sh --seconds 45
+# The same native tests on the other PostgreSQL major versions (16, 17, 18 from npm packages of
+# server binaries): all of them on the newest, the PostgreSQL-facing suites on the others.
+step test-pg-versions scripts/test-pg-versions.sh
 step test-wasm-node wasm_cargo test "${WASM_TESTS[@]}"
 step test-wasm-chromium driver_retry env WASM_BINDGEN_USE_BROWSER=1 bash -c "$(declare -f wasm_cargo); wasm_cargo test ${WASM_TESTS[*]}"
 # The client's storage, materialization, verification and journal tests on OPFS in a

@@ -8,7 +8,7 @@
 //! applied step whose text changed, or a ledger newer than this binary, refuses to run. See
 //! `server-native/sql/README.md`.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
@@ -206,20 +206,37 @@ pub struct InstallReport {
     pub version: i32,
 }
 
-/// Creates or corrects the group roles. Needs a superuser or CREATEROLE connection.
+/// Creates or corrects the group roles. Needs a superuser or a CREATEROLE login (a managed
+/// service's database owner): a role is created with no attributes but NOLOGIN (PostgreSQL's
+/// defaults are the spec's), and altered only when its attributes differ, which only a
+/// superuser may do for SUPERUSER, REPLICATION and BYPASSRLS; a CREATEROLE login is told so.
 pub async fn ensure_roles(db: &Client) -> Result<()> {
     for role in ROLES {
-        let exists = db
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+        let attributes = db
+            .query_opt(
+                "SELECT ARRAY[rolcanlogin, rolsuper, rolcreatedb, rolcreaterole, rolbypassrls, rolreplication]
+                   FROM pg_roles WHERE rolname = $1",
+                &[&role],
+            )
             .await?
-            .is_some();
-        if !exists {
-            db.batch_execute(&format!("CREATE ROLE {role} {ROLE_ATTRIBUTES}"))
+            .map(|r| r.get::<_, Vec<bool>>(0));
+        match attributes {
+            None => db
+                .batch_execute(&format!("CREATE ROLE {role} NOLOGIN"))
                 .await
-                .with_context(|| format!("creating role {role}"))?;
+                .map_err(|e| anyhow::anyhow!("creating role {role}: {}", describe(&e)))?,
+            Some(a) if a.iter().all(|set| !set) => {}
+            Some(_) => db
+                .batch_execute(&format!("ALTER ROLE {role} {ROLE_ATTRIBUTES}"))
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "role {role} has attributes a synchro group role must not have, and this login cannot remove them: {}; \
+                         as a superuser (your provider's administrator), run ALTER ROLE {role} {ROLE_ATTRIBUTES}",
+                        describe(&e)
+                    )
+                })?,
         }
-        db.batch_execute(&format!("ALTER ROLE {role} {ROLE_ATTRIBUTES}"))
-            .await?;
     }
     // No runtime group may be a member of the owner or of another runtime group.
     let bad: i64 = db
@@ -253,13 +270,17 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
         quote_ident(&database)
     ))
     .await?;
-    let schema_exists = db
+    // The ledger is synchro_owner's: read as it (a login that is not a superuser joins it for
+    // this read only).
+    let tx = db.transaction().await?;
+    join_owner_for_the_transaction(&tx).await?;
+    let schema_exists = tx
         .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = 'synchro'", &[])
         .await?
         .is_some();
     let mut recorded: Vec<(i32, String, String)> = Vec::new();
     if schema_exists {
-        let ledger = db
+        let ledger = tx
             .query_one(
                 "SELECT to_regclass('synchro.schema_migrations') IS NOT NULL",
                 &[],
@@ -269,7 +290,7 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
         if !ledger {
             bail!("schema synchro exists but has no migration ledger: it was not installed by synchro-server");
         }
-        for row in db
+        for row in tx
             .query(
                 "SELECT version, name, sha256 FROM synchro.schema_migrations ORDER BY version",
                 &[],
@@ -279,6 +300,7 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
             recorded.push((row.get(0), row.get(1), row.get(2)));
         }
     }
+    tx.rollback().await?;
     let steps = steps();
     for (version, name, sha) in &recorded {
         match steps.iter().find(|s| s.version == *version) {
@@ -302,6 +324,10 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
             continue;
         }
         let tx = db.transaction().await?;
+        // The scripts create everything as synchro_owner (SET LOCAL ROLE), which a login that
+        // is not a superuser may do only as a member: such a login (a CREATEROLE database owner,
+        // administrator of the roles it created) is a member for this transaction only.
+        let joined = join_owner_for_the_transaction(&tx).await?;
         tx.batch_execute(&step.sql).await.map_err(|e| {
             anyhow::anyhow!(
                 "schema version {} ({}) failed: {}",
@@ -318,6 +344,10 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
             &[&step.version, &step.name, &step.sha256()],
         )
         .await?;
+        if joined {
+            tx.batch_execute("REVOKE synchro_owner FROM CURRENT_USER")
+                .await?;
+        }
         tx.commit().await?;
         applied.push(step.version);
     }
@@ -328,6 +358,43 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
         .max()
         .unwrap_or(0);
     Ok(InstallReport { applied, version })
+}
+
+/// Makes the connected login a member of synchro_owner for the open transaction when it is
+/// neither a superuser nor a member already (true: the caller revokes it before committing).
+async fn join_owner_for_the_transaction(tx: &tokio_postgres::Transaction<'_>) -> Result<bool> {
+    // PostgreSQL 16 on: the creator of a role is its administrator but, unless
+    // createrole_self_grant says otherwise, may neither SET ROLE to it nor inherit from it.
+    let row = tx
+        .query_one(
+            "SELECT rolsuper OR CASE WHEN current_setting('server_version_num')::int >= 160000
+                      THEN pg_has_role(current_user, 'synchro_owner', 'SET')
+                       AND pg_has_role(current_user, 'synchro_owner', 'USAGE')
+                      ELSE pg_has_role(current_user, 'synchro_owner', 'USAGE') END,
+                    current_setting('server_version_num')::int >= 160000
+               FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?;
+    if row.get::<_, bool>(0) {
+        return Ok(false);
+    }
+    let grant = if row.get::<_, bool>(1) {
+        "GRANT synchro_owner TO CURRENT_USER WITH INHERIT TRUE, SET TRUE"
+    } else {
+        "GRANT synchro_owner TO CURRENT_USER"
+    };
+    tx.batch_execute(grant)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "this login must act as synchro_owner to install, and cannot make itself a member: {}; \
+                 install with the login that created the synchro roles, or have a role with ADMIN OPTION on synchro_owner \
+                 run GRANT synchro_owner TO <this login>",
+                describe(&e)
+            )
+        })?;
+    Ok(true)
 }
 
 /// `"name"` with embedded quotes doubled.

@@ -413,6 +413,11 @@ impl TempCluster {
         let backup = self
             .dir
             .join(format!("backup-{}", SEQ.fetch_add(1, Ordering::Relaxed)));
+        if !self.bin.join("pg_basebackup").exists() {
+            // The server-only packages the version matrix uses have no pg_basebackup.
+            self.copy_backup(&backup)?;
+            return Ok(backup);
+        }
         let port = self.port.to_string();
         self.run(
             "pg_basebackup",
@@ -432,6 +437,59 @@ impl TempCluster {
             Some(&backup),
         )?;
         Ok(backup)
+    }
+
+    /// A base backup by PostgreSQL's low-level API, as pg_basebackup takes one: between
+    /// `pg_backup_start` and `pg_backup_stop` (one session) the data directory is copied
+    /// without the server's transient files and the slots' contents, then the WAL written
+    /// meanwhile, and the backup label `pg_backup_stop` returns is written beside them.
+    fn copy_backup(&self, backup: &Path) -> Result<()> {
+        let url = self.admin_url();
+        let data = self.data_dir();
+        let to = backup.to_owned();
+        let copied = std::thread::spawn(move || -> Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+                tokio::spawn(conn);
+                client
+                    .batch_execute("SELECT pg_backup_start('synchro-harness', true)")
+                    .await?;
+                copy_tree(&data, &to, &|rel: &Path| {
+                    let top = rel.components().next().map(|c| c.as_os_str().to_owned());
+                    let top = top.as_deref().and_then(|t| t.to_str()).unwrap_or("");
+                    let transient = ["postmaster.pid", "postmaster.opts", "backup_label"];
+                    let emptied = ["pg_wal", "pg_replslot", "pg_stat_tmp"];
+                    let in_emptied_dir = emptied.contains(&top) && rel.components().count() > 1;
+                    !(transient.contains(&top) || in_emptied_dir)
+                })?;
+                let label: String = client
+                    .query_one("SELECT labelfile FROM pg_backup_stop(false)", &[])
+                    .await?
+                    .get(0);
+                copy_tree(&data.join("pg_wal"), &to.join("pg_wal"), &|_| true)?;
+                std::fs::write(to.join("backup_label"), label)?;
+                Ok(())
+            })
+        });
+        copied
+            .join()
+            .map_err(|_| anyhow::anyhow!("the backup thread panicked"))??;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(backup, std::fs::Permissions::from_mode(0o700))?;
+        if let Some(user) = &self.run_as {
+            let ok = Command::new("chown")
+                .args(["-R", user])
+                .arg(backup)
+                .status()?
+                .success();
+            if !ok {
+                bail!("cannot hand {} to the {user} user", backup.display());
+            }
+        }
+        Ok(())
     }
 
     /// Restores a [`TempCluster::base_backup`] in place, as an operator restores a database:
@@ -509,4 +567,37 @@ impl Drop for TempCluster {
             eprintln!("synchro: could not stop the throwaway PostgreSQL cluster: {e}");
         }
     }
+}
+
+/// Copies the tree `from` to `to` (files whose path relative to `from` `keep` accepts; a file
+/// that went away while copying is skipped, as a running server removes some).
+fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> Result<()> {
+    fn walk(root: &Path, dir: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            let rel = path.strip_prefix(root)?;
+            if !keep(rel) {
+                continue;
+            }
+            let target = to.join(rel);
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => {
+                    std::fs::create_dir_all(&target)?;
+                    walk(root, &path, to, keep)?;
+                }
+                Ok(_) => match std::fs::copy(&path, &target) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    r => {
+                        r.with_context(|| format!("copying {}", path.display()))?;
+                    }
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(to)?;
+    walk(from, from, to, keep)
 }

@@ -911,3 +911,99 @@ async fn every_role_executes_and_reads_exactly_what_spec_001_grants_it() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// A managed service's database owner (CREATEROLE, never a superuser) installs and upgrades
+/// synchro: the superuser only creates that owner and its database. The result equals a
+/// superuser's install but for what only the function's owner can change (PUBLIC keeps
+/// EXECUTE on `pg_logical_emit_message`, which `install --check` reports), and the owner
+/// login is not left a member of synchro_owner.
+#[tokio::test]
+async fn a_createrole_database_owner_installs_without_a_superuser() {
+    let cluster = TempCluster::start().unwrap();
+    let boot = synchro_server::connect_db(&cluster.admin_url())
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE ROLE dbowner LOGIN CREATEROLE",
+        "CREATE DATABASE managed OWNER dbowner",
+        "CREATE DATABASE reference",
+    ] {
+        boot.batch_execute(sql).await.unwrap();
+    }
+    let mut db = synchro_server::connect_db(&cluster.url("dbowner", "managed"))
+        .await
+        .unwrap();
+    let first = install::install(&mut db).await.unwrap();
+    assert_eq!(first.applied, (1..=install::VERSION).collect::<Vec<_>>());
+    let again = install::install(&mut db).await.unwrap();
+    assert!(again.applied.is_empty(), "a second install applies nothing");
+    assert_eq!(again.version, install::VERSION);
+    for role in ROLES {
+        let attrs: Vec<bool> = db
+            .query_one(
+                "SELECT ARRAY[rolcanlogin, rolsuper, rolcreatedb, rolcreaterole, rolbypassrls, rolreplication]
+                   FROM pg_roles WHERE rolname = $1",
+                &[&role],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(attrs, vec![false; 6], "{role}");
+    }
+    // On PostgreSQL 16 and later the creator stays synchro_owner's administrator (it can
+    // grant the group roles to logins), without its privileges or SET ROLE to it.
+    let acts_as_owner: bool = db
+        .query_one(
+            "SELECT pg_has_role('dbowner', 'synchro_owner', 'USAGE')
+                 OR (current_setting('server_version_num')::int >= 160000
+                     AND pg_has_role('dbowner', 'synchro_owner', 'SET'))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !acts_as_owner,
+        "the installing login keeps no way to act as synchro_owner"
+    );
+
+    let mut reference = synchro_server::connect_db(&cluster.url("postgres", "reference"))
+        .await
+        .unwrap();
+    install::install(&mut reference).await.unwrap();
+    // Listed by the superuser (the catalog query reads what the owner login may not).
+    let managed = synchro_server::connect_db(&cluster.url("postgres", "managed"))
+        .await
+        .unwrap();
+    let theirs: String = managed.query_one(CATALOG, &[]).await.unwrap().get(0);
+    let ours: String = reference.query_one(CATALOG, &[]).await.unwrap().get(0);
+    let differs = |a: &str, b: &str| -> Vec<String> {
+        only_in(a, b)
+            .into_iter()
+            .filter(|l| !l.starts_with("function pg_logical_emit_message("))
+            .collect()
+    };
+    assert_eq!(
+        differs(&theirs, &ours),
+        Vec::<String>::new(),
+        "only in the owner's install"
+    );
+    assert_eq!(
+        differs(&ours, &theirs),
+        Vec::<String>::new(),
+        "only in the superuser's install"
+    );
+    let public_may_emit: bool = db
+        .query_one(
+            "SELECT bool_and(has_function_privilege('public', p.oid, 'EXECUTE'))
+               FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        public_may_emit,
+        "the owner cannot revoke it, and the install did not pretend to"
+    );
+}

@@ -25,13 +25,18 @@ ALTER DEFAULT PRIVILEGES FOR ROLE synchro_owner REVOKE USAGE ON TYPES FROM PUBLI
 -- SECURITY DEFINER fence (31_fences) and bootstrap (32_bootstrap) functions, so no session
 -- can forge a fence or a bootstrap marker. Every signature the server has (PostgreSQL 17
 -- added a fourth argument, `flush`, with a default: the calls read the same on every version).
+-- Only the functions' owner (the bootstrap superuser) can change who may run them: an install
+-- by a login that is not a superuser (a managed service's database owner) leaves PUBLIC's
+-- EXECUTE, and `synchro-server install --check` reports it (synchro_owner runs them through
+-- PUBLIC then).
 CREATE FUNCTION pg_temp.synchro_restrict_logical_messages() RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_fn regprocedure;
 BEGIN
     FOR v_fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
-                 WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname = 'pg_logical_emit_message' LOOP
+                 WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname = 'pg_logical_emit_message'
+                   AND pg_catalog.pg_has_role(current_user, p.proowner, 'USAGE') LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_fn);
         IF (SELECT p.proargtypes[2] FROM pg_catalog.pg_proc p WHERE p.oid = v_fn) = 'text'::regtype THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO synchro_owner', v_fn);
