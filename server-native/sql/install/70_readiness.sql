@@ -103,8 +103,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
         -- The login holding the leader lock is a worker login as spec 001 draws it (LOGIN,
         -- REPLICATION, NOINHERIT, NOSUPERUSER, NOCREATEDB, NOCREATEROLE, NOBYPASSRLS, a member
         -- of synchro_worker and of no other role) and the sole runtime replication principal
-        -- (no other login in a synchro group has REPLICATION; superusers are no runtime
-        -- login). Unknown while no worker leads.
+        -- (no other login that can act as a synchro group has REPLICATION; superusers are no
+        -- runtime login). From PostgreSQL 16 on, the CREATEROLE login that created the groups
+        -- (a managed service's database owner, often with REPLICATION) is their administrator
+        -- without their privileges or SET ROLE to them: that membership does not count.
+        -- Unknown while no worker leads.
         'capture_worker_login', (
             SELECT CASE WHEN w.oid IS NULL THEN 'unknown'
                         WHEN w.rolcanlogin AND w.rolreplication AND NOT w.rolinherit AND NOT w.rolsuper
@@ -116,7 +119,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                   WHERE r.rolcanlogin AND r.rolreplication AND NOT r.rolsuper AND r.oid <> w.oid
                                     AND EXISTS (SELECT 1 FROM unnest(ARRAY['synchro_adapter', 'synchro_seed',
                                                     'synchro_monitor', 'synchro_operator', 'synchro_worker']) g
-                                                 WHERE pg_has_role(r.oid, g, 'MEMBER')))
+                                                 WHERE pg_has_role(r.oid, g, 'USAGE')
+                                                    OR CASE WHEN current_setting('server_version_num')::int >= 160000
+                                                            THEN pg_has_role(r.oid, g, 'SET')
+                                                            ELSE pg_has_role(r.oid, g, 'MEMBER') END))
                         THEN 'ok' ELSE 'failed' END
               FROM (SELECT 1) AS one
               LEFT JOIN pg_roles w ON w.oid = (
