@@ -199,7 +199,10 @@ async fn a_database_owner_without_a_superuser_runs_the_whole_flow_over_tls_only(
         if health["ready"] == true {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "never ready: {health}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never ready: {health}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
     wait_ready(&reqwest::Client::new(), &base).await;

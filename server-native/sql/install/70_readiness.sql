@@ -298,6 +298,26 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
                                   JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
         'slot_wal_status', (SELECT s.wal_status FROM pg_replication_slots s
                               JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        -- What newer versions tell about the slot, null where the version has no such column:
+        -- why it was invalidated (17 on: wal_removed, rows_removed, wal_level_insufficient;
+        -- 18: idle_timeout), since when no stream has used it (17 on), whether it conflicts
+        -- with recovery (16 on, on a standby), and its failover flag (17 on).
+        'slot_invalidation_reason', (SELECT to_jsonb(s) -> 'invalidation_reason' FROM pg_replication_slots s
+                                       JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'slot_inactive_since', (SELECT to_jsonb(s) -> 'inactive_since' FROM pg_replication_slots s
+                                  JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'slot_conflicting', (SELECT to_jsonb(s) -> 'conflicting' FROM pg_replication_slots s
+                               JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        'slot_failover', (SELECT to_jsonb(s) -> 'failover' FROM pg_replication_slots s
+                            JOIN synchro.capture_state c ON s.slot_name = c.slot_name),
+        -- The slot's decoding statistics (pg_stat_replication_slots): transactions larger than
+        -- logical_decoding_work_mem spill to disk on the server; many spilled bytes mean the
+        -- setting is too small for the workload.
+        'slot_stats', (SELECT jsonb_build_object('total_txns', st.total_txns, 'total_bytes', st.total_bytes,
+                           'spill_txns', st.spill_txns, 'spill_bytes', st.spill_bytes,
+                           'stream_txns', st.stream_txns, 'stream_bytes', st.stream_bytes,
+                           'stats_reset', st.stats_reset)
+                         FROM pg_stat_replication_slots st JOIN synchro.capture_state c ON st.slot_name = c.slot_name),
         'membership_uncovered_rows', (SELECT coalesce(jsonb_object_agg(relation_id, uncovered_rows), '{}'::jsonb)
                                         FROM synchro.relation_capture WHERE uncovered_rows > 0),
         'membership_coverage_checked_at', (SELECT min(coverage_checked_at) FROM synchro.relation_capture),
