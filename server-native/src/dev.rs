@@ -53,6 +53,37 @@ async fn grant_role_once(admin: &Client, group: &str, member: &str) -> Result<()
     Ok(())
 }
 
+/// Lets the connected login `SET ROLE role` unless it already may: a superuser may; a
+/// CREATEROLE login that is not (a managed service's database owner) grants itself the role,
+/// which from PostgreSQL 16 on it administers without being able to act as it.
+async fn ensure_can_set_role(admin: &Client, role: &str) -> Result<()> {
+    let row = admin
+        .query_one(
+            "SELECT rolsuper OR CASE WHEN current_setting('server_version_num')::int >= 160000
+                                     THEN pg_has_role(current_user, $1::text, 'SET')
+                                     ELSE pg_has_role(current_user, $1::text, 'MEMBER') END,
+                    current_setting('server_version_num')::int >= 160000
+               FROM pg_roles WHERE rolname = current_user",
+            &[&role],
+        )
+        .await?;
+    if row.get::<_, bool>(0) {
+        return Ok(());
+    }
+    let options = if row.get::<_, bool>(1) {
+        " WITH SET TRUE"
+    } else {
+        ""
+    };
+    admin
+        .batch_execute(&format!(
+            "GRANT {} TO CURRENT_USER{options}",
+            quote_ident(role)
+        ))
+        .await
+        .with_context(|| format!("letting this login act as {role}"))
+}
+
 async fn is_member(admin: &Client, group: &str, member: &str) -> Result<bool> {
     Ok(admin
         .query_opt(
@@ -69,10 +100,57 @@ pub async fn ensure_login(admin: &Client, login: &str, group: &str) -> Result<()
     ensure_member_login(admin, login, "NOREPLICATION", group).await
 }
 
+/// Gives every dev login (the runtime logins and the worker) `password`: what `dev
+/// --database-url` does when its login is not a superuser, so that each role has sessions
+/// of its own ([`with_login`]).
+pub async fn set_passwords(admin: &Client, password: &str) -> Result<()> {
+    let logins = DEV_LOGINS
+        .iter()
+        .map(|(login, _)| *login)
+        .chain(["synchro_dev_worker"]);
+    for login in logins {
+        admin
+            .batch_execute(&format!(
+                "ALTER ROLE {} PASSWORD '{}'",
+                quote_ident(login),
+                password.replace('\'', "''")
+            ))
+            .await
+            .with_context(|| format!("setting the password of {login}"))?;
+    }
+    Ok(())
+}
+
+/// The connection string `url` (URL or `key=value` form) as `user` with `password`: the same
+/// server, database and TLS settings.
+pub fn with_login(url: &str, user: &str, password: &str) -> String {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let encode = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        format!(
+            "{url}{joiner}user={}&password={}",
+            encode(user),
+            encode(password)
+        )
+    } else {
+        let quote = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
+        format!("{url} user={} password={}", quote(user), quote(password))
+    }
+}
+
 /// Creates (or keeps) the capture worker login: REPLICATION, NOINHERIT, member of exactly
 /// synchro_worker (spec 001).
 pub async fn ensure_worker_login(admin: &Client, login: &str) -> Result<()> {
-    ensure_member_login(admin, login, "REPLICATION NOINHERIT", "synchro_worker").await
+    ensure_member_login(admin, login, "REPLICATION NOINHERIT", "synchro_worker")
+        .await
+        .map_err(|e| {
+            e.context(format!(
+                "creating the capture worker's login (this login must be able to give it REPLICATION: {})",
+                crate::preflight::REPLICATION_GRANT
+            ))
+        })
 }
 
 /// Whether the catalog query `sql` returns a row.
@@ -92,6 +170,7 @@ pub async fn create_demo_schema(admin: &Client) -> Result<()> {
         admin.batch_execute("CREATE ROLE app_owner NOLOGIN").await?;
     }
     grant_role_once(admin, "app_owner", "synchro_owner").await?;
+    ensure_can_set_role(admin, "app_owner").await?;
     if !exists(admin, "SELECT 1 FROM pg_namespace WHERE nspname = 'app'").await? {
         admin
             .batch_execute("CREATE SCHEMA app AUTHORIZATION app_owner")
@@ -176,11 +255,37 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
     .await
     .map_err(|e| anyhow::anyhow!("registering app.tasks: {e}"))?;
     if !exists(admin, "SELECT 1 FROM pg_namespace WHERE nspname = 'rules'").await? {
-        admin
-            .batch_execute(
+        let superuser = exists(
+            admin,
+            "SELECT 1 FROM pg_roles WHERE rolname = current_user AND rolsuper",
+        )
+        .await?;
+        let (who, sql) = if superuser {
+            (
+                admin,
                 "CREATE SCHEMA rules AUTHORIZATION synchro_dev_operator;
                  GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
             )
+        } else {
+            // A database owner that is not a superuser may not act as the operator login
+            // (and should not: with REPLICATION it would then count as a second replication
+            // login of a synchro group): the operator creates the schema itself.
+            let database: String = admin
+                .query_one("SELECT current_database()", &[])
+                .await?
+                .get(0);
+            admin
+                .batch_execute(&format!(
+                    "GRANT CREATE ON DATABASE {} TO synchro_dev_operator",
+                    quote_ident(&database)
+                ))
+                .await?;
+            (
+                operator,
+                "CREATE SCHEMA rules; GRANT USAGE ON SCHEMA rules TO synchro_worker, synchro_owner;",
+            )
+        };
+        who.batch_execute(sql)
             .await
             .context("creating the rules schema")?;
     }
@@ -220,4 +325,25 @@ pub async fn create_board(admin: &Client, operator: &Client) -> Result<()> {
         .await
         .context("sharing board:demo")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_login;
+
+    #[test]
+    fn with_login_changes_only_the_login_in_both_forms() {
+        for url in [
+            "postgres://owner:secret@db.example.com:6543/app?sslmode=require",
+            "postgresql://owner@db.example.com:6543/app",
+            "host=db.example.com port=6543 user=owner password='sec ret' dbname=app sslmode=require",
+        ] {
+            let t = crate::pgconn::parse(&with_login(url, "synchro_dev_adapter", "p'w\\d&x"))
+                .unwrap();
+            assert_eq!(t.config.get_user(), Some("synchro_dev_adapter"), "{url}");
+            assert_eq!(t.config.get_password(), Some(&b"p'w\\d&x"[..]), "{url}");
+            assert_eq!(t.config.get_dbname(), Some("app"), "{url}");
+            assert_eq!(t.config.get_ports(), &[6543], "{url}");
+        }
+    }
 }

@@ -270,37 +270,7 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
         quote_ident(&database)
     ))
     .await?;
-    // The ledger is synchro_owner's: read as it (a login that is not a superuser joins it for
-    // this read only).
-    let tx = db.transaction().await?;
-    join_owner_for_the_transaction(&tx).await?;
-    let schema_exists = tx
-        .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = 'synchro'", &[])
-        .await?
-        .is_some();
-    let mut recorded: Vec<(i32, String, String)> = Vec::new();
-    if schema_exists {
-        let ledger = tx
-            .query_one(
-                "SELECT to_regclass('synchro.schema_migrations') IS NOT NULL",
-                &[],
-            )
-            .await?
-            .get::<_, bool>(0);
-        if !ledger {
-            bail!("schema synchro exists but has no migration ledger: it was not installed by synchro-server");
-        }
-        for row in tx
-            .query(
-                "SELECT version, name, sha256 FROM synchro.schema_migrations ORDER BY version",
-                &[],
-            )
-            .await?
-        {
-            recorded.push((row.get(0), row.get(1), row.get(2)));
-        }
-    }
-    tx.rollback().await?;
+    let recorded = read_ledger(db).await?;
     let steps = steps();
     for (version, name, sha) in &recorded {
         match steps.iter().find(|s| s.version == *version) {
@@ -358,6 +328,42 @@ pub async fn install_to(db: &mut Client, target: Option<i32>) -> Result<InstallR
         .max()
         .unwrap_or(0);
     Ok(InstallReport { applied, version })
+}
+
+/// The install ledger's rows (version, name, SHA-256), empty where synchro is not installed.
+/// The ledger is synchro_owner's: it is read as it (a login that is not a superuser joins it
+/// for this read only, in a transaction rolled back).
+pub async fn read_ledger(db: &mut Client) -> Result<Vec<(i32, String, String)>> {
+    let tx = db.transaction().await?;
+    join_owner_for_the_transaction(&tx).await?;
+    let schema_exists = tx
+        .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = 'synchro'", &[])
+        .await?
+        .is_some();
+    let mut recorded: Vec<(i32, String, String)> = Vec::new();
+    if schema_exists {
+        let ledger = tx
+            .query_one(
+                "SELECT to_regclass('synchro.schema_migrations') IS NOT NULL",
+                &[],
+            )
+            .await?
+            .get::<_, bool>(0);
+        if !ledger {
+            bail!("schema synchro exists but has no migration ledger: it was not installed by synchro-server");
+        }
+        for row in tx
+            .query(
+                "SELECT version, name, sha256 FROM synchro.schema_migrations ORDER BY version",
+                &[],
+            )
+            .await?
+        {
+            recorded.push((row.get(0), row.get(1), row.get(2)));
+        }
+    }
+    tx.rollback().await?;
+    Ok(recorded)
 }
 
 /// Makes the connected login a member of synchro_owner for the open transaction when it is

@@ -33,6 +33,7 @@ pub mod install;
 pub mod logging;
 pub mod pg_harness;
 pub mod pgconn;
+pub mod preflight;
 pub mod probe;
 pub mod publish;
 pub mod registry;

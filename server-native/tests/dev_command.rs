@@ -432,3 +432,97 @@ async fn dev_start_and_steady_state_leave_the_postgres_log_quiet() {
             .join("\n")
     );
 }
+
+/// Issue 39: `dev --database-url` as a managed service's database owner (CREATEROLE and
+/// REPLICATION, no superuser), started twice on the same database: its logins get a password
+/// of the run and sessions of their own, and it serves. PostgreSQL 15 lets no such login give
+/// the worker's login REPLICATION: there dev stops at once, saying what to do instead.
+#[tokio::test]
+async fn dev_runs_as_a_database_owner_that_is_no_superuser() {
+    let cluster = synchro_server::pg_harness::TempCluster::start().unwrap();
+    let admin = synchro_server::connect_db(&cluster.admin_url())
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE ROLE dbowner LOGIN CREATEROLE REPLICATION PASSWORD 'pw'",
+        "CREATE DATABASE owned OWNER dbowner",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let url = format!("postgres://dbowner:pw@127.0.0.1:{}/owned", cluster.port());
+    if version < 160_000 {
+        let out = Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args(["dev", "--listen", "127.0.0.1:0"])
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("REPLICATION") && stderr.contains("rds_replication"),
+            "{stderr}"
+        );
+        return;
+    }
+    for run in 1..=2 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (child, token) = start_dev(&url, port);
+        let ready = reqwest::get(format!("http://127.0.0.1:{port}/ready"))
+            .await
+            .unwrap();
+        let mut ok = ready.status().is_success();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ok && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            ok = reqwest::get(format!("http://127.0.0.1:{port}/ready"))
+                .await
+                .unwrap()
+                .status()
+                .is_success();
+        }
+        assert!(ok, "dev never became ready");
+        let connect = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/sync/connect"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(format!(
+                r#"{{"protocol_version":3,"client_id":"c{run}","schema":{{"version":0,"hash":""}}}}"#
+            ))
+            .send()
+            .await
+            .unwrap();
+        let status = connect.status().as_u16();
+        let v: serde_json::Value = connect.json().await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(
+            v["schema_definition"]["tables"].as_array().unwrap().len(),
+            3,
+            "{v}"
+        );
+        // Each role has its own sessions: the owner login runs none of the serving.
+        let logins: Vec<String> = admin
+            .query(
+                "SELECT DISTINCT usename::text FROM pg_stat_activity WHERE datname = 'owned' ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(
+            logins.iter().any(|l| l == "synchro_dev_adapter")
+                && logins.iter().any(|l| l == "synchro_dev_worker"),
+            "{logins:?}"
+        );
+        interrupt(child);
+    }
+}

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{sqlstate, Env};
+use common::{cli_at, sqlstate, Env};
 use synchro_server::install::{self, ROLES};
 use synchro_server::pg_harness::TempCluster;
 
@@ -1005,5 +1005,112 @@ async fn a_createrole_database_owner_installs_without_a_superuser() {
     assert!(
         public_may_emit,
         "the owner cannot revoke it, and the install did not pretend to"
+    );
+}
+
+/// The statuses of `install --check`'s report by check name.
+fn statuses(report: &serde_json::Value) -> std::collections::BTreeMap<String, String> {
+    report["checks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no checks: {report}"))
+        .iter()
+        .map(|c| {
+            (
+                c["check"].as_str().unwrap().to_owned(),
+                c["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The `fix` of check `name`.
+fn fix<'a>(report: &'a serde_json::Value, name: &str) -> &'a str {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == name)
+        .and_then(|c| c["fix"].as_str())
+        .unwrap_or_else(|| panic!("no fix for {name}: {report}"))
+}
+
+/// `install --check` changes nothing and names what is missing, with what to do: before an
+/// install by a managed service's owner (CREATEROLE, no REPLICATION: the worker login needs
+/// the provider's way), after it (PUBLIC's right to emit logical messages, which only the
+/// function's owner can take away), on a server without logical decoding (each service's
+/// setting), and for a complete superuser install (all ok, exit 0).
+#[tokio::test]
+async fn install_check_lists_every_prerequisite_and_changes_nothing() {
+    let cluster = TempCluster::start().unwrap();
+    let boot = synchro_server::connect_db(&cluster.admin_url())
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE ROLE dbowner LOGIN CREATEROLE",
+        "CREATE DATABASE managed OWNER dbowner",
+    ] {
+        boot.batch_execute(sql).await.unwrap();
+    }
+    let owner_url = cluster.url("dbowner", "managed");
+    let (code, before) = cli_at(&owner_url, &["install", "--check"]);
+    assert_eq!(code, 1, "{before}");
+    assert_eq!(before["ok"], false);
+    let s = statuses(&before);
+    for (name, status) in [
+        ("postgresql_version", "ok"),
+        ("wal_level", "ok"),
+        ("replication_slots", "ok"),
+        ("wal_senders", "ok"),
+        ("tls", "ok"),
+        ("installing_login", "ok"),
+        ("schema", "missing"),
+    ] {
+        assert_eq!(s[name], status, "{name}: {before}");
+    }
+    // A CREATEROLE login can give REPLICATION only with it, from PostgreSQL 16 on.
+    assert_eq!(s["worker_login"], "missing", "{before}");
+    assert!(fix(&before, "worker_login").contains("rds_replication"));
+    let nothing: bool = boot
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname LIKE 'synchro%')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(nothing, "the check created no role");
+    let text = before.to_string();
+    assert!(
+        !text.contains("dbowner") && !text.contains("managed"),
+        "no names: {text}"
+    );
+
+    let (code, installed) = cli_at(&owner_url, &["install"]);
+    assert_eq!(code, 0, "{installed}");
+    let (_, after) = cli_at(&owner_url, &["install", "--check"]);
+    let s = statuses(&after);
+    assert_eq!(s["schema"], "ok", "{after}");
+    assert_eq!(s["logical_messages"], "warning", "{after}");
+    assert!(fix(&after, "logical_messages").contains("REVOKE EXECUTE"));
+
+    // A complete install by a superuser, with a worker login: nothing missing.
+    let env = Env::installed().await;
+    let (code, complete) = cli_at(&env.cluster.url("postgres", "app"), &["install", "--check"]);
+    assert_eq!(code, 0, "{complete}");
+    assert_eq!(complete["ok"], true);
+    assert!(
+        statuses(&complete).values().all(|s| s == "ok"),
+        "{complete}"
+    );
+
+    // No logical decoding: the one thing missing, with each service's setting.
+    let replica = TempCluster::start_with(&["wal_level=replica"]).unwrap();
+    let (code, no_decoding) = cli_at(&replica.admin_url(), &["install", "--check"]);
+    assert_eq!(code, 1);
+    assert_eq!(statuses(&no_decoding)["wal_level"], "missing");
+    let how = fix(&no_decoding, "wal_level");
+    assert!(
+        how.contains("rds.logical_replication") && how.contains("cloudsql.logical_decoding"),
+        "{how}"
     );
 }

@@ -30,11 +30,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install or upgrade the synchro schema and roles (needs a superuser connection).
+    /// Install or upgrade the synchro schema and roles (as a superuser, or the database's owner
+    /// with CREATEROLE, as managed services give).
     Install {
         /// PostgreSQL connection string.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
+        /// Change nothing: list every prerequisite (wal_level, free slots and WAL senders, TLS,
+        /// the logins, the install) as ok, warning or missing with what to do; exit 1 when
+        /// one is missing.
+        #[arg(long)]
+        check: bool,
     },
     /// Registry operations (as a synchro_operator login).
     Registry {
@@ -834,7 +840,10 @@ async fn async_main() -> ExitCode {
 /// Which function runs each command (the commands' bodies live in the modules above).
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Install { database_url } => operator::install(&database_url).await,
+        Command::Install {
+            database_url,
+            check,
+        } => operator::install(&database_url, check).await,
         Command::Registry { command } => registry::run(command).await,
         Command::Publish { database_url } => operator::publish(&database_url).await,
         Command::Health { database_url } => operator::health(&database_url).await,

@@ -10,8 +10,17 @@ use super::{CaptureCommand, SeedCommand};
 use crate::{connect_db, install};
 
 /// `install`: the schema, roles and grants (idempotent; a superuser connection).
-pub(super) async fn install(database_url: &str) -> Result<ExitCode> {
+pub(super) async fn install(database_url: &str, check: bool) -> Result<ExitCode> {
     let mut db = connect_db(database_url).await?;
+    if check {
+        let (report, ok) = crate::preflight::check(&mut db).await?;
+        println!("{report}");
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     let report = install::install(&mut db).await?;
     println!(
         "{}",

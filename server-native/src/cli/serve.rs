@@ -219,12 +219,45 @@ pub(super) async fn run_dev(
             )
         }
     };
+    // Set when dev's logins get passwords of their own (below).
+    let mut dev_password = None;
     let (_cluster, admin_url, url_for) = match (cluster, database) {
-        (None, DevDatabase::Url(url)) => (
-            None,
-            url.clone(),
-            Box::new(move |_: &str| url.clone()) as Box<dyn Fn(&str) -> String>,
-        ),
+        (None, DevDatabase::Url(url)) => {
+            let login = connect_db(&url).await?;
+            let superuser: bool = login
+                .query_one(
+                    "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if superuser {
+                (
+                    None,
+                    url.clone(),
+                    Box::new(move |_: &str| url.clone()) as Box<dyn Fn(&str) -> String>,
+                )
+            } else {
+                // A login that is not a superuser (a managed service's database owner, with
+                // CREATEROLE) cannot act as every role: dev's logins get a password of this
+                // run and sessions of their own, on the same server and database.
+                let password: String = login
+                    .query_one(
+                        "SELECT replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')",
+                        &[],
+                    )
+                    .await?
+                    .get(0);
+                dev_password = Some(password.clone());
+                let base = url.clone();
+                (
+                    None,
+                    url.clone(),
+                    Box::new(move |user: &str| dev::with_login(&base, user, &password))
+                        as Box<dyn Fn(&str) -> String>,
+                )
+            }
+        }
         (Some(cluster), _) => {
             let admin = connect_db(&cluster.admin_url()).await?;
             let exists = admin
@@ -263,6 +296,9 @@ pub(super) async fn run_dev(
         dev::ensure_login(&admin, login, group).await?;
     }
     dev::ensure_worker_login(&admin, "synchro_dev_worker").await?;
+    if let Some(password) = &dev_password {
+        dev::set_passwords(&admin, password).await?;
+    }
     dev::create_demo_schema(&admin).await?;
     let mut operator = connect_db(&url_for("synchro_dev_operator")).await?;
     dev::register_demo(&operator).await?;
