@@ -108,12 +108,14 @@ pub async fn set_passwords(admin: &Client, password: &str) -> Result<()> {
         .iter()
         .map(|(login, _)| *login)
         .chain(["synchro_dev_worker"]);
+    // Sent as a SCRAM verifier, never the password itself (a statement log would show it).
+    let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
     for login in logins {
         admin
             .batch_execute(&format!(
                 "ALTER ROLE {} PASSWORD '{}'",
                 quote_ident(login),
-                password.replace('\'', "''")
+                verifier.replace('\'', "''")
             ))
             .await
             .with_context(|| format!("setting the password of {login}"))?;

@@ -377,13 +377,22 @@ async fn join_owner_for_the_transaction(tx: &tokio_postgres::Transaction<'_>) ->
                       THEN pg_has_role(current_user, 'synchro_owner', 'SET')
                        AND pg_has_role(current_user, 'synchro_owner', 'USAGE')
                       ELSE pg_has_role(current_user, 'synchro_owner', 'USAGE') END,
-                    current_setting('server_version_num')::int >= 160000
+                    current_setting('server_version_num')::int >= 160000,
+                    pg_has_role(current_user, 'synchro_owner', 'MEMBER')
                FROM pg_roles WHERE rolname = current_user",
             &[],
         )
         .await?;
     if row.get::<_, bool>(0) {
         return Ok(false);
+    }
+    if !row.get::<_, bool>(1) && row.get::<_, bool>(2) {
+        // PostgreSQL 15 keeps one membership per pair: a grant would change nothing, and
+        // the revoke at the end would take the login's own membership away.
+        bail!(
+            "this login is a member of synchro_owner but does not inherit its privileges (NOINHERIT): \
+             install with a login that does (ALTER ROLE <this login> INHERIT), or a superuser"
+        );
     }
     let grant = if row.get::<_, bool>(1) {
         "GRANT synchro_owner TO CURRENT_USER WITH INHERIT TRUE, SET TRUE"

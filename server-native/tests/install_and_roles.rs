@@ -912,13 +912,10 @@ async fn every_role_executes_and_reads_exactly_what_spec_001_grants_it() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
-/// A managed service's database owner (CREATEROLE, never a superuser) installs and upgrades
-/// synchro: the superuser only creates that owner and its database. The result equals a
-/// superuser's install but for what only the function's owner can change (PUBLIC keeps
-/// EXECUTE on `pg_logical_emit_message`, which `install --check` reports), and the owner
-/// login is not left a member of synchro_owner.
-#[tokio::test]
-async fn a_createrole_database_owner_installs_without_a_superuser() {
+/// A cluster of its own where the superuser did only what a managed service's provider does:
+/// it created `dbowner` (CREATEROLE, no superuser) and its database `managed`; and that
+/// superuser's session.
+async fn managed_database() -> (TempCluster, tokio_postgres::Client) {
     let cluster = TempCluster::start().unwrap();
     let boot = synchro_server::connect_db(&cluster.admin_url())
         .await
@@ -926,10 +923,23 @@ async fn a_createrole_database_owner_installs_without_a_superuser() {
     for sql in [
         "CREATE ROLE dbowner LOGIN CREATEROLE",
         "CREATE DATABASE managed OWNER dbowner",
-        "CREATE DATABASE reference",
     ] {
         boot.batch_execute(sql).await.unwrap();
     }
+    (cluster, boot)
+}
+
+/// A managed service's database owner (CREATEROLE, never a superuser) installs and upgrades
+/// synchro: the superuser only creates that owner and its database. The result equals a
+/// superuser's install but for what only the function's owner can change (PUBLIC keeps
+/// EXECUTE on `pg_logical_emit_message`, which `install --check` reports), and the owner
+/// login is not left a member of synchro_owner.
+#[tokio::test]
+async fn a_createrole_database_owner_installs_without_a_superuser() {
+    let (cluster, boot) = managed_database().await;
+    boot.batch_execute("CREATE DATABASE reference")
+        .await
+        .unwrap();
     let mut db = synchro_server::connect_db(&cluster.url("dbowner", "managed"))
         .await
         .unwrap();
@@ -1041,16 +1051,7 @@ fn fix<'a>(report: &'a serde_json::Value, name: &str) -> &'a str {
 /// setting), and for a complete superuser install (all ok, exit 0).
 #[tokio::test]
 async fn install_check_lists_every_prerequisite_and_changes_nothing() {
-    let cluster = TempCluster::start().unwrap();
-    let boot = synchro_server::connect_db(&cluster.admin_url())
-        .await
-        .unwrap();
-    for sql in [
-        "CREATE ROLE dbowner LOGIN CREATEROLE",
-        "CREATE DATABASE managed OWNER dbowner",
-    ] {
-        boot.batch_execute(sql).await.unwrap();
-    }
+    let (cluster, boot) = managed_database().await;
     let owner_url = cluster.url("dbowner", "managed");
     let (code, before) = cli_at(&owner_url, &["install", "--check"]);
     assert_eq!(code, 1, "{before}");

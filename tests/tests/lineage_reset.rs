@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{docs_with_owner_and_team, free_port, start_server, wait_ready, Env};
+use common::{
+    docs_with_owner_and_team, free_port, local_doc_titles, start_server, wait_ready, Env,
+};
 use synchro_client::engine::Client;
 use synchro_client::http::HttpTransport;
 use synchro_client::storage::Storage;
@@ -29,19 +31,6 @@ fn client(base: &str, user: &str, seed: u8) -> Client<HttpTransport> {
         },
     )
     .unwrap()
-}
-
-fn local_rows(c: &Client<HttpTransport>) -> Vec<(i64, Option<String>)> {
-    let conn = c.storage().connection();
-    let mut q = conn
-        .prepare("SELECT id, title FROM docs ORDER BY id")
-        .unwrap();
-    let rows = q
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    rows
 }
 
 async fn source_rows(env: &Env) -> Vec<(i64, Option<String>)> {
@@ -149,7 +138,7 @@ async fn a_dropped_slot_blocks_and_lineage_reset_sends_a_caught_up_client_only_w
     let mut alice = client(&base, "alice", 1);
     let first = alice.sync_once().await.unwrap();
     assert_eq!(first.rebuilt.len(), 2, "{first:?}");
-    assert_eq!(local_rows(&alice).len(), 2000);
+    assert_eq!(local_doc_titles(&alice).len(), 2000);
 
     // The server stops; the operator drops the slot (to free WAL); the database is written
     // meanwhile: a row added, one changed, one deleted.
@@ -185,10 +174,10 @@ async fn a_dropped_slot_blocks_and_lineage_reset_sends_a_caught_up_client_only_w
         "downloaded {report:?}"
     );
     assert_eq!(report.verified.len(), 2, "{report:?}");
-    assert_eq!(local_rows(&alice), source_rows(&env).await);
+    assert_eq!(local_doc_titles(&alice), source_rows(&env).await);
     let mut fresh = client(&base, "alice", 2);
     fresh.sync_once().await.unwrap();
-    assert_eq!(local_rows(&fresh), source_rows(&env).await);
+    assert_eq!(local_doc_titles(&fresh), source_rows(&env).await);
 
     // Capture goes on from the new slot.
     env.admin
@@ -196,7 +185,7 @@ async fn a_dropped_slot_blocks_and_lineage_reset_sends_a_caught_up_client_only_w
         .await
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while local_rows(&alice) != source_rows(&env).await {
+    while local_doc_titles(&alice) != source_rows(&env).await {
         assert!(std::time::Instant::now() < deadline, "2002 never arrived");
         alice.sync_once().await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -232,7 +221,7 @@ async fn after_a_base_backup_is_restored_a_client_of_the_lost_history_rebuilds_a
         .await
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while local_rows(&ahead) != source_rows(&env).await {
+    while local_doc_titles(&ahead) != source_rows(&env).await {
         assert!(
             std::time::Instant::now() < deadline,
             "the lost rows never arrived"
@@ -262,15 +251,15 @@ async fn after_a_base_backup_is_restored_a_client_of_the_lost_history_rebuilds_a
     // `ahead` holds rows the database no longer has: its scopes rebuild.
     let report = ahead.sync_once().await.unwrap();
     assert_eq!(report.rebuilt.len(), 2, "{report:?}");
-    assert_eq!(local_rows(&ahead), source);
+    assert_eq!(local_doc_titles(&ahead), source);
     // `behind` synced nothing the restore lost: it receives the one row written since.
     let report = behind.sync_once().await.unwrap();
     assert!(report.rebuilt.is_empty(), "{report:?}");
     assert!((1..=2).contains(&report.pulled_changes), "{report:?}");
-    assert_eq!(local_rows(&behind), source);
+    assert_eq!(local_doc_titles(&behind), source);
     let mut fresh = client(&base, "alice", 3);
     fresh.sync_once().await.unwrap();
-    assert_eq!(local_rows(&fresh), source);
+    assert_eq!(local_doc_titles(&fresh), source);
 }
 
 #[tokio::test]
@@ -347,8 +336,8 @@ async fn an_invalidated_slot_blocks_and_lineage_reset_sends_a_caught_up_client_o
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(local_rows(&alice), alices);
+    assert_eq!(local_doc_titles(&alice), alices);
     let mut fresh = client(&base, "alice", 2);
     fresh.sync_once().await.unwrap();
-    assert_eq!(local_rows(&fresh), alices);
+    assert_eq!(local_doc_titles(&fresh), alices);
 }

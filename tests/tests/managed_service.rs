@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{free_port, wait_ready};
+use common::{free_port, local_doc_titles, wait_ready};
 use synchro_client::engine::Client;
 use synchro_client::http::HttpTransport;
 use synchro_client::queue::{LocalWrite, Operation};
@@ -59,19 +59,6 @@ fn health(url: &str) -> serde_json::Value {
         .output()
         .unwrap();
     serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
-}
-
-fn titles(c: &Client<HttpTransport>) -> Vec<(i64, Option<String>)> {
-    let conn = c.storage().connection();
-    let mut q = conn
-        .prepare("SELECT id, title FROM docs ORDER BY id")
-        .unwrap();
-    let rows = q
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    rows
 }
 
 #[tokio::test]
@@ -239,7 +226,7 @@ async fn a_database_owner_without_a_superuser_runs_the_whole_flow_over_tls_only(
     .unwrap();
     alice.sync_once().await.unwrap();
     assert_eq!(
-        titles(&alice),
+        local_doc_titles(&alice),
         vec![(1, Some("one".into())), (2, Some("two".into()))]
     );
     let manifest = alice.manifest().unwrap().clone();

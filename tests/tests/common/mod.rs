@@ -44,3 +44,19 @@ pub async fn client_base(
     wait_ready(&reqwest::Client::new(), &edge.base).await;
     (edge.base.clone(), Some(edge))
 }
+
+/// A native client's `docs` rows: (id, title), by id.
+pub fn local_doc_titles<T: synchro_client::engine::Transport>(
+    c: &synchro_client::engine::Client<T>,
+) -> Vec<(i64, Option<String>)> {
+    let conn = c.storage().connection();
+    let mut q = conn
+        .prepare("SELECT id, title FROM docs ORDER BY id")
+        .unwrap();
+    let rows = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    rows
+}
