@@ -43,6 +43,11 @@ impl Check {
     }
 }
 
+/// A membership `m` of login `r` in group `g` through which `r` can act as `g`: any on 15; from
+/// 16 on, not the administrator-only membership the creator of a role keeps.
+const ACTS: &str = "(current_setting('server_version_num')::int < 160000
+                     OR pg_has_role(r.oid, g.oid, 'SET') OR pg_has_role(r.oid, g.oid, 'USAGE'))";
+
 /// How each managed service turns on logical decoding.
 const LOGICAL_DECODING: &str = "set wal_level = logical and restart PostgreSQL. Amazon RDS and Aurora: \
      rds.logical_replication = 1 in the DB parameter group, then reboot; Google Cloud SQL: the \
@@ -174,6 +179,7 @@ pub async fn check(db: &mut Client) -> Result<(Value, bool)> {
         )
     });
     checks.push(worker_login(db, superuser, createrole, replication, version).await?);
+    checks.extend(runtime_logins(db).await?);
     checks.extend(installed(db).await?);
     let ok = checks.iter().all(|c| c.status != "missing");
     let list: Vec<Value> = checks
@@ -200,11 +206,13 @@ async fn worker_login(
 ) -> Result<Check> {
     let row = db
         .query_one(
-            "SELECT count(*) FILTER (WHERE r.rolreplication)::int, count(*)::int
+            &format!(
+                "SELECT count(*) FILTER (WHERE r.rolreplication)::int, count(*)::int
                FROM pg_roles r
               WHERE r.rolcanlogin AND NOT r.rolsuper
                 AND EXISTS (SELECT 1 FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
-                             WHERE m.member = r.oid AND g.rolname = 'synchro_worker')",
+                             WHERE m.member = r.oid AND g.rolname = 'synchro_worker' AND {ACTS})"
+            ),
             &[],
         )
         .await?;
@@ -234,6 +242,62 @@ async fn worker_login(
             REPLICATION_GRANT,
         )
     })
+}
+
+/// Whether each other runtime role has a login (once the roles exist): serve's and the
+/// operator's are needed, health's and seed export's only where used.
+async fn runtime_logins(db: &Client) -> Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    for (group, name, used_by, needed) in [
+        ("synchro_adapter", "adapter_login", "serve", true),
+        (
+            "synchro_operator",
+            "operator_login",
+            "registry, publish, lineage and retention commands",
+            true,
+        ),
+        ("synchro_monitor", "monitor_login", "health", false),
+        ("synchro_seed", "seed_login", "seed export", false),
+    ] {
+        let row = db
+            .query_one(
+                &format!("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1),
+                        (SELECT count(*)::int FROM pg_roles r
+                          WHERE r.rolcanlogin AND NOT r.rolsuper
+                            AND EXISTS (SELECT 1 FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
+                                         WHERE m.member = r.oid AND g.rolname = $1 AND {ACTS}))"),
+                &[&group],
+            )
+            .await?;
+        if !row.get::<_, bool>(0) {
+            continue; // not installed: the schema check says so
+        }
+        let logins: i32 = row.get(1);
+        let create = format!(
+            "CREATE ROLE app_{short} LOGIN PASSWORD '...'; GRANT {group} TO app_{short}",
+            short = group.trim_start_matches("synchro_")
+        );
+        checks.push(if logins > 0 {
+            Check::ok(name, format!("{logins} login(s) of {group}"))
+        } else if needed {
+            Check::missing(
+                name,
+                format!("no login of {group}, which {used_by} need"),
+                create,
+            )
+        } else {
+            Check {
+                status: "ok",
+                fix: Some(create),
+                ..Check::missing(
+                    name,
+                    format!("no login of {group} (needed only for {used_by})"),
+                    "",
+                )
+            }
+        });
+    }
+    Ok(checks)
 }
 
 /// The install's own state, when synchro is installed: the ledger against this binary, and

@@ -1091,6 +1091,11 @@ async fn install_check_lists_every_prerequisite_and_changes_nothing() {
     let (_, after) = cli_at(&owner_url, &["install", "--check"]);
     let s = statuses(&after);
     assert_eq!(s["schema"], "ok", "{after}");
+    // The runtime logins, none made yet: serve's and the operator's are missing.
+    assert_eq!(s["adapter_login"], "missing", "{after}");
+    assert_eq!(s["operator_login"], "missing", "{after}");
+    assert_eq!(s["monitor_login"], "ok", "{after}");
+    assert!(fix(&after, "adapter_login").contains("GRANT synchro_adapter TO app_adapter"));
     assert_eq!(s["logical_messages"], "warning", "{after}");
     assert!(fix(&after, "logical_messages").contains("REVOKE EXECUTE"));
 
