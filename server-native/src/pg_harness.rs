@@ -444,16 +444,10 @@ impl TempCluster {
     /// without the server's transient files and the slots' contents, then the WAL written
     /// meanwhile, and the backup label `pg_backup_stop` returns is written beside them.
     fn copy_backup(&self, backup: &Path) -> Result<()> {
-        let url = self.admin_url();
         let data = self.data_dir();
         let to = backup.to_owned();
-        let copied = std::thread::spawn(move || -> Result<()> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-                tokio::spawn(conn);
+        in_own_session(self.admin_url(), move |client| {
+            Box::pin(async move {
                 client
                     .batch_execute("SELECT pg_backup_start('synchro-harness', true)")
                     .await?;
@@ -473,10 +467,7 @@ impl TempCluster {
                 std::fs::write(to.join("backup_label"), label)?;
                 Ok(())
             })
-        });
-        copied
-            .join()
-            .map_err(|_| anyhow::anyhow!("the backup thread panicked"))??;
+        })?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(backup, std::fs::Permissions::from_mode(0o700))?;
         if let Some(user) = &self.run_as {
@@ -519,27 +510,17 @@ impl TempCluster {
     /// a tokio-postgres session on a thread of its own (a drop may run inside a runtime), so
     /// it needs no `psql`: the server-only packages the version matrix uses have none.
     fn end_walsenders(&self) {
-        let url = self.admin_url();
-        let ended = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .ok()?;
-                tokio::spawn(conn);
+        let _ = in_own_session(self.admin_url(), |client| {
+            Box::pin(async move {
                 client
                     .batch_execute(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                           WHERE backend_type = 'walsender'",
                     )
-                    .await
-                    .ok()
+                    .await?;
+                Ok(())
             })
         });
-        let _ = ended.join();
     }
 
     /// Stops the cluster and deletes its directory (a persistent one's is kept).
@@ -567,6 +548,30 @@ impl Drop for TempCluster {
             eprintln!("synchro: could not stop the throwaway PostgreSQL cluster: {e}");
         }
     }
+}
+
+/// Runs `work` with a session of `url` on a thread and runtime of its own (a drop may run
+/// inside a runtime, where blocking on one is refused), and waits for it.
+fn in_own_session<T: Send + 'static>(
+    url: String,
+    work: impl FnOnce(
+            tokio_postgres::Client,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>> + Send>>
+        + Send
+        + 'static,
+) -> Result<T> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+            tokio::spawn(conn);
+            work(client).await
+        })
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the session's thread panicked"))?
 }
 
 /// Copies the tree `from` to `to` (files whose path relative to `from` `keep` accepts; a file

@@ -470,26 +470,13 @@ async fn dev_runs_as_a_database_owner_that_is_no_superuser() {
         return;
     }
     for run in 1..=2 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = synchro_testkit::pg::free_port();
         let (child, token) = start_dev(&url, port);
-        let ready = reqwest::get(format!("http://127.0.0.1:{port}/ready"))
-            .await
-            .unwrap();
-        let mut ok = ready.status().is_success();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !ok && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            ok = reqwest::get(format!("http://127.0.0.1:{port}/ready"))
-                .await
-                .unwrap()
-                .status()
-                .is_success();
-        }
-        assert!(ok, "dev never became ready");
+        synchro_testkit::pg::wait_ready(
+            &reqwest::Client::new(),
+            &format!("http://127.0.0.1:{port}"),
+        )
+        .await;
         let connect = reqwest::Client::new()
             .post(format!("http://127.0.0.1:{port}/sync/connect"))
             .header("authorization", format!("Bearer {token}"))
