@@ -195,8 +195,8 @@ pub async fn check(db: &mut Client) -> Result<(Value, bool)> {
     Ok((json!({"ok": ok, "checks": list}), ok))
 }
 
-/// Whether a worker login exists (a member of synchro_worker with LOGIN and REPLICATION), or
-/// this login could make one.
+/// Whether a worker login exists (a member of synchro_worker with LOGIN and REPLICATION, or on
+/// Amazon RDS and Aurora a member of rds_replication), or this login could make one.
 async fn worker_login(
     db: &Client,
     superuser: bool,
@@ -207,7 +207,12 @@ async fn worker_login(
     let row = db
         .query_one(
             &format!(
-                "SELECT count(*) FILTER (WHERE r.rolreplication)::int, count(*)::int
+                "SELECT count(*) FILTER (WHERE r.rolreplication OR EXISTS (
+                            SELECT 1 FROM pg_auth_members m
+                             WHERE m.member = r.oid AND m.roleid = to_regrole('rds_replication')))::int,
+                        count(*)::int,
+                        coalesce(pg_has_role(current_user, to_regrole('rds_replication')::oid,
+                                             'MEMBER WITH ADMIN OPTION'), false)
                FROM pg_roles r
               WHERE r.rolcanlogin AND NOT r.rolsuper
                 AND EXISTS (SELECT 1 FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
@@ -216,7 +221,8 @@ async fn worker_login(
             &[],
         )
         .await?;
-    let (with_replication, logins): (i32, i32) = (row.get(0), row.get(1));
+    let (with_replication, logins, grants_rds): (i32, i32, bool) =
+        (row.get(0), row.get(1), row.get(2));
     if with_replication > 0 {
         return Ok(Check::ok(
             "worker_login",
@@ -229,7 +235,13 @@ async fn worker_login(
     } else {
         "no login of synchro_worker yet".to_owned()
     };
-    Ok(if can_grant {
+    Ok(if grants_rds {
+        Check::warning(
+            "worker_login",
+            detail + "; this login can grant rds_replication",
+            "CREATE ROLE app_worker LOGIN NOINHERIT PASSWORD '...'; GRANT rds_replication TO app_worker; GRANT synchro_worker TO app_worker (after install)",
+        )
+    } else if can_grant {
         Check::warning(
             "worker_login",
             detail + "; this login can create one",

@@ -404,6 +404,53 @@ async fn health(env: &Env, check: &str) -> String {
         .get(0)
 }
 
+/// Amazon RDS and Aurora let no one set REPLICATION: a login replicates there as a member of
+/// `rds_replication` (stood in for here). A leader holding it that way is the worker login
+/// spec 001 draws; another runtime login holding it is a second replication principal.
+#[tokio::test]
+async fn readiness_counts_rds_replication_membership_as_replication() {
+    let (env, _) = setup().await;
+    env.admin
+        .batch_execute(
+            "ALTER ROLE synchro_dev_worker NOREPLICATION;
+             CREATE ROLE rds_replication NOLOGIN;
+             CREATE ROLE rds_worker LOGIN NOINHERIT IN ROLE synchro_worker, rds_replication",
+        )
+        .await
+        .unwrap();
+    // The leader lock taken by hand: this cluster gives rds_replication no real right to stream.
+    let leader = env.login("rds_worker").await;
+    leader
+        .batch_execute("SELECT pg_advisory_lock(32503137342878319)")
+        .await
+        .unwrap();
+    assert_eq!(health(&env, "capture_worker").await, "ok");
+    assert_eq!(health(&env, "capture_worker_login").await, "ok");
+    for (break_it, undo) in [
+        (
+            "REVOKE rds_replication FROM rds_worker",
+            "GRANT rds_replication TO rds_worker",
+        ),
+        (
+            "GRANT rds_replication TO synchro_dev_adapter",
+            "REVOKE rds_replication FROM synchro_dev_adapter",
+        ),
+        (
+            "GRANT synchro_monitor TO rds_worker",
+            "REVOKE synchro_monitor FROM rds_worker",
+        ),
+    ] {
+        env.admin.batch_execute(break_it).await.unwrap();
+        assert_eq!(
+            health(&env, "capture_worker_login").await,
+            "failed",
+            "{break_it}"
+        );
+        env.admin.batch_execute(undo).await.unwrap();
+        assert_eq!(health(&env, "capture_worker_login").await, "ok", "{undo}");
+    }
+}
+
 #[tokio::test]
 async fn readiness_checks_the_leader_slot_publication_and_wal_lag_limits() {
     let (env, _) = setup().await;

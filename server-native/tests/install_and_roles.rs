@@ -1099,6 +1099,27 @@ async fn install_check_lists_every_prerequisite_and_changes_nothing() {
     assert_eq!(s["logical_messages"], "warning", "{after}");
     assert!(fix(&after, "logical_messages").contains("REVOKE EXECUTE"));
 
+    // Amazon RDS and Aurora (their roles stood in for): the owner can grant rds_replication,
+    // and a worker login replicates through that membership, not the REPLICATION attribute.
+    boot.batch_execute(
+        "CREATE ROLE rds_replication NOLOGIN; GRANT rds_replication TO dbowner WITH ADMIN OPTION",
+    )
+    .await
+    .unwrap();
+    let (_, rds) = cli_at(&owner_url, &["install", "--check"]);
+    assert_eq!(statuses(&rds)["worker_login"], "warning", "{rds}");
+    assert!(
+        fix(&rds, "worker_login").contains("GRANT rds_replication TO app_worker"),
+        "{rds}"
+    );
+    boot.batch_execute(
+        "CREATE ROLE app_worker LOGIN NOINHERIT IN ROLE synchro_worker; GRANT rds_replication TO app_worker",
+    )
+    .await
+    .unwrap();
+    let (_, rds) = cli_at(&owner_url, &["install", "--check"]);
+    assert_eq!(statuses(&rds)["worker_login"], "ok", "{rds}");
+
     // A complete install by a superuser, with a worker login: nothing missing.
     let env = Env::installed().await;
     let (code, complete) = cli_at(&env.cluster.url("postgres", "app"), &["install", "--check"]);

@@ -107,16 +107,27 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
         -- runtime login). From PostgreSQL 16 on, the CREATEROLE login that created the groups
         -- (a managed service's database owner, often with REPLICATION) is their administrator
         -- without their privileges or SET ROLE to them: that membership does not count.
+        -- Amazon RDS and Aurora let no one set REPLICATION: a login replicates there as a
+        -- member of rds_replication, which counts as REPLICATION (for the worker and for any
+        -- other login) and is the one other membership the worker may hold.
         -- Unknown while no worker leads.
         'capture_worker_login', (
             SELECT CASE WHEN w.oid IS NULL THEN 'unknown'
-                        WHEN w.rolcanlogin AND w.rolreplication AND NOT w.rolinherit AND NOT w.rolsuper
+                        WHEN w.rolcanlogin AND NOT w.rolinherit AND NOT w.rolsuper
+                             AND (w.rolreplication OR EXISTS (
+                                     SELECT 1 FROM pg_auth_members m
+                                      WHERE m.member = w.oid AND m.roleid = to_regrole('rds_replication')))
                              AND NOT w.rolcreatedb AND NOT w.rolcreaterole AND NOT w.rolbypassrls
-                             AND ARRAY(SELECT m.roleid FROM pg_auth_members m WHERE m.member = w.oid)
+                             AND ARRAY(SELECT DISTINCT m.roleid FROM pg_auth_members m
+                                        WHERE m.member = w.oid
+                                          AND m.roleid IS DISTINCT FROM to_regrole('rds_replication'))
                                  = ARRAY['synchro_worker'::regrole::oid]
                              AND NOT EXISTS (
                                  SELECT 1 FROM pg_roles r
-                                  WHERE r.rolcanlogin AND r.rolreplication AND NOT r.rolsuper AND r.oid <> w.oid
+                                  WHERE r.rolcanlogin AND NOT r.rolsuper AND r.oid <> w.oid
+                                    AND (r.rolreplication OR EXISTS (
+                                            SELECT 1 FROM pg_auth_members m
+                                             WHERE m.member = r.oid AND m.roleid = to_regrole('rds_replication')))
                                     AND EXISTS (SELECT 1 FROM unnest(ARRAY['synchro_adapter', 'synchro_seed',
                                                     'synchro_monitor', 'synchro_operator', 'synchro_worker']) g
                                                  WHERE pg_has_role(r.oid, g, 'USAGE')
