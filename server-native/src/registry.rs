@@ -54,8 +54,10 @@ pub enum RegistrationError {
     /// with a reason of its closed list, or a column refusal the list has no entry for,
     /// `{"error":{"code":"invalid_column","reason":"unsupported_column_type"|"missing_field"|
     /// "unrepresentable_value","column",...}}`.
+    /// With the SQLSTATE, and the hint for a person (why, and the way out) when the database
+    /// gave one.
     #[error("invalid registration: {0}")]
-    Invalid(Value, String),
+    Invalid(Value, String, Option<String>),
     /// Any other database failure (permissions, connection).
     #[error("registration failed: {0}")]
     Database(String),
@@ -65,7 +67,7 @@ impl RegistrationError {
     /// The `reason` of an invalid registration.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            RegistrationError::Invalid(v, _) => v["error"]["reason"].as_str(),
+            RegistrationError::Invalid(v, ..) => v["error"]["reason"].as_str(),
             RegistrationError::Database(_) => None,
         }
     }
@@ -73,7 +75,7 @@ impl RegistrationError {
     /// The SQLSTATE, when the database gave one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            RegistrationError::Invalid(_, code) => Some(code),
+            RegistrationError::Invalid(_, code, _) => Some(code),
             RegistrationError::Database(_) => None,
         }
     }
@@ -120,12 +122,125 @@ macro_rules! retrying {
     }};
 }
 
+/// [`retrying`] for an outcome whose error carries the index of the request it refused.
+macro_rules! retrying_many {
+    ($attempt:expr) => {{
+        let mut attempt = 1;
+        loop {
+            match $attempt.await {
+                Err((_, e)) if attempt < ATTEMPTS && conflicted(&e) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                    attempt += 1;
+                }
+                outcome => break outcome,
+            }
+        }
+    }};
+}
+
 /// Registers one relation; returns `{"relation_id","table_id"?,"fields":[...]}`.
 pub async fn register(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
     retrying!(register_once(db, r))
 }
 
 async fn register_once(db: &Client, r: &RegisterRequest) -> Result<Value, RegistrationError> {
+    register_in(db, r).await
+}
+
+/// Registers several relations in one transaction: all of them, or (on the first refusal,
+/// returned with the index of the request it refused) none.
+pub async fn register_all(
+    db: &mut Client,
+    requests: &[RegisterRequest],
+) -> Result<Vec<Value>, (usize, RegistrationError)> {
+    retrying_many!(register_all_once(db, requests))
+}
+
+async fn register_all_once(
+    db: &mut Client,
+    requests: &[RegisterRequest],
+) -> Result<Vec<Value>, (usize, RegistrationError)> {
+    let database =
+        |e: tokio_postgres::Error| (0, RegistrationError::Database(crate::install::describe(&e)));
+    let tx = db.transaction().await.map_err(database)?;
+    let mut out = Vec::with_capacity(requests.len());
+    for (i, r) in requests.iter().enumerate() {
+        out.push(register_in(&tx, r).await.map_err(|e| (i, e))?);
+    }
+    tx.commit().await.map_err(database)?;
+    Ok(out)
+}
+
+/// What registering each relation would do, changing nothing (`registry register --check`):
+/// per relation `{"relation","ok","columns":[{"column","sql_type","type","precision"?,
+/// "scale"?,"server_only"?,"hint"?}],"error"?,"hint"?}`, every column at once, each relation
+/// tried on its own (one refusal hides no other), all rolled back.
+pub async fn check_registrations(
+    db: &mut Client,
+    requests: &[RegisterRequest],
+) -> Result<Vec<Value>, RegistrationError> {
+    let database =
+        |e: tokio_postgres::Error| RegistrationError::Database(crate::install::describe(&e));
+    let mut tx = db.transaction().await.map_err(database)?;
+    let mut out = Vec::with_capacity(requests.len());
+    for r in requests {
+        let columns: Vec<Value> = tx
+            .query(
+                "SELECT column_name, sql_type, portable_type, decimal_precision, decimal_scale, server_only, hint
+                   FROM synchro.synchro_column_report($1, $2, $3)",
+                &[&r.schema, &r.relation, &r.server_only],
+            )
+            .await
+            .map_err(database)?
+            .iter()
+            .map(|c| {
+                let mut column = serde_json::json!({
+                    "column": c.get::<_, String>(0),
+                    "sql_type": c.get::<_, String>(1),
+                    "type": c.get::<_, Option<String>>(2),
+                });
+                if let (Some(p), Some(s)) = (c.get::<_, Option<i32>>(3), c.get::<_, Option<i32>>(4)) {
+                    column["precision"] = p.into();
+                    column["scale"] = s.into();
+                }
+                if c.get::<_, bool>(5) {
+                    column["server_only"] = true.into();
+                }
+                if let Some(h) = c.get::<_, Option<String>>(6) {
+                    column["hint"] = h.into();
+                }
+                column
+            })
+            .collect();
+        let sp = tx.savepoint("synchro_check").await.map_err(database)?;
+        let tried = register_in(&sp, r).await;
+        sp.rollback().await.map_err(database)?;
+        let mut report = serde_json::json!({
+            "relation": format!("{}.{}", r.schema, r.relation),
+            "ok": tried.is_ok(),
+            "columns": columns,
+        });
+        match tried {
+            Ok(_) => {}
+            Err(RegistrationError::Invalid(body, _, hint)) => {
+                report["error"] = body["error"].clone();
+                if let Some(h) = hint {
+                    report["hint"] = h.into();
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        out.push(report);
+    }
+    tx.rollback().await.map_err(database)?;
+    Ok(out)
+}
+
+/// One `synchro_register_relation` call on `db` (a session or a transaction).
+async fn register_in(
+    db: &impl tokio_postgres::GenericClient,
+    r: &RegisterRequest,
+) -> Result<Value, RegistrationError> {
     let row = db
         .query_one(
             "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb)::text",
@@ -219,7 +334,11 @@ pub(crate) fn registration_error(e: tokio_postgres::Error) -> RegistrationError 
                 .detail()
                 .and_then(|t| serde_json::from_str(t).ok())
                 .unwrap_or(Value::Null);
-            RegistrationError::Invalid(body, d.code().code().to_owned())
+            RegistrationError::Invalid(
+                body,
+                d.code().code().to_owned(),
+                d.hint().filter(|h| !h.is_empty()).map(str::to_owned),
+            )
         }
         _ => RegistrationError::Database(crate::install::describe(&e)),
     }

@@ -582,6 +582,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
         &["synchro_adapter", "synchro_monitor"],
     ),
     ("synchro_assignment_scopes", &["synchro_adapter"]),
+    ("synchro_base_type", &["synchro_worker"]),
     ("synchro_bootstrap_columns", &["synchro_worker"]),
     ("synchro_bootstrap_lock", &["synchro_worker"]),
     ("synchro_bootstrap_rows", &["synchro_worker"]),
@@ -601,6 +602,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
     ("synchro_client_hold", &["synchro_adapter"]),
     ("synchro_client_state", &["synchro_adapter"]),
     ("synchro_column_has_values", &["synchro_operator"]),
+    ("synchro_column_report", &["synchro_operator"]),
     ("synchro_compact_scope", &["synchro_operator"]),
     ("synchro_clear_evaluator_name", &["synchro_operator"]),
     ("synchro_rule_unusable", &["synchro_worker"]),
@@ -725,6 +727,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
         "synchro_unregister_assignment_function",
         &["synchro_operator"],
     ),
+    ("synchro_unregistered_tables", &["synchro_operator"]),
 ];
 
 /// The privileges the worker has on each table and sequence of the synchro schema (every

@@ -112,7 +112,7 @@ async fn reconfiguration_refusals_are_typed_and_leave_nothing_behind() {
     env.as_app_owner("ALTER TABLE app.docs ALTER COLUMN title TYPE integer USING length(title)")
         .await;
     let e = reconfigure(&mut op, &server_only, true).await.unwrap_err();
-    let RegistrationError::Invalid(body, _) = &e else {
+    let RegistrationError::Invalid(body, ..) = &e else {
         panic!("{e:?}")
     };
     // A column refusal (spec 000's closed list has no reason for it) is invalid_column,
@@ -136,7 +136,7 @@ async fn reconfiguration_refusals_are_typed_and_leave_nothing_behind() {
         .await;
     let e = reconfigure(&mut op, &server_only, true).await.unwrap_err();
     assert_eq!(e.reason(), Some("missing_field"));
-    let RegistrationError::Invalid(body, _) = &e else {
+    let RegistrationError::Invalid(body, ..) = &e else {
         panic!("{e:?}")
     };
     assert_eq!(

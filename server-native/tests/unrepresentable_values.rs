@@ -368,7 +368,7 @@ async fn registration_refusal(env: &Env, r: &RegisterRequest) -> Value {
         .await
         .unwrap();
     match register(&op, r).await {
-        Err(RegistrationError::Invalid(body, code)) => {
+        Err(RegistrationError::Invalid(body, code, _)) => {
             assert_eq!(code, "42P17");
             body
         }

@@ -84,11 +84,13 @@ BEGIN
     IF p_relation_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('relation_id', p_relation_id); END IF;
     IF p_field_id IS NOT NULL THEN v_error := v_error || jsonb_build_object('field_id', p_field_id); END IF;
     -- Members that say what to fix (a column and its type, a missing grant): catalog names
-    -- the operator wrote, never row values.
-    IF p_extra IS NOT NULL THEN v_error := p_extra || v_error; END IF;
+    -- the operator wrote, never row values. A member "hint" (why, and the way out, in words)
+    -- becomes the error's HINT instead.
+    IF p_extra IS NOT NULL THEN v_error := (p_extra - 'hint') || v_error; END IF;
     RAISE EXCEPTION '%: %', v_code, p_reason
         USING ERRCODE = CASE WHEN p_reason = 'invalid_limit' THEN '22023' ELSE '42P17' END,
-              DETAIL = jsonb_build_object('error', v_error)::text;
+              DETAIL = jsonb_build_object('error', v_error)::text,
+              HINT = coalesce(p_extra ->> 'hint', '');
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_registration_error(text, text, text, jsonb) FROM PUBLIC;
 
@@ -134,32 +136,109 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_new_id(text) FROM PUBLIC;
 
+-- A type and modifier seen through its domains: the base type a domain (of a domain ...) is
+-- over, with the modifier the innermost domain declared; any other type unchanged. A
+-- domain's values are its base type's values (its constraints only narrow them), so they
+-- take the base type's portable type and source form.
+CREATE FUNCTION synchro.synchro_base_type(p_type oid, p_typmod integer,
+    OUT base_type oid, OUT base_typmod integer)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_next oid;
+    v_mod integer;
+BEGIN
+    base_type := p_type;
+    base_typmod := p_typmod;
+    LOOP
+        SELECT t.typbasetype, t.typtypmod INTO v_next, v_mod FROM pg_catalog.pg_type t
+         WHERE t.oid = base_type AND t.typtype = 'd';
+        EXIT WHEN NOT FOUND;
+        base_type := v_next;
+        base_typmod := v_mod;
+    END LOOP;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_base_type(oid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_base_type(oid, integer) TO synchro_worker;
+
 -- Maps a column type to a portable type: (portable_type, precision, scale), or NULL.
+-- Through domains (synchro_base_type). Text-like types whose output is PostgreSQL's canonical
+-- text are strings: text, varchar(n), char(n), uuid, enums (the label), citext (the
+-- extension's type), interval (IntervalStyle postgres), inet, cidr, macaddr, macaddr8.
+-- timestamp without time zone is a datetime read as UTC (what Prisma and Drizzle write).
+-- numeric needs a declared precision and scale (spec 000 validates against them): an
+-- unconstrained numeric has none, and no declaration can hold all of its values.
 CREATE FUNCTION synchro.synchro_portable_type(p_type oid, p_typmod integer,
     OUT portable_type text, OUT decimal_precision integer, OUT decimal_scale integer)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_type oid;
+    v_typmod integer;
 BEGIN
-    portable_type := CASE p_type
+    SELECT b.base_type, b.base_typmod INTO v_type, v_typmod FROM synchro.synchro_base_type(p_type, p_typmod) b;
+    portable_type := CASE v_type
         WHEN 'text'::regtype THEN 'string' WHEN 'varchar'::regtype THEN 'string'
         WHEN 'bpchar'::regtype THEN 'string' WHEN 'uuid'::regtype THEN 'string'
+        WHEN 'interval'::regtype THEN 'string' WHEN 'inet'::regtype THEN 'string'
+        WHEN 'cidr'::regtype THEN 'string' WHEN 'macaddr'::regtype THEN 'string'
+        WHEN 'macaddr8'::regtype THEN 'string'
         WHEN 'int2'::regtype THEN 'int' WHEN 'int4'::regtype THEN 'int'
         WHEN 'int8'::regtype THEN 'int64'
         WHEN 'float4'::regtype THEN 'float' WHEN 'float8'::regtype THEN 'float'
         WHEN 'bool'::regtype THEN 'boolean'
-        WHEN 'timestamptz'::regtype THEN 'datetime'
+        WHEN 'timestamptz'::regtype THEN 'datetime' WHEN 'timestamp'::regtype THEN 'datetime'
         WHEN 'date'::regtype THEN 'date'
         WHEN 'time'::regtype THEN 'time'
         WHEN 'json'::regtype THEN 'json' WHEN 'jsonb'::regtype THEN 'json'
         WHEN 'bytea'::regtype THEN 'bytes'
-        WHEN 'numeric'::regtype THEN CASE WHEN p_typmod >= 4 THEN 'decimal' END
-        ELSE NULL END;
+        WHEN 'numeric'::regtype THEN CASE WHEN v_typmod >= 4 THEN 'decimal' END
+        ELSE CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_type t WHERE t.oid = v_type AND t.typtype = 'e')
+                       OR EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                    JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid
+                                    JOIN pg_catalog.pg_type t ON t.oid = d.objid
+                                   WHERE d.classid = 'pg_catalog.pg_type'::regclass AND d.objid = v_type
+                                     AND d.refclassid = 'pg_catalog.pg_extension'::regclass AND d.deptype = 'e'
+                                     AND e.extname = 'citext' AND t.typname = 'citext')
+                  THEN 'string' END
+        END;
     IF portable_type = 'decimal' THEN
-        decimal_precision := ((p_typmod - 4) >> 16) & 65535;
-        decimal_scale := (p_typmod - 4) & 65535;
+        decimal_precision := ((v_typmod - 4) >> 16) & 65535;
+        decimal_scale := (v_typmod - 4) & 65535;
         IF decimal_scale > decimal_precision THEN portable_type := NULL; END IF;
     END IF;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_portable_type(oid, integer) FROM PUBLIC;
+
+-- Why a column has no portable type, and the way out, for a person: the registration error's
+-- HINT and the CLI's message. Names the column and its type, never a value.
+CREATE FUNCTION synchro.synchro_unsupported_type_hint(p_column name, p_type oid, p_typmod integer) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_type oid;
+    v_typmod integer;
+    v_spelled text := format_type(p_type, p_typmod);
+    v_why text;
+    v_fix text;
+BEGIN
+    SELECT b.base_type, b.base_typmod INTO v_type, v_typmod FROM synchro.synchro_base_type(p_type, p_typmod) b;
+    IF v_type = 'numeric'::regtype AND v_typmod < 4 THEN
+        v_why := 'a synced decimal is checked against a declared precision and scale, and an unconstrained '
+                 'numeric declares none (no declaration holds every value it accepts)';
+        v_fix := format('declare them, for example ALTER TABLE ... ALTER COLUMN %I TYPE numeric(20, 6)', p_column);
+    ELSIF v_type = 'numeric'::regtype THEN
+        v_why := 'its scale is negative or larger than its precision, which no portable decimal can declare';
+        v_fix := format('declare a scale in 0..precision (ALTER TABLE ... ALTER COLUMN %I TYPE numeric(p, s))', p_column);
+    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_type t WHERE t.oid = v_type AND t.typcategory = 'A') THEN
+        v_why := 'array columns are not synced by this version';
+        v_fix := format('keep the values in a json or jsonb column, or keep %I on the server', p_column);
+    ELSE
+        v_why := 'it maps to none of the portable types (string, int, int64, decimal, float, boolean, '
+                 'datetime, date, time, json, bytes)';
+        v_fix := format('change its type to one that does (text, jsonb, ...), or keep %I on the server', p_column);
+    END IF;
+    RETURN format('column %I is of type %s: %s. Way out: %s; or keep it on the server only: --server-only %s',
+                  p_column, v_spelled, v_why, v_fix, p_column);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_unsupported_type_hint(name, oid, integer) FROM PUBLIC;
 
 -- The registration result, {"relation_id","kind","table_id"?,"fields":[...]}.
 CREATE FUNCTION synchro.synchro_relation_json(p_relation_id text) RETURNS jsonb
@@ -248,11 +327,22 @@ BEGIN
         RAISE EXCEPTION 'kind must be synced or capture_dependency, composition single_scope or multi_scope'
             USING ERRCODE = '22023';
     END IF;
-    -- Exactly one ordinary or partitioned table named by exact catalog names.
+    -- Exactly one ordinary table named by exact catalog names (a partitioned one is refused
+    -- below, with the way out).
     SELECT c.* INTO v_rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE n.nspname = p_schema AND c.relname = p_relation AND c.relkind IN ('r', 'p');
     IF NOT FOUND OR p_schema IS NULL OR p_relation IS NULL THEN
         PERFORM synchro.synchro_registration_error('ambiguous_physical_relation');
+    END IF;
+    IF v_rel.relkind = 'p' THEN
+        -- Its rows are in its partitions, whose changes the publication would carry under their
+        -- own names, and attaching or detaching one moves rows without a change: refused, not
+        -- registered and silent.
+        PERFORM synchro.synchro_registration_error('ambiguous_physical_relation', NULL, NULL,
+            jsonb_build_object('hint', format('%I.%I is a partitioned table: its rows are in %s partitions, and '
+                'this version syncs ordinary tables only. Way out: register each partition as a table of its '
+                'own, or sync an ordinary table', p_schema, p_relation,
+                (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = v_rel.oid))));
     END IF;
     SELECT relation_id INTO v_relation_id FROM synchro.relations WHERE physical_relation_oid = v_rel.oid;
     IF FOUND THEN
@@ -267,7 +357,11 @@ BEGIN
         PERFORM synchro.synchro_registration_error('missing_primary_key');
     END IF;
     IF array_length(v_pk.conkey, 1) <> 1 THEN
-        PERFORM synchro.synchro_registration_error('composite_primary_key');
+        PERFORM synchro.synchro_registration_error('composite_primary_key', NULL, NULL,
+            jsonb_build_object('hint', 'a synced table has a primary key of one column. Way out (a join table, '
+                'say): add a one-column key the clients can make and keep the natural key unique, for example '
+                'ALTER TABLE ... ADD COLUMN id uuid NOT NULL DEFAULT gen_random_uuid(), DROP CONSTRAINT <its '
+                'primary key>, ADD PRIMARY KEY (id), ADD UNIQUE (a_id, b_id); see docs/registration.md'));
     END IF;
     IF v_pk.condeferrable THEN
         -- A deferrable key is not an immediate key and cannot back the replica identity.
@@ -290,11 +384,21 @@ BEGIN
         WHEN 'int8multirange'::regtype THEN 'string' WHEN 'nummultirange'::regtype THEN 'string'
         ELSE NULL END;
     IF v_key_type IS NULL THEN
-        PERFORM synchro.synchro_registration_error('unsupported_primary_key_type');
+        PERFORM synchro.synchro_registration_error('unsupported_primary_key_type', NULL, NULL,
+            jsonb_build_object('hint', format('the primary key %I is of type %s; a key is one of smallint, integer, bigint, text, '
+                               'varchar, char, uuid, inet, cidr, macaddr, macaddr8 or a built-in range type '
+                               '(not a domain over one). Way out: a key column of one of those types',
+                               v_key.attname, format_type(v_key.atttypid, v_key.atttypmod))));
     END IF;
     IF p_kind = 'synced' AND p_push_enabled AND (v_key.attidentity = 'a' OR v_key.attgenerated <> '') THEN
         -- A database-generated key cannot be written by a pushing client.
-        PERFORM synchro.synchro_registration_error('unsupported_primary_key_type');
+        PERFORM synchro.synchro_registration_error('unsupported_primary_key_type', NULL, NULL,
+            jsonb_build_object('hint', format('the primary key %I is generated by the database (%s), and a client that '
+                               'inserts offline must choose the key of its new row itself. Way out: register '
+                               'with --no-push (clients read and the server writes), or give the table a key '
+                               'clients can make (uuid or text, for example DEFAULT gen_random_uuid())',
+                               v_key.attname, CASE WHEN v_key.attidentity = 'a' THEN 'GENERATED ALWAYS AS IDENTITY'
+                                                   ELSE 'a generated column' END)));
     END IF;
     IF v_rel.relreplident <> 'd' THEN
         PERFORM synchro.synchro_registration_error('unsupported_replica_identity');
@@ -340,7 +444,8 @@ BEGIN
                 -- (they are rolled back with it; spec 003: relation_id only "when already
                 -- assigned").
                 PERFORM synchro.synchro_registration_error('unsupported_column_type', NULL, NULL,
-                    jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod)));
+                    jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod),
+                        'hint', synchro.synchro_unsupported_type_hint(v_col.attname, v_col.atttypid, v_col.atttypmod)));
             END IF;
             v_field_id := synchro.synchro_new_id('fld_');
             INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,
@@ -366,3 +471,38 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, integer
     text[], jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, integer, integer, text, text, boolean, text,
     text[], jsonb) TO synchro_operator;
+
+-- Every column of an ordinary table with the portable type registration would give it (NULL
+-- where none, with why and the way out): what `registry register --check` reports, all at
+-- once. A column named in p_server_only is reported as server-only. Catalog names only.
+CREATE FUNCTION synchro.synchro_column_report(p_schema text, p_relation text, p_server_only text[])
+RETURNS TABLE (column_name text, sql_type text, portable_type text, decimal_precision integer,
+               decimal_scale integer, server_only boolean, hint text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.portable_type, t.decimal_precision,
+           t.decimal_scale, a.attname = ANY (coalesce(p_server_only, '{}')),
+           CASE WHEN t.portable_type IS NULL AND NOT a.attname = ANY (coalesce(p_server_only, '{}'))
+                THEN synchro.synchro_unsupported_type_hint(a.attname, a.atttypid, a.atttypmod) END
+      FROM pg_catalog.pg_class c
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+      CROSS JOIN LATERAL synchro.synchro_portable_type(a.atttypid, a.atttypmod) t
+     WHERE n.nspname = p_schema AND c.relname = p_relation AND c.relkind IN ('r', 'p')
+     ORDER BY a.attnum
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_column_report(text, text, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_column_report(text, text, text[]) TO synchro_operator;
+
+-- The ordinary and partitioned tables of a schema, by name, that no synced or dependency
+-- registration holds yet (partitions are left out: they are rows of their parent):
+-- `registry register --all`.
+CREATE FUNCTION synchro.synchro_unregistered_tables(p_schema text) RETURNS SETOF text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT c.relname::text
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = p_schema AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+       AND NOT EXISTS (SELECT 1 FROM synchro.relations r WHERE r.physical_relation_oid = c.oid)
+     ORDER BY c.relname COLLATE "C"
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_unregistered_tables(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_unregistered_tables(text) TO synchro_operator;

@@ -290,7 +290,8 @@ BEGIN
         IF v_type.portable_type IS NULL THEN
             -- No portable type: declare it server-only (or retire it, when it was synced).
             PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id,
-                jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod)));
+                jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod),
+                    'hint', synchro.synchro_unsupported_type_hint(v_col.attname, v_col.atttypid, v_col.atttypmod)));
         END IF;
         v_nullable := NOT v_col.attnotnull;
         v_writable := v_col.attgenerated = '' AND v_col.attidentity <> 'a'
@@ -299,7 +300,12 @@ BEGIN
             -- An in-place type change is Class 4 through a new field: add a column, migrate,
             -- retire the old one (the operator guide's expand, migrate, contract).
             PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id,
-                jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod)));
+                jsonb_build_object('column', v_col.attname, 'type', format_type(v_col.atttypid, v_col.atttypmod),
+                    'hint', format('column %I changed to type %s, whose portable type is %s, not %s: a synced '
+                                   'field keeps its type. Way out: add a new column of the new type, copy the '
+                                   'values, and retire the old one (expand, migrate, contract)',
+                                   v_col.attname, format_type(v_col.atttypid, v_col.atttypmod),
+                                   v_type.portable_type, v_old.portable_type)));
         END IF;
         IF v_old.field_id IS NULL THEN
             -- Derived from what the plan sees too (the relation, the column, how many

@@ -134,7 +134,10 @@ BEGIN
         ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
      WHERE f.relation_id = p_relation_id AND f.is_key;
     t.where_clause := format('%s = $1::%s', t.key_col, t.key_type);
-    SELECT 'ARRAY[' || string_agg(format('t.%I::text', f.column_name), ', ' ORDER BY f.attnum) || ']::text[]'
+    -- Each value through its type's output function, as pgoutput and the bootstrap copy read it
+    -- (a cast to text differs: char(n) loses its padding, a boolean is spelled out).
+    SELECT 'ARRAY[' || string_agg(format('CASE WHEN t.%1$I IS NULL THEN NULL ELSE format(''%%s'', t.%1$I) END',
+                                         f.column_name), ', ' ORDER BY f.attnum) || ']::text[]'
       INTO t.image FROM synchro.fields f WHERE f.relation_id = p_relation_id;
     t.read_sql := 'SELECT ' || t.image || ' FROM ' || t.table_name || ' t WHERE t.' || t.where_clause;
     t.lock_sql := t.read_sql || ' FOR UPDATE';
@@ -653,12 +656,12 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) TO synchro_adapter;
 
--- The synced fields of a relation in attnum order, with their source type OIDs (the order
--- of synchro_push_write_batch's images).
+-- The synced fields of a relation in attnum order, with their source type OIDs seen through
+-- domains (the order of synchro_push_write_batch's images; the type their text is read as).
 CREATE FUNCTION synchro.synchro_push_fields(p_relation_id text)
 RETURNS TABLE (field_id text, type_oid oid)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT f.field_id, a.atttypid
+    SELECT f.field_id, (synchro.synchro_base_type(a.atttypid, a.atttypmod)).base_type
       FROM synchro.fields f JOIN synchro.relations r USING (relation_id)
       JOIN pg_catalog.pg_attribute a ON a.attrelid = r.physical_relation_oid AND a.attnum = f.attnum
      WHERE f.relation_id = p_relation_id

@@ -18,6 +18,9 @@ pub(super) struct Field {
     /// The column's SQL type and modifier as registered (another one in the stream is drift).
     pub(super) type_oid: u32,
     pub(super) type_modifier: i32,
+    /// The type its values are converted as: the column's type seen through its domains
+    /// (`synchro_base_type`).
+    pub(super) base_type_oid: u32,
 }
 
 /// Bootstrap status of a relation (`synchro.relation_capture.status`).
@@ -197,7 +200,8 @@ const RELATIONS: &str = "SELECT r.relation_id, r.physical_schema::text, r.physic
                     r.server_only_columns::text[] || ARRAY(
                         SELECT p.column_name::text FROM synchro.pending_fields p
                           JOIN synchro.registry_generations g USING (generation)
-                         WHERE p.relation_id = r.relation_id AND g.state IN ('pending', 'staged'))
+                         WHERE p.relation_id = r.relation_id AND g.state IN ('pending', 'staged')),
+                    (synchro.synchro_base_type(f.type_oid, f.type_modifier)).base_type
                FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
                JOIN synchro.relation_capture c USING (relation_id)";
 
@@ -248,14 +252,15 @@ fn load_relations(rows: Vec<tokio_postgres::Row>) -> Result<Relations> {
                 live: false,
             }),
         };
-        entry.fields_by_column.insert(r.get(6), field(&r, 5)?);
+        entry.fields_by_column.insert(r.get(6), field(&r, 5, 19)?);
     }
     Ok(out)
 }
 
 /// A field from `field_id, column_name, portable_type, nullable, is_key, decimal_precision,
-/// decimal_scale` at `at`, `at + 2`, … and `type_oid, type_modifier` at `at + 10`.
-fn field(r: &tokio_postgres::Row, at: usize) -> Result<Field> {
+/// decimal_scale` at `at`, `at + 2`, … and `type_oid, type_modifier` at `at + 10`, and its
+/// base type at `base`.
+fn field(r: &tokio_postgres::Row, at: usize, base: usize) -> Result<Field> {
     let ty = PortableType::parse(&r.get::<_, String>(at + 2))
         .context("registry holds an unknown type")?;
     let nullable: bool = r.get(at + 3);
@@ -276,6 +281,7 @@ fn field(r: &tokio_postgres::Row, at: usize) -> Result<Field> {
         is_key: r.get(at + 4),
         type_oid: r.get(at + 10),
         type_modifier: r.get(at + 11),
+        base_type_oid: r.get(base),
     })
 }
 
@@ -288,13 +294,14 @@ pub(super) async fn generation_fields(
     for r in db
         .query(
             "SELECT field_id, column_name::text, portable_type, nullable, is_key, decimal_precision, decimal_scale,
-                    NULL, NULL, NULL, type_oid, type_modifier
+                    NULL, NULL, NULL, type_oid, type_modifier,
+                    (synchro.synchro_base_type(type_oid, type_modifier)).base_type
                FROM synchro.pending_fields WHERE generation = $1 ORDER BY attnum",
             &[&generation],
         )
         .await?
     {
-        out.push((r.get(1), field(&r, 0)?));
+        out.push((r.get(1), field(&r, 0, 12)?));
     }
     Ok(out)
 }

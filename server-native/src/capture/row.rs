@@ -55,7 +55,8 @@ impl RelationShape {
     }
 }
 
-/// The registered field at a source column position, and that column's type.
+/// The registered field at a source column position, and the type its text is read as (the
+/// column's type through its domains; `drift` has checked the column's type is the field's).
 struct SourceField<'a> {
     field: &'a Field,
     type_oid: u32,
@@ -67,7 +68,7 @@ fn field_of<'a>(reg: &'a Registered, shape: &RelationShape, i: usize) -> Option<
         .get(&column.name)
         .map(|field| SourceField {
             field,
-            type_oid: column.type_oid,
+            type_oid: field.base_type_oid,
         })
 }
 

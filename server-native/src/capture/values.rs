@@ -20,6 +20,10 @@ pub const SESSION_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, 
 /// PostgreSQL's `float4` type OID: its text is the shortest single-precision form.
 pub const FLOAT4_OID: u32 = 700;
 
+/// PostgreSQL's `timestamp` (without time zone) type OID: its text has no offset, and is read
+/// as UTC.
+pub const TIMESTAMP_OID: u32 = 1114;
+
 /// Why a source value cannot become a wire value; names no value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("source value of type {ty} is not representable: {reason}")]
@@ -43,7 +47,8 @@ fn canonical_time(t: &str) -> Option<String> {
     Some(format!("{hms}.{frac:0<6}"))
 }
 
-/// Converts one text-form column value of `spec`'s type (source type OID `type_oid`).
+/// Converts one text-form column value of `spec`'s type (source type OID `type_oid`, seen
+/// through domains).
 pub fn text_to_wire(
     spec: &FieldSpec,
     type_oid: u32,
@@ -95,10 +100,14 @@ pub fn text_to_wire(
             Json::String(canonical_time(s).ok_or(err(ty, "not HH:MM:SS[.ffffff]"))?)
         }
         PortableType::Datetime => {
-            // ISO output in UTC: "YYYY-MM-DD HH:MM:SS[.ffffff]+00".
-            let body = s
-                .strip_suffix("+00")
-                .ok_or(err(ty, "not a UTC timestamp"))?;
+            // ISO output in UTC: "YYYY-MM-DD HH:MM:SS[.ffffff]+00"; a timestamp without
+            // time zone has no offset and is read as UTC.
+            let body = if type_oid == TIMESTAMP_OID {
+                s
+            } else {
+                s.strip_suffix("+00")
+                    .ok_or(err(ty, "not a UTC timestamp"))?
+            };
             let (date, time) = body.split_once(' ').ok_or(err(ty, "not a timestamp"))?;
             if date.len() != 10 {
                 return Err(err(ty, "not a four-digit-year AD timestamp"));

@@ -590,7 +590,8 @@ impl LimitArgs {
 
 #[derive(Subcommand)]
 enum RegistryCommand {
-    /// Register a schema-qualified relation.
+    /// Register schema-qualified relations: one, several (--relation repeated) or every table
+    /// of the schema not registered yet (--all), in one transaction (all or none).
     Register {
         /// PostgreSQL connection string (synchro_operator login).
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -598,9 +599,18 @@ enum RegistryCommand {
         /// Exact schema name.
         #[arg(long)]
         schema: String,
-        /// Exact relation name.
+        /// Exact relation name; repeatable.
+        #[arg(long, required_unless_present = "all")]
+        relation: Vec<String>,
+        /// Every ordinary or partitioned table of the schema not registered yet (partitions
+        /// left out).
+        #[arg(long, conflicts_with = "relation")]
+        all: bool,
+        /// Report every column of each relation with the portable type it would get, and
+        /// whether the registration would be accepted; changes nothing (exit 1 when one would
+        /// be refused).
         #[arg(long)]
-        relation: String,
+        check: bool,
         /// synced or capture_dependency.
         #[arg(long, default_value = "synced")]
         kind: String,
@@ -610,7 +620,7 @@ enum RegistryCommand {
         /// Refuse client pushes to this table.
         #[arg(long)]
         no_push: bool,
-        /// Client-visible table name (default: the relation name).
+        /// Client-visible table name (default: the relation name; one relation only).
         #[arg(long)]
         table_name: Option<String>,
         /// Membership fanout bound.
@@ -620,8 +630,10 @@ enum RegistryCommand {
         #[arg(long, default_value_t = 1000)]
         impact_bound: i32,
         /// A column that is not synced (server-only, or without a portable type); repeatable.
+        /// With several relations, RELATION.COLUMN.
         #[arg(long = "server-only")]
         server_only: Vec<String>,
+        /// Lifecycle columns, for every relation registered.
         #[command(flatten)]
         lifecycle: LifecycleArgs,
     },

@@ -5,13 +5,15 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
+use serde_json::Value;
 
 use super::{ReconfigureArgs, RegistryCommand};
 use crate::connect_db;
 use crate::registry::{register, RegisterRequest, RegistrationError};
 
 /// Prints a registry command's JSON result (exit 0), or the spec's error body it was refused
-/// with (exit 1); any other failure is the command's error.
+/// with (exit 1; why and the way out, when known, on stderr); any other failure is the
+/// command's error.
 pub(super) fn printed<T: std::fmt::Display>(
     result: Result<T, RegistrationError>,
 ) -> Result<ExitCode> {
@@ -20,12 +22,41 @@ pub(super) fn printed<T: std::fmt::Display>(
             println!("{v}");
             Ok(ExitCode::SUCCESS)
         }
-        Err(RegistrationError::Invalid(body, _)) => {
+        Err(RegistrationError::Invalid(body, _, hint)) => {
             println!("{body}");
+            if let Some(hint) = hint {
+                eprintln!("{hint}");
+            }
             Ok(ExitCode::FAILURE)
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The server-only columns of each relation: as given with one relation; with several, each
+/// entry RELATION.COLUMN goes to its relation (one not being registered is an error).
+fn server_only_by_relation(
+    relations: &[String],
+    several: bool,
+    entries: &[String],
+) -> Result<Vec<Vec<String>>> {
+    if !several {
+        return Ok(vec![entries.to_vec(); relations.len()]);
+    }
+    let mut out = vec![Vec::new(); relations.len()];
+    for entry in entries {
+        let placed = entry.split_once('.').and_then(|(relation, column)| {
+            let i = relations.iter().position(|r| r == relation)?;
+            out[i].push(column.to_owned());
+            Some(())
+        });
+        if placed.is_none() {
+            anyhow::bail!(
+                "--server-only {entry}: with several relations, name RELATION.COLUMN of one of them"
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Runs one `registry` subcommand.
@@ -35,6 +66,8 @@ pub(super) async fn run(command: RegistryCommand) -> Result<ExitCode> {
             database_url,
             schema,
             relation,
+            all,
+            check,
             kind,
             composition,
             no_push,
@@ -44,20 +77,70 @@ pub(super) async fn run(command: RegistryCommand) -> Result<ExitCode> {
             server_only,
             lifecycle,
         } => {
-            let db = connect_db(&database_url).await?;
-            let req = RegisterRequest {
-                schema,
-                relation,
-                kind,
-                composition,
-                push_enabled: !no_push,
-                fanout_bound,
-                impact_bound,
-                table_name,
-                server_only,
-                lifecycle: lifecycle.map(),
+            let mut db = connect_db(&database_url).await?;
+            let relations = if all {
+                db.query(
+                    "SELECT synchro.synchro_unregistered_tables($1)",
+                    &[&schema],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+            } else {
+                relation
             };
-            printed(register(&db, &req).await)
+            let several = all || relations.len() > 1;
+            if several && table_name.is_some() {
+                anyhow::bail!("--table-name names one relation's table: register it on its own");
+            }
+            let server_only = server_only_by_relation(&relations, several, &server_only)?;
+            let requests: Vec<RegisterRequest> = relations
+                .iter()
+                .zip(server_only)
+                .map(|(relation, server_only)| RegisterRequest {
+                    schema: schema.clone(),
+                    relation: relation.clone(),
+                    kind: kind.clone(),
+                    composition: composition.clone(),
+                    push_enabled: !no_push,
+                    fanout_bound,
+                    impact_bound,
+                    table_name: table_name.clone(),
+                    server_only,
+                    lifecycle: lifecycle.map(),
+                })
+                .collect();
+            if check {
+                let reports = crate::registry::check_registrations(&mut db, &requests).await?;
+                let ok = reports.iter().all(|r| r["ok"] == true);
+                println!("{}", serde_json::json!({"ok": ok, "relations": reports}));
+                return Ok(if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                });
+            }
+            if !several {
+                return match requests.first() {
+                    Some(req) => printed(register(&db, req).await),
+                    None => anyhow::bail!("name a relation (--relation) or --all"),
+                };
+            }
+            match crate::registry::register_all(&mut db, &requests).await {
+                Ok(registered) => {
+                    println!("{}", serde_json::json!({"registered": registered}));
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err((i, e)) => {
+                    // Which relation was refused (nothing was registered), then the refusal.
+                    eprintln!(
+                        "{}.{} was refused; nothing was registered",
+                        requests[i].schema, requests[i].relation
+                    );
+                    printed::<Value>(Err(e))
+                }
+            }
         }
         RegistryCommand::Rollout {
             database_url,

@@ -1,0 +1,609 @@
+//! The column types application schemas use (what Prisma and Drizzle emit by default, and
+//! hand-written PostgreSQL): `vectors/source-types-v1.json` through the real stack. Each
+//! column registers with the vector's portable type; a row written before registration
+//! (bootstrap) and one written after (capture) hold the vector's canonical wire value, whose
+//! row digest is the vector's; a push of those wire values stores exactly what SQL stored; a
+//! pushed value the column's type or domain refuses is a terminal outcome. Registration
+//! refuses what it cannot sync (an unconstrained numeric, an array, a partitioned table) with
+//! the column, its type, why, and the way out.
+
+mod common;
+
+use common::{free_port, register_with_rule, start_server, wait_ready, Env};
+use serde_json::{json, Value};
+use synchro_protocol::digest::row_digest_of_values;
+use synchro_protocol::json::Json;
+use synchro_protocol::manifest::{Composition, Field, Lifecycle, Table};
+use synchro_protocol::types::{FieldSpec, PortableType};
+use synchro_protocol::value::TypedValue;
+use synchro_server::auth::mint;
+use synchro_server::publish::load_lineage;
+
+const SECRET: &str = "source-types-secret-0123456789abcd";
+const VECTORS: &str = include_str!("../../vectors/source-types-v1.json");
+
+fn vectors() -> Value {
+    serde_json::from_str(VECTORS).unwrap()
+}
+
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The spec of a case's value field.
+fn spec(case: &Value) -> FieldSpec {
+    let ty = PortableType::parse(case["type"].as_str().unwrap()).unwrap();
+    match ty {
+        PortableType::Decimal => FieldSpec::decimal(
+            true,
+            case["precision"].as_u64().unwrap() as u32,
+            case["scale"].as_u64().unwrap() as u32,
+        )
+        .unwrap(),
+        _ => FieldSpec::new(ty, true).unwrap(),
+    }
+}
+
+/// The row digest of `{key: 1, value: wire}` in the vectors' table, computed by the protocol
+/// library from a wire value.
+fn digest_of(v: &Value, case: &Value, wire: &Json) -> String {
+    let key_spec = FieldSpec::new(PortableType::Int, false).unwrap();
+    let value_spec = spec(case);
+    let table = Table {
+        table_id: v["table_id"].as_str().unwrap().into(),
+        relation_id: "rel_source_types".into(),
+        name: "source_types".into(),
+        composition: Composition::SingleScope,
+        primary_key_field_id: v["key_field_id"].as_str().unwrap().into(),
+        lifecycle: Lifecycle::default(),
+        fields: vec![
+            Field {
+                field_id: v["key_field_id"].as_str().unwrap().into(),
+                name: "id".into(),
+                spec: key_spec,
+                writable: false,
+            },
+            Field {
+                field_id: v["value_field_id"].as_str().unwrap().into(),
+                name: "value".into(),
+                spec: value_spec,
+                writable: true,
+            },
+        ],
+        indexes: Vec::new(),
+    };
+    let hash: [u8; 32] = hex::decode(v["schema_hash"].as_str().unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let values = [
+        TypedValue::from_wire(&key_spec, &Json::Number("1".into())).unwrap(),
+        TypedValue::from_wire(&value_spec, wire).unwrap(),
+    ];
+    hex::encode(
+        row_digest_of_values(
+            &hash,
+            &table,
+            &values,
+            v["server_version"].as_str().unwrap(),
+        )
+        .unwrap()
+        .digest,
+    )
+}
+
+/// The vectors' SQL values as a row `(id, owner, c0, c1, ...)`.
+fn sql_row(cases: &[Value], id: i32) -> String {
+    let values: Vec<String> = cases
+        .iter()
+        .map(|c| {
+            format!(
+                "{}::{}",
+                quote(c["value"].as_str().unwrap()),
+                c["column"].as_str().unwrap()
+            )
+        })
+        .collect();
+    format!("({id}, 'alice', {})", values.join(", "))
+}
+
+async fn projection_row(env: &Env, pk: &str) -> Json {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(r) = env
+            .admin
+            .query_opt(
+                "SELECT row_json FROM synchro.projection_rows WHERE pk = $1",
+                &[&pk],
+            )
+            .await
+            .unwrap()
+        {
+            return Json::parse(r.get::<_, &str>(0)).unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "row {pk} never captured"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn application_column_types_register_capture_and_push_exactly() {
+    let v = vectors();
+    let cases: Vec<Value> = v["cases"].as_array().unwrap().clone();
+    let env = Env::installed().await;
+    // Types, domains and the citext extension, as a migration would make them.
+    for c in &cases {
+        if let Some(setup) = c["setup"].as_str() {
+            env.admin.batch_execute(setup).await.unwrap();
+        }
+    }
+    let columns: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("c{i} {}", c["column"].as_str().unwrap()))
+        .collect();
+    env.as_app_owner(&format!(
+        "CREATE TABLE app.source_types (id integer PRIMARY KEY, owner text NOT NULL, {});
+         INSERT INTO app.source_types VALUES {}",
+        columns.join(", "),
+        sql_row(&cases, 1)
+    ))
+    .await;
+    register_with_rule(
+        &env,
+        "source_types",
+        "CREATE FUNCTION rules.t_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.source_types\" WHERE id = p_id;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.t_scopes(integer) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.t_scopes(integer) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'source_types', 'rules.t_scopes(integer)');",
+    )
+    .await;
+
+    // Each column's portable type (and declared precision and scale) is the vector's.
+    let manifest = load_lineage(&env.login("synchro_dev_adapter").await)
+        .await
+        .unwrap()
+        .current()
+        .unwrap()
+        .clone();
+    let table = &manifest.tables[0];
+    let field_of = |i: usize| {
+        table
+            .fields
+            .iter()
+            .find(|f| f.name == format!("c{i}"))
+            .unwrap_or_else(|| panic!("no field c{i}"))
+    };
+    for (i, c) in cases.iter().enumerate() {
+        assert_eq!(field_of(i).spec, spec(c), "{}", c["name"]);
+    }
+
+    let port = free_port();
+    let _server = start_server(&env, port, SECRET);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    wait_ready(&http, &base).await;
+    env.as_app_owner(&format!(
+        "INSERT INTO app.source_types VALUES {}",
+        sql_row(&cases, 2)
+    ))
+    .await;
+
+    // Bootstrap (row 1) and capture (row 2) give the vector's wire value and digest.
+    for pk in ["1", "2"] {
+        let row = projection_row(&env, pk).await;
+        for (i, c) in cases.iter().enumerate() {
+            let expected = Json::parse(&c["wire"].to_string()).unwrap();
+            let got = row.get(&field_of(i).field_id).cloned().unwrap();
+            assert_eq!(got, expected, "row {pk}, {}", c["name"]);
+            assert_eq!(
+                digest_of(&v, c, &got),
+                c["row_digest"].as_str().unwrap(),
+                "{}",
+                c["name"]
+            );
+        }
+    }
+
+    // A push of the wire values stores what SQL stored.
+    let token = mint(SECRET.as_bytes(), "alice", 3600);
+    let post = |path: &'static str, body: Value| {
+        let (http, base, token) = (&http, &base, &token);
+        async move {
+            let r = http
+                .post(format!("{base}{path}"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (st, connected) = post(
+        "/sync/connect",
+        json!({"protocol_version": 3, "client_id": "cli_types", "schema": {"version": 0, "hash": ""}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{connected}");
+    let schema = json!({"version": manifest.schema_version, "hash": manifest.schema_hash_hex()});
+    let field = |name: &str| {
+        table
+            .fields
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .field_id
+            .clone()
+    };
+    let mut push_columns = vec![json!({"field_id": field("owner"), "value": "alice"})];
+    for (i, c) in cases.iter().enumerate() {
+        push_columns.push(json!({"field_id": field_of(i).field_id, "value": c["wire"]}));
+    }
+    let mutation = |id: &str, op: &str, base: Option<&str>, columns: Vec<Value>| {
+        json!({
+            "mutation_id": id, "table_id": table.table_id, "pk": 3, "operation": op,
+            "base_version": base, "client_version": 1, "local_order": 1, "columns": columns,
+            "authored_schema": schema,
+        })
+    };
+    let batch = |id: &str, mutations: Vec<Value>| {
+        json!({"protocol_version": 3, "client_id": "cli_types",
+               "client_generation": connected["client_generation"], "schema": schema,
+               "batch_id": id, "mutations": mutations})
+    };
+    let (st, pushed) = post(
+        "/sync/push",
+        batch("b1", vec![mutation("m1", "insert", None, push_columns)]),
+    )
+    .await;
+    assert_eq!(st, 200, "{pushed}");
+    let outcome = &pushed["outcomes"][0];
+    assert_eq!(outcome["status"], "applied", "{pushed}");
+    let same: Vec<bool> = env
+        .admin
+        .query_one(
+            &format!(
+                "SELECT ARRAY[{}] FROM app.source_types a JOIN app.source_types b ON b.id = 1 WHERE a.id = 3",
+                (0..cases.len())
+                    .map(|i| format!("a.c{i}::text IS NOT DISTINCT FROM b.c{i}::text"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for (i, c) in cases.iter().enumerate() {
+        assert!(same[i], "pushed {} differs from what SQL stored", c["name"]);
+    }
+    // The outcome's row holds the same wire values.
+    for (i, c) in cases.iter().enumerate() {
+        assert_eq!(
+            outcome["row"][field_of(i).field_id.as_str()],
+            c["wire"],
+            "{}",
+            c["name"]
+        );
+    }
+
+    // A value outside the enum, or one the domain's constraint refuses: a terminal outcome,
+    // nothing written.
+    let version = outcome["server_version"].as_str().unwrap().to_owned();
+    let column = |name: &str| {
+        let i = cases.iter().position(|c| c["name"] == name).unwrap();
+        field_of(i).field_id.clone()
+    };
+    for (n, (case, value)) in [("enum", "angry"), ("domain over text", "no-at-sign")]
+        .into_iter()
+        .enumerate()
+    {
+        let (st, refused) = post(
+            "/sync/push",
+            batch(
+                &format!("bad{n}"),
+                vec![mutation(
+                    &format!("bad{n}"),
+                    "update",
+                    Some(&version),
+                    vec![json!({"field_id": column(case), "value": value})],
+                )],
+            ),
+        )
+        .await;
+        assert_eq!(st, 200, "{refused}");
+        let o = &refused["outcomes"][0];
+        assert_eq!(o["status"], "rejected_terminal", "{case}: {refused}");
+        assert!(
+            !refused.to_string().contains(value),
+            "the value is not echoed: {refused}"
+        );
+    }
+    let unchanged: bool = env
+        .admin
+        .query_one(
+            "SELECT a.c5::text = 'happy' AND a.c7::text = 'a@example.com' FROM app.source_types a WHERE a.id = 3",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(unchanged);
+}
+
+/// `synchro-server registry register` as the operator: (exit code, stdout JSON, stderr).
+fn register_cli(env: &Env, relation: &str, extra: &[&str]) -> (i32, Value, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args([
+            "registry",
+            "register",
+            "--schema",
+            "app",
+            "--relation",
+            relation,
+        ])
+        .args(extra)
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .env_remove("SYNCHRO_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    (
+        out.status.code().unwrap_or(-1),
+        serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// What registration cannot sync is refused with the spec's error body, and the CLI says which
+/// column, its type, why, and the way out; the way out it names works.
+#[tokio::test]
+async fn refusals_name_the_column_its_type_why_and_the_way_out() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.prices (id uuid PRIMARY KEY, amount numeric, label text);
+         CREATE TABLE app.posts (id text PRIMARY KEY, tags text[]);
+         CREATE TABLE app.events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamp);
+         CREATE TABLE app.post_tags (post_id text, tag_id text, PRIMARY KEY (post_id, tag_id));
+         CREATE TABLE app.measurements (id bigint PRIMARY KEY, region text) PARTITION BY RANGE (id);
+         CREATE TABLE app.measurements_eu PARTITION OF app.measurements FOR VALUES FROM (0) TO (1000);
+         CREATE TABLE app.measurements_us PARTITION OF app.measurements FOR VALUES FROM (1000) TO (2000);",
+    )
+    .await;
+    let (code, body, hint) = register_cli(&env, "prices", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        body,
+        json!({"error": {"code": "invalid_column", "reason": "unsupported_column_type",
+                         "column": "amount", "type": "numeric"}})
+    );
+    for words in [
+        "column amount is of type numeric",
+        "precision and scale",
+        "TYPE numeric(",
+        "--server-only amount",
+    ] {
+        assert!(hint.contains(words), "{words:?} in {hint}");
+    }
+    let (code, body, hint) = register_cli(&env, "posts", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(body["error"]["type"], "text[]", "{body}");
+    assert!(
+        hint.contains("array") && hint.contains("--server-only tags"),
+        "{hint}"
+    );
+    let (code, body, hint) = register_cli(&env, "events", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        body["error"]["reason"], "unsupported_primary_key_type",
+        "{body}"
+    );
+    assert!(
+        hint.contains("--no-push") && hint.contains("offline"),
+        "{hint}"
+    );
+    let (code, body, hint) = register_cli(&env, "post_tags", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(body["error"]["reason"], "composite_primary_key", "{body}");
+    assert!(hint.contains("ADD UNIQUE"), "{hint}");
+    let (code, body, hint) = register_cli(&env, "measurements", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        body["error"]["reason"], "ambiguous_physical_relation",
+        "{body}"
+    );
+    assert!(
+        hint.contains("partitioned table") && hint.contains("2 partitions"),
+        "{hint}"
+    );
+    // Nothing was recorded by any refusal.
+    let recorded: i64 = env
+        .admin
+        .query_one("SELECT count(*) FROM synchro.relations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded, 0);
+
+    // A dry run reports every column of each relation at once, with the type it would get
+    // or why not, and records nothing.
+    let (code, body, _) = register_cli(
+        &env,
+        "prices",
+        &["--relation", "posts", "--relation", "events", "--check"],
+    );
+    assert_eq!(code, 1, "{body}");
+    assert_eq!(body["ok"], false, "{body}");
+    let reports = body["relations"].as_array().unwrap();
+    assert_eq!(
+        reports.iter().map(|r| &r["relation"]).collect::<Vec<_>>(),
+        ["app.prices", "app.posts", "app.events"]
+    );
+    let prices = &reports[0]["columns"];
+    assert_eq!(
+        (&prices[0]["column"], &prices[0]["type"]),
+        (&json!("id"), &json!("string"))
+    );
+    assert_eq!(prices[1]["type"], Value::Null, "{body}");
+    assert!(prices[1]["hint"].as_str().unwrap().contains("numeric("));
+    assert_eq!(prices[2]["type"], "string");
+    assert_eq!(reports[0]["error"]["reason"], "unsupported_column_type");
+    assert_eq!(
+        reports[2]["error"]["reason"], "unsupported_primary_key_type",
+        "{body}"
+    );
+    assert_eq!(reports[2]["columns"][1]["type"], "datetime", "{body}");
+    // Several relations in one command are registered together or not at all.
+    let (code, body, stderr) = register_cli(
+        &env,
+        "prices",
+        &["--relation", "posts", "--server-only", "prices.amount"],
+    );
+    assert_eq!(code, 1, "{body}");
+    assert_eq!(body["error"]["column"], "tags", "{body}");
+    assert!(stderr.contains("app.posts was refused"), "{stderr}");
+    assert_eq!(
+        env.admin
+            .query_one("SELECT count(*) FROM synchro.relations", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        0,
+        "prices was not registered alone"
+    );
+    let (code, _, stderr) = register_cli(
+        &env,
+        "prices",
+        &["--relation", "posts", "--server-only", "amount"],
+    );
+    assert_eq!(code, 1);
+    assert!(stderr.contains("RELATION.COLUMN"), "ambiguous: {stderr}");
+
+    // The ways out: the column kept on the server, no push for a database-generated key, a
+    // partition registered on its own.
+    let (code, body, _) = register_cli(
+        &env,
+        "prices",
+        &[
+            "--relation",
+            "posts",
+            "--server-only",
+            "prices.amount",
+            "--server-only",
+            "posts.tags",
+        ],
+    );
+    assert_eq!(code, 0, "{body}");
+    assert_eq!(body["registered"].as_array().unwrap().len(), 2, "{body}");
+    let (code, body, _) = register_cli(&env, "events", &["--no-push"]);
+    assert_eq!(code, 0, "{body}");
+    assert_eq!(body["fields"][1]["type"], "datetime", "{body}");
+    let (code, body, _) = register_cli(&env, "measurements_eu", &[]);
+    assert_eq!(code, 0, "{body}");
+}
+
+/// `registry register --all`: every table of a schema not registered yet, in one command (an
+/// ORM-style schema: uuid and serial keys, an enum, a domain, naive timestamps, a wide
+/// decimal), after a dry run that finds nothing to refuse.
+#[tokio::test]
+async fn a_whole_schema_registers_in_one_command() {
+    let env = Env::installed().await;
+    env.admin
+        .batch_execute(
+            "CREATE TYPE role AS ENUM ('USER', 'ADMIN');
+             CREATE DOMAIN email AS text CHECK (VALUE LIKE '%@%');",
+        )
+        .await
+        .unwrap();
+    env.as_app_owner(
+        "CREATE TABLE app.\"User\" (id text PRIMARY KEY, email email NOT NULL, role role NOT NULL DEFAULT 'USER',
+             \"createdAt\" timestamp(3) NOT NULL DEFAULT CURRENT_TIMESTAMP, \"updatedAt\" timestamp(3) NOT NULL);
+         CREATE TABLE app.\"Invoice\" (id serial PRIMARY KEY, \"userId\" text NOT NULL REFERENCES app.\"User\",
+             total decimal(65, 30) NOT NULL, \"paidAt\" timestamp(3));
+         CREATE TABLE app.\"Tag\" (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), name varchar(40) NOT NULL UNIQUE)",
+    )
+    .await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args([
+            "registry", "register", "--schema", "app", "--all", "--check",
+        ])
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .output()
+        .unwrap();
+    let checked: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(checked["ok"], true, "{checked}");
+    assert_eq!(checked["relations"].as_array().unwrap().len(), 3);
+    let (code, body, _) = register_cli(&env, "x", &[]);
+    assert_eq!(code, 1, "no such table: {body}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args(["registry", "register", "--schema", "app", "--all"])
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .output()
+        .unwrap();
+    let registered: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tables = registered["registered"].as_array().unwrap();
+    assert_eq!(tables.len(), 3, "{registered}");
+    let types: Vec<Vec<String>> = tables
+        .iter()
+        .map(|t| {
+            t["fields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{}:{}",
+                        f["column"].as_str().unwrap(),
+                        f["type"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        types,
+        [
+            vec![
+                "id:int",
+                "userId:string",
+                "total:decimal",
+                "paidAt:datetime"
+            ],
+            vec!["id:string", "name:string"],
+            vec![
+                "id:string",
+                "email:string",
+                "role:string",
+                "createdAt:datetime",
+                "updatedAt:datetime"
+            ],
+        ]
+    );
+    // Nothing is left to register.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+        .args(["registry", "register", "--schema", "app", "--all"])
+        .env(
+            "DATABASE_URL",
+            env.cluster.url("synchro_dev_operator", "app"),
+        )
+        .output()
+        .unwrap();
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again, json!({"registered": []}));
+}
