@@ -13,7 +13,7 @@ use common::{free_port, register_with_rule, start_server, wait_ready, Env};
 use serde_json::{json, Value};
 use synchro_protocol::digest::row_digest_of_values;
 use synchro_protocol::json::Json;
-use synchro_protocol::manifest::{Composition, Field, Lifecycle, Table};
+use synchro_protocol::manifest::{Composition, Field, Lifecycle, Manifest, Table};
 use synchro_protocol::types::{FieldSpec, PortableType};
 use synchro_protocol::value::TypedValue;
 use synchro_server::auth::mint;
@@ -129,6 +129,82 @@ async fn projection_row(env: &Env, pk: &str) -> Json {
     }
 }
 
+/// One user's HTTP session with the real server: connected once, pushing to the manifest's
+/// first table.
+struct Session {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    client_id: String,
+    generation: Value,
+    schema: Value,
+    table_id: String,
+}
+
+impl Session {
+    async fn connect(base: &str, user: &str, manifest: &Manifest) -> Session {
+        let mut s = Session {
+            http: reqwest::Client::new(),
+            base: base.to_owned(),
+            token: mint(SECRET.as_bytes(), user, 3600),
+            client_id: format!("cli_{user}"),
+            generation: Value::Null,
+            schema: json!({"version": manifest.schema_version, "hash": manifest.schema_hash_hex()}),
+            table_id: manifest.tables[0].table_id.clone(),
+        };
+        let connected = s
+            .post(
+                "/sync/connect",
+                json!({"protocol_version": 3, "client_id": s.client_id,
+                       "schema": {"version": 0, "hash": ""}}),
+            )
+            .await;
+        s.generation = connected["client_generation"].clone();
+        s
+    }
+
+    /// POSTs `body`; the response body of a 200.
+    async fn post(&self, path: &str, body: Value) -> Value {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{path}: {v}");
+        v
+    }
+
+    fn mutation(
+        &self,
+        id: &str,
+        op: &str,
+        pk: Value,
+        base: Option<&str>,
+        columns: Vec<Value>,
+    ) -> Value {
+        json!({
+            "mutation_id": id, "table_id": self.table_id, "pk": pk, "operation": op,
+            "base_version": base, "client_version": 1, "local_order": 1, "columns": columns,
+            "authored_schema": self.schema,
+        })
+    }
+
+    async fn push(&self, batch: &str, mutations: Vec<Value>) -> Value {
+        self.post(
+            "/sync/push",
+            json!({"protocol_version": 3, "client_id": self.client_id,
+                   "client_generation": self.generation, "schema": self.schema,
+                   "batch_id": batch, "mutations": mutations}),
+        )
+        .await
+    }
+}
+
 #[tokio::test]
 async fn application_column_types_register_capture_and_push_exactly() {
     let v = vectors();
@@ -187,8 +263,7 @@ async fn application_column_types_register_capture_and_push_exactly() {
     let port = free_port();
     let _server = start_server(&env, port, SECRET);
     let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    wait_ready(&http, &base).await;
+    wait_ready(&reqwest::Client::new(), &base).await;
     env.as_app_owner(&format!(
         "INSERT INTO app.source_types VALUES {}",
         sql_row(&cases, 2)
@@ -212,27 +287,7 @@ async fn application_column_types_register_capture_and_push_exactly() {
     }
 
     // A push of the wire values stores what SQL stored.
-    let token = mint(SECRET.as_bytes(), "alice", 3600);
-    let post = |path: &'static str, body: Value| {
-        let (http, base, token) = (&http, &base, &token);
-        async move {
-            let r = http
-                .post(format!("{base}{path}"))
-                .header("authorization", format!("Bearer {token}"))
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
-    };
-    let (st, connected) = post(
-        "/sync/connect",
-        json!({"protocol_version": 3, "client_id": "cli_types", "schema": {"version": 0, "hash": ""}}),
-    )
-    .await;
-    assert_eq!(st, 200, "{connected}");
-    let schema = json!({"version": manifest.schema_version, "hash": manifest.schema_hash_hex()});
+    let alice = Session::connect(&base, "alice", &manifest).await;
     let field = |name: &str| {
         table
             .fields
@@ -246,24 +301,12 @@ async fn application_column_types_register_capture_and_push_exactly() {
     for (i, c) in cases.iter().enumerate() {
         push_columns.push(json!({"field_id": field_of(i).field_id, "value": c["wire"]}));
     }
-    let mutation = |id: &str, op: &str, base: Option<&str>, columns: Vec<Value>| {
-        json!({
-            "mutation_id": id, "table_id": table.table_id, "pk": 3, "operation": op,
-            "base_version": base, "client_version": 1, "local_order": 1, "columns": columns,
-            "authored_schema": schema,
-        })
-    };
-    let batch = |id: &str, mutations: Vec<Value>| {
-        json!({"protocol_version": 3, "client_id": "cli_types",
-               "client_generation": connected["client_generation"], "schema": schema,
-               "batch_id": id, "mutations": mutations})
-    };
-    let (st, pushed) = post(
-        "/sync/push",
-        batch("b1", vec![mutation("m1", "insert", None, push_columns)]),
-    )
-    .await;
-    assert_eq!(st, 200, "{pushed}");
+    let pushed = alice
+        .push(
+            "b1",
+            vec![alice.mutation("m1", "insert", json!(3), None, push_columns)],
+        )
+        .await;
     let outcome = &pushed["outcomes"][0];
     assert_eq!(outcome["status"], "applied", "{pushed}");
     let same: Vec<bool> = env
@@ -305,20 +348,18 @@ async fn application_column_types_register_capture_and_push_exactly() {
         .into_iter()
         .enumerate()
     {
-        let (st, refused) = post(
-            "/sync/push",
-            batch(
+        let refused = alice
+            .push(
                 &format!("bad{n}"),
-                vec![mutation(
+                vec![alice.mutation(
                     &format!("bad{n}"),
                     "update",
+                    json!(3),
                     Some(&version),
                     vec![json!({"field_id": column(case), "value": value})],
                 )],
-            ),
-        )
-        .await;
-        assert_eq!(st, 200, "{refused}");
+            )
+            .await;
         let o = &refused["outcomes"][0];
         assert_eq!(o["status"], "rejected_terminal", "{case}: {refused}");
         assert!(
@@ -606,4 +647,105 @@ async fn a_whole_schema_registers_in_one_command() {
         .unwrap();
     let again: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(again, json!({"registered": []}));
+}
+
+/// The documented pattern for a join table whose natural key is composite: a one-column key
+/// clients make, the natural key kept unique. A client links and unlinks; a second link of
+/// the same pair is a terminal outcome.
+#[tokio::test]
+async fn a_join_table_syncs_through_a_one_column_key() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.post_tags (post_id text NOT NULL, tag_id text NOT NULL, owner text NOT NULL,
+             PRIMARY KEY (post_id, tag_id))",
+    )
+    .await;
+    let (code, body, _) = register_cli(&env, "post_tags", &[]);
+    assert_eq!(
+        (code, &body["error"]["reason"]),
+        (1, &json!("composite_primary_key"))
+    );
+    // docs/operator.md "Column types", as written there.
+    env.as_app_owner(
+        "ALTER TABLE app.post_tags ADD COLUMN id uuid NOT NULL DEFAULT gen_random_uuid(),
+             DROP CONSTRAINT post_tags_pkey, ADD PRIMARY KEY (id), ADD UNIQUE (post_id, tag_id)",
+    )
+    .await;
+    register_with_rule(
+        &env,
+        "post_tags",
+        "CREATE FUNCTION rules.pt_scopes(p_id uuid) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.post_tags\" WHERE id = p_id::text;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.pt_scopes(uuid) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.pt_scopes(uuid) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'post_tags', 'rules.pt_scopes(uuid)');",
+    )
+    .await;
+    let manifest = load_lineage(&env.login("synchro_dev_adapter").await)
+        .await
+        .unwrap()
+        .current()
+        .unwrap()
+        .clone();
+    let field = |name: &str| {
+        manifest.tables[0]
+            .fields
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .field_id
+            .clone()
+    };
+    let port = free_port();
+    let _server = start_server(&env, port, SECRET);
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&reqwest::Client::new(), &base).await;
+    let alice = Session::connect(&base, "alice", &manifest).await;
+    let link = |id: &str, mutation: &str| {
+        alice.mutation(
+            mutation,
+            "insert",
+            json!(id),
+            None,
+            vec![
+                json!({"field_id": field("post_id"), "value": "post-1"}),
+                json!({"field_id": field("tag_id"), "value": "tag-1"}),
+                json!({"field_id": field("owner"), "value": "alice"}),
+            ],
+        )
+    };
+    let first = "0b6f5e3c-7d1a-4c55-9a57-3f0f2a9e8a01";
+    let linked = alice.push("b1", vec![link(first, "m1")]).await;
+    assert_eq!(linked["outcomes"][0]["status"], "applied", "{linked}");
+    let again = alice
+        .push(
+            "b2",
+            vec![link("5d8e0f4a-2b3c-4d5e-8f60-718293a4b5c6", "m2")],
+        )
+        .await;
+    assert_eq!(
+        (
+            &again["outcomes"][0]["status"],
+            &again["outcomes"][0]["code"]
+        ),
+        (&json!("rejected_terminal"), &json!("constraint_violation")),
+        "{again}"
+    );
+    let version = linked["outcomes"][0]["server_version"].as_str().unwrap();
+    let unlinked = alice
+        .push(
+            "b3",
+            vec![alice.mutation("m3", "delete", json!(first), Some(version), vec![])],
+        )
+        .await;
+    assert_eq!(unlinked["outcomes"][0]["status"], "applied", "{unlinked}");
+    let left: i64 = env
+        .admin
+        .query_one("SELECT count(*) FROM app.post_tags", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
 }
