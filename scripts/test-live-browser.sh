@@ -42,5 +42,11 @@ c["goog:chromeOptions"]["args"] += ["--disable-web-security",
                                     "--user-data-dir=" + tempfile.mkdtemp()]
 json.dump(c, open(sys.argv[2], "w"))
 PY
+status=0
 WASM_BINDGEN_USE_BROWSER=1 WASM_BINDGEN_TEST_WEBDRIVER_JSON=$WEBDRIVER \
-    cargo test -p synchro-client --target wasm32-unknown-unknown --test live_browser
+    cargo test -p synchro-client --target wasm32-unknown-unknown --test live_browser || status=$?
+# The stack checks, once its input closes, what the browser pushed against PostgreSQL.
+exec 3<&-
+kill "$SLEEPER" 2>/dev/null || true
+wait "$STACK" || { echo "live stack: PostgreSQL does not hold what the browser pushed" >&2; status=1; }
+exit $status

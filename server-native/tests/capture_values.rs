@@ -3,7 +3,7 @@
 
 use synchro_protocol::types::{FieldSpec, PortableType};
 use synchro_server::capture::pgoutput::{decode, Message, Value};
-use synchro_server::capture::values::{text_to_wire, SESSION_SETTINGS};
+use synchro_server::capture::values::{text_to_wire, ValueSource, SESSION_SETTINGS};
 use synchro_server::connect_db;
 use synchro_server::pg_harness::TempCluster;
 
@@ -72,7 +72,9 @@ async fn every_type_through_pgoutput_becomes_its_canonical_wire_value() {
             .zip(portable)
             .zip(&types)
             .map(|((v, ty), oid)| match v {
-                Value::Text(t) => text_to_wire(&spec(ty), *oid, t).unwrap().to_wire_text(),
+                Value::Text(t) => text_to_wire(&spec(ty), &ValueSource::Scalar(*oid), t)
+                    .unwrap()
+                    .to_wire_text(),
                 Value::Null => "null".into(),
                 Value::Unchanged => panic!("unchanged in an insert"),
             })
@@ -134,7 +136,7 @@ async fn unrepresentable_source_values_are_errors() {
             .await
             .unwrap()
             .get(0);
-        let got = text_to_wire(&spec(ty), oid, text.as_bytes());
+        let got = text_to_wire(&spec(ty), &ValueSource::Scalar(oid), text.as_bytes());
         assert!(
             got.is_err(),
             "{expr} gave {:?}",

@@ -582,7 +582,6 @@ const EXECUTE: &[(&str, &[&str])] = &[
         &["synchro_adapter", "synchro_monitor"],
     ),
     ("synchro_assignment_scopes", &["synchro_adapter"]),
-    ("synchro_base_type", &["synchro_worker"]),
     ("synchro_bootstrap_columns", &["synchro_worker"]),
     ("synchro_bootstrap_lock", &["synchro_worker"]),
     ("synchro_bootstrap_rows", &["synchro_worker"]),
@@ -728,6 +727,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
         &["synchro_operator"],
     ),
     ("synchro_unregistered_tables", &["synchro_operator"]),
+    ("synchro_value_source", &["synchro_worker"]),
 ];
 
 /// The privileges the worker has on each table and sequence of the synchro schema (every

@@ -4,12 +4,15 @@
 //! (bootstrap) and one written after (capture) hold the vector's canonical wire value, whose
 //! row digest is the vector's; a push of those wire values stores exactly what SQL stored; a
 //! pushed value the column's type or domain refuses is a terminal outcome. Registration
-//! refuses what it cannot sync (an unconstrained numeric, an array, a partitioned table) with
-//! the column, its type, why, and the way out.
+//! refuses what it cannot sync (an unconstrained numeric, an array of elements without a
+//! portable type, a partitioned table) with the column, its type, why, and the way out.
 
 mod common;
 
-use common::{free_port, register_with_rule, start_server, wait_ready, Env};
+use common::{
+    free_port, register_with_rule, source_type_vectors, source_types_fixture, source_types_row,
+    source_types_same, start_server, wait_ready, Env,
+};
 use serde_json::{json, Value};
 use synchro_protocol::digest::row_digest_of_values;
 use synchro_protocol::json::Json;
@@ -20,16 +23,6 @@ use synchro_server::auth::mint;
 use synchro_server::publish::load_lineage;
 
 const SECRET: &str = "source-types-secret-0123456789abcd";
-const VECTORS: &str = include_str!("../../vectors/source-types-v1.json");
-
-fn vectors() -> Value {
-    serde_json::from_str(VECTORS).unwrap()
-}
-
-fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
 /// The spec of a case's value field.
 fn spec(case: &Value) -> FieldSpec {
     let ty = PortableType::parse(case["type"].as_str().unwrap()).unwrap();
@@ -90,21 +83,6 @@ fn digest_of(v: &Value, case: &Value, wire: &Json) -> String {
         .unwrap()
         .digest,
     )
-}
-
-/// The vectors' SQL values as a row `(id, owner, c0, c1, ...)`.
-fn sql_row(cases: &[Value], id: i32) -> String {
-    let values: Vec<String> = cases
-        .iter()
-        .map(|c| {
-            format!(
-                "{}::{}",
-                quote(c["value"].as_str().unwrap()),
-                c["column"].as_str().unwrap()
-            )
-        })
-        .collect();
-    format!("({id}, 'alice', {})", values.join(", "))
 }
 
 async fn projection_row(env: &Env, pk: &str) -> Json {
@@ -207,39 +185,9 @@ impl Session {
 
 #[tokio::test]
 async fn application_column_types_register_capture_and_push_exactly() {
-    let v = vectors();
-    let cases: Vec<Value> = v["cases"].as_array().unwrap().clone();
+    let v = source_type_vectors();
     let env = Env::installed().await;
-    // Types, domains and the citext extension, as a migration would make them.
-    for c in &cases {
-        if let Some(setup) = c["setup"].as_str() {
-            env.admin.batch_execute(setup).await.unwrap();
-        }
-    }
-    let columns: Vec<String> = cases
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("c{i} {}", c["column"].as_str().unwrap()))
-        .collect();
-    env.as_app_owner(&format!(
-        "CREATE TABLE app.source_types (id integer PRIMARY KEY, owner text NOT NULL, {});
-         INSERT INTO app.source_types VALUES {}",
-        columns.join(", "),
-        sql_row(&cases, 1)
-    ))
-    .await;
-    register_with_rule(
-        &env,
-        "source_types",
-        "CREATE FUNCTION rules.t_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
-         BEGIN ATOMIC
-           SELECT 'user:' || owner FROM synchro_projection.\"app.source_types\" WHERE id = p_id;
-         END;
-         REVOKE EXECUTE ON FUNCTION rules.t_scopes(integer) FROM PUBLIC;
-         GRANT EXECUTE ON FUNCTION rules.t_scopes(integer) TO synchro_worker;
-         SELECT synchro.synchro_register_membership_function('app', 'source_types', 'rules.t_scopes(integer)');",
-    )
-    .await;
+    let cases = source_types_fixture(&env).await;
 
     // Each column's portable type (and declared precision and scale) is the vector's.
     let manifest = load_lineage(&env.login("synchro_dev_adapter").await)
@@ -266,7 +214,7 @@ async fn application_column_types_register_capture_and_push_exactly() {
     wait_ready(&reqwest::Client::new(), &base).await;
     env.as_app_owner(&format!(
         "INSERT INTO app.source_types VALUES {}",
-        sql_row(&cases, 2)
+        source_types_row(&cases, 2, "alice")
     ))
     .await;
 
@@ -309,21 +257,7 @@ async fn application_column_types_register_capture_and_push_exactly() {
         .await;
     let outcome = &pushed["outcomes"][0];
     assert_eq!(outcome["status"], "applied", "{pushed}");
-    let same: Vec<bool> = env
-        .admin
-        .query_one(
-            &format!(
-                "SELECT ARRAY[{}] FROM app.source_types a JOIN app.source_types b ON b.id = 1 WHERE a.id = 3",
-                (0..cases.len())
-                    .map(|i| format!("a.c{i}::text IS NOT DISTINCT FROM b.c{i}::text"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let same = source_types_same(&env, cases.len(), 3, 1).await;
     for (i, c) in cases.iter().enumerate() {
         assert!(same[i], "pushed {} differs from what SQL stored", c["name"]);
     }
@@ -344,9 +278,21 @@ async fn application_column_types_register_capture_and_push_exactly() {
         let i = cases.iter().position(|c| c["name"] == name).unwrap();
         field_of(i).field_id.clone()
     };
-    for (n, (case, value)) in [("enum", "angry"), ("domain over text", "no-at-sign")]
-        .into_iter()
-        .enumerate()
+    // Likewise an array field's value that is no array of its elements' wire values: not an
+    // array, an element of another JSON type, ragged dimensions, or one the element type
+    // refuses.
+    for (n, (case, value)) in [
+        ("enum", "angry"),
+        ("domain over text", "no-at-sign"),
+        ("text[]", "\"not-an-array\""),
+        ("text[]", "[\"a\",7]"),
+        ("integer[][]", "[[1,2],[3]]"),
+        ("integer[][]", "[1.5]"),
+        ("enum[]", "[\"furious\"]"),
+        ("bytea[]", "[\"!!\"]"),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let refused = alice
             .push(
@@ -377,6 +323,84 @@ async fn application_column_types_register_capture_and_push_exactly() {
         .unwrap()
         .get(0);
     assert!(unchanged);
+    let version_now: String = env
+        .admin
+        .query_one(
+            "SELECT version::text FROM synchro.source_versions WHERE pk = '3'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version_now, version, "no refused write took a version");
+}
+
+/// An array json cannot carry (a lower bound other than 1), or with an element its element
+/// type's portable type cannot hold (NaN, infinity), is refused where it is written, like
+/// any scalar: never left to block capture.
+#[tokio::test]
+async fn arrays_json_cannot_carry_are_refused_where_written() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.series (id integer PRIMARY KEY, xs integer[], fs float8[], ds date[], js json[]);
+         INSERT INTO app.series VALUES (1, '{1,2}', '{0.5}', '{2024-01-01}', '{\"[1]\"}')",
+    )
+    .await;
+    let (code, body, _) = register_cli(&env, "series", &[]);
+    assert_eq!(code, 0, "{body}");
+    for (n, (column, value)) in [
+        ("xs", "'[0:1]={1,2}'"),
+        ("xs", "'[1:1][0:1]={{1,2}}'"),
+        ("fs", "'{1,NaN}'"),
+        ("fs", "'{{1},{Infinity}}'"),
+        ("ds", "'{infinity}'"),
+        ("js", "ARRAY['{\"a\":1,\"a\":2}'::json]"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = 10 + n as i32;
+        assert_eq!(
+            common::sqlstate(
+                &env.admin,
+                &format!("INSERT INTO app.series (id, {column}) VALUES ({id}, {value})")
+            )
+            .await,
+            "22SY1",
+            "{column} = {value}"
+        );
+        assert_eq!(
+            common::sqlstate(
+                &env.admin,
+                &format!("UPDATE app.series SET {column} = {value} WHERE id = 1")
+            )
+            .await,
+            "22SY1",
+            "{column} = {value}"
+        );
+    }
+    // A lower bound of 1, empty arrays and NULL elements are fine.
+    assert_eq!(
+        common::sqlstate(
+            &env.admin,
+            "INSERT INTO app.series VALUES (2, '{}', '{NULL,1e300}', '{NULL}', '{}')"
+        )
+        .await,
+        "ok"
+    );
+    // A relation already holding one is refused at registration, naming the column.
+    env.as_app_owner(
+        "CREATE TABLE app.offset_arrays (id integer PRIMARY KEY, xs integer[]);
+         INSERT INTO app.offset_arrays VALUES (1, '[5:6]={1,2}')",
+    )
+    .await;
+    let (code, body, _) = register_cli(&env, "offset_arrays", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        (&body["error"]["reason"], &body["error"]["column"]),
+        (&json!("unrepresentable_value"), &json!("xs")),
+        "{body}"
+    );
 }
 
 /// `synchro-server registry register` as the operator: (exit code, stdout JSON, stderr).
@@ -413,7 +437,7 @@ async fn refusals_name_the_column_its_type_why_and_the_way_out() {
     let env = Env::installed().await;
     env.as_app_owner(
         "CREATE TABLE app.prices (id uuid PRIMARY KEY, amount numeric, label text);
-         CREATE TABLE app.posts (id text PRIMARY KEY, tags text[]);
+         CREATE TABLE app.posts (id text PRIMARY KEY, tags text[], spots point[]);
          CREATE TABLE app.events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamp);
          CREATE TABLE app.post_tags (post_id text, tag_id text, PRIMARY KEY (post_id, tag_id));
          CREATE TABLE app.measurements (id bigint PRIMARY KEY, region text) PARTITION BY RANGE (id);
@@ -438,9 +462,9 @@ async fn refusals_name_the_column_its_type_why_and_the_way_out() {
     }
     let (code, body, hint) = register_cli(&env, "posts", &[]);
     assert_eq!(code, 1);
-    assert_eq!(body["error"]["type"], "text[]", "{body}");
+    assert_eq!(body["error"]["type"], "point[]", "{body}");
     assert!(
-        hint.contains("array") && hint.contains("--server-only tags"),
+        hint.contains("elements (point)") && hint.contains("--server-only spots"),
         "{hint}"
     );
     let (code, body, hint) = register_cli(&env, "events", &[]);
@@ -511,7 +535,7 @@ async fn refusals_name_the_column_its_type_why_and_the_way_out() {
         &["--relation", "posts", "--server-only", "prices.amount"],
     );
     assert_eq!(code, 1, "{body}");
-    assert_eq!(body["error"]["column"], "tags", "{body}");
+    assert_eq!(body["error"]["column"], "spots", "{body}");
     assert!(stderr.contains("app.posts was refused"), "{stderr}");
     assert_eq!(
         env.admin
@@ -541,7 +565,7 @@ async fn refusals_name_the_column_its_type_why_and_the_way_out() {
             "--server-only",
             "prices.amount",
             "--server-only",
-            "posts.tags",
+            "posts.spots",
         ],
     );
     assert_eq!(code, 0, "{body}");

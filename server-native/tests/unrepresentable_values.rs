@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use synchro_protocol::jcs;
 use synchro_protocol::types::{FieldSpec, PortableType};
 use synchro_server::auth::mint;
-use synchro_server::capture::values::{text_to_wire, SESSION_SETTINGS};
+use synchro_server::capture::values::{text_to_wire, ValueSource, SESSION_SETTINGS};
 use synchro_server::capture::worker::{Failpoint, StepOutcome, Worker};
 use synchro_server::publish::load_lineage;
 use synchro_server::registry::{register, RegisterRequest, RegistrationError};
@@ -643,11 +643,17 @@ async fn the_sql_checks_refuse_exactly_what_capture_cannot_convert() {
     let (mut json_refusals, mut jsonb_checked) = (0, 0);
     for (t, r) in texts.iter().zip(&rows) {
         let json_text: String = r.get(1);
-        let want = text_to_wire(&json_spec, 114, json_text.as_bytes()).is_err();
+        let want =
+            text_to_wire(&json_spec, &ValueSource::Scalar(114), json_text.as_bytes()).is_err();
         assert_eq!(r.get::<_, bool>(0), want, "json {t}");
         json_refusals += usize::from(want);
         if let Some(jsonb_text) = r.get::<_, Option<String>>(3) {
-            let want = text_to_wire(&json_spec, 3802, jsonb_text.as_bytes()).is_err();
+            let want = text_to_wire(
+                &json_spec,
+                &ValueSource::Scalar(3802),
+                jsonb_text.as_bytes(),
+            )
+            .is_err();
             assert_eq!(r.get::<_, Option<bool>>(2), Some(want), "jsonb {t}");
             jsonb_checked += 1;
         }
@@ -694,7 +700,7 @@ async fn the_sql_checks_refuse_exactly_what_capture_cannot_convert() {
                 .await
                 .unwrap();
             let text: String = r.get(0);
-            let want = text_to_wire(&spec, *oid, text.as_bytes()).is_err();
+            let want = text_to_wire(&spec, &ValueSource::Scalar(*oid), text.as_bytes()).is_err();
             assert_eq!(r.get::<_, bool>(1), want, "{ty} {lit} ({text})");
         }
     }

@@ -389,3 +389,82 @@ pub fn field_id(table: &serde_json::Value, name: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no field {name}"))["field_id"]
         .clone()
 }
+
+/// The cases of `vectors/source-types-v1.json`: PostgreSQL column types of application
+/// schemas, each with a value written in SQL and its portable type and wire value.
+pub fn source_type_vectors() -> serde_json::Value {
+    serde_json::from_str(include_str!("../../vectors/source-types-v1.json"))
+        .expect("vectors/source-types-v1.json")
+}
+
+/// The vectors' SQL values as a row `(id, owner, c0, c1, ...)` of `app.source_types`.
+pub fn source_types_row(cases: &[serde_json::Value], id: i32, owner: &str) -> String {
+    let values: Vec<String> = cases
+        .iter()
+        .map(|c| {
+            format!(
+                "'{}'::{}",
+                c["value"].as_str().unwrap().replace('\'', "''"),
+                c["column"].as_str().unwrap()
+            )
+        })
+        .collect();
+    format!("({id}, '{owner}', {})", values.join(", "))
+}
+
+/// `app.source_types (id integer, owner text, c0 ... cN)`: one column per case of the
+/// source-type vectors (their types, domains and the citext extension made first), row 1
+/// (alice's) written in SQL, registered in the scope `user:<owner>` and published. Returns
+/// the cases (column `c<i>` is case `i`).
+pub async fn source_types_fixture(env: &Env) -> Vec<serde_json::Value> {
+    let cases = source_type_vectors()["cases"].as_array().unwrap().clone();
+    for c in &cases {
+        if let Some(setup) = c["setup"].as_str() {
+            env.admin.batch_execute(setup).await.unwrap();
+        }
+    }
+    let columns: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("c{i} {}", c["column"].as_str().unwrap()))
+        .collect();
+    env.as_app_owner(&format!(
+        "CREATE TABLE app.source_types (id integer PRIMARY KEY, owner text NOT NULL, {});
+         INSERT INTO app.source_types VALUES {}",
+        columns.join(", "),
+        source_types_row(&cases, 1, "alice")
+    ))
+    .await;
+    register_with_rule(
+        env,
+        "source_types",
+        "CREATE FUNCTION rules.t_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.source_types\" WHERE id = p_id;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.t_scopes(integer) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.t_scopes(integer) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'source_types', 'rules.t_scopes(integer)');",
+    )
+    .await;
+    cases
+}
+
+/// For each column `c<i>` of `app.source_types`, whether row `a` holds exactly what row `b`
+/// holds (compared as PostgreSQL's text output).
+pub async fn source_types_same(env: &Env, cases: usize, a: i32, b: i32) -> Vec<bool> {
+    env.admin
+        .query_one(
+            &format!(
+                "SELECT ARRAY[{}] FROM app.source_types a JOIN app.source_types b ON b.id = $2 WHERE a.id = $1",
+                (0..cases)
+                    .map(|i| format!("a.c{i}::text IS NOT DISTINCT FROM b.c{i}::text"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            &[&a, &b],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}

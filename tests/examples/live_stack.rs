@@ -2,14 +2,17 @@
 //! a throwaway PostgreSQL with the `app.docs` fixture (two scopes per row), the server
 //! program (`synchro-server-under-test`, next to this example's directory) on a free port.
 //! Prints `SYNCHRO_LIVE_URL=...` and `SYNCHRO_LIVE_TOKEN=...` (a token for the fixture's
-//! user), then serves until its standard input closes. `scripts/test-live-browser.sh` runs
-//! it.
+//! user), then serves until its standard input closes. It also holds `app.source_types` (the
+//! source-type vectors' columns, row 1 written in SQL): when its input closes it checks that
+//! the row the browser pushed (3) holds exactly what SQL stored in row 1, and exits 1 if not.
+//! `scripts/test-live-browser.sh` runs it.
 
 use std::io::Read;
 
 use synchro_server::auth::mint;
 use synchro_testkit::pg::{
-    docs_with_owner_and_team, free_port, start_server_binary_with, wait_ready, Env,
+    docs_with_owner_and_team, free_port, source_types_fixture, source_types_same,
+    start_server_binary_with, wait_ready, Env,
 };
 
 const SECRET: &str = "live-browser-secret-0123456789abc";
@@ -23,6 +26,7 @@ async fn main() {
            FROM generate_series(1, 20) g",
     )
     .await;
+    let cases = source_types_fixture(&env).await;
     let bin = std::env::current_exe()
         .unwrap()
         .parent()
@@ -41,4 +45,30 @@ async fn main() {
     );
     // Serve until the caller closes our standard input.
     let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new())).await;
+    let pushed: bool = env
+        .admin
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM app.source_types WHERE id = 3)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let differing: Vec<&str> = if pushed {
+        let same = source_types_same(&env, cases.len(), 3, 1).await;
+        cases
+            .iter()
+            .zip(same)
+            .filter(|(_, same)| !same)
+            .map(|(c, _)| c["name"].as_str().unwrap())
+            .collect()
+    } else {
+        vec!["(row 3 was never pushed)"]
+    };
+    if !differing.is_empty() {
+        eprintln!(
+            "live_stack: the browser's pushed row differs from what SQL stored: {differing:?}"
+        );
+        std::process::exit(1);
+    }
 }

@@ -137,6 +137,25 @@ CASES = [
     case("decimal(65,30) largest", "numeric(65,30)", "9" * 35 + "." + "9" * 30, "decimal", "9" * 35 + "." + "9" * 30,
          precision=65, scale=30),
     case("decimal(65,30) trailing zeros", "numeric(65,30)", "100.500", "decimal", "100.5", precision=65, scale=30),
+    # arrays: a json array of the elements' wire values, dimensions nested, NULL kept.
+    case("text[]", "text[]", '{a,"b c",NULL,"q\\"uote","é",""}', "json",
+         canonical_json(["a", "b c", None, 'q"uote', "é", ""])),
+    case("empty text[]", "text[]", "{}", "json", "[]"),
+    case("integer[][]", "integer[]", "{{1,2},{3,NULL}}", "json", "[[1,2],[3,null]]"),
+    case("bigint[]", "bigint[]", "{9223372036854775807,-1}", "json", '["9223372036854775807","-1"]'),
+    case("numeric(10,2)[]", "numeric(10,2)[]", "{12.50,-0.01,0}", "json", '["12.5","-0.01","0"]'),
+    case("timestamp(3)[]", "timestamp(3)[]", '{"2024-03-01 01:00:00.5",NULL}', "json",
+         '["2024-03-01T01:00:00.500000Z",null]'),
+    case("enum[]", "mood[]", "{happy,sad}", "json", '["happy","sad"]'),
+    case("boolean[]", "boolean[]", "{t,f}", "json", "[true,false]"),
+    case("real[]", "real[]", "{1.1,-2.5}", "json", "[" + f32_wire("1.1") + ",-2.5]"),
+    case("uuid[]", "uuid[]", "{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}", "json",
+         '["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]'),
+    case("jsonb[]", "jsonb[]", '{"{\\"b\\": 1, \\"a\\": 2}"}', "json",
+         canonical_json([canonical_json({"a": 2, "b": 1})])),
+    case("bytea[]", "bytea[]", '{"\\\\x00ff"}', "json", '["AP8"]'),
+    case("domain over text[]", "tag_list", "{x,y}", "json", '["x","y"]',
+         setup="CREATE DOMAIN tag_list AS text[] CHECK (cardinality(VALUE) < 10)"),
 ]
 
 assert len(DEC65.replace(".", "")) == 65 and len(DEC65.split(".")[1]) == 30

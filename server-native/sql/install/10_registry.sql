@@ -158,13 +158,24 @@ BEGIN
     END LOOP;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_base_type(oid, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_base_type(oid, integer) TO synchro_worker;
+
+-- The element type of an array type (the true arrays that subscript as arrays, not int2vector
+-- and the like), or NULL.
+CREATE FUNCTION synchro.synchro_array_element(p_type oid) RETURNS oid
+LANGUAGE sql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT t.typelem FROM pg_catalog.pg_type t
+     WHERE t.oid = p_type AND t.typelem <> 0 AND t.typcategory = 'A'
+       AND t.typsubscript = 'pg_catalog.array_subscript_handler'::regproc
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_array_element(oid) FROM PUBLIC;
 
 -- Maps a column type to a portable type: (portable_type, precision, scale), or NULL.
 -- Through domains (synchro_base_type). Text-like types whose output is PostgreSQL's canonical
 -- text are strings: text, varchar(n), char(n), uuid, enums (the label), citext (the
 -- extension's type), interval (IntervalStyle postgres), inet, cidr, macaddr, macaddr8.
 -- timestamp without time zone is a datetime read as UTC (what Prisma and Drizzle write).
+-- An array (of any dimensions) whose element type has a portable type is json: an array of
+-- the elements' wire values (12_values refuses lower bounds other than 1).
 -- numeric needs a declared precision and scale (spec 000 validates against them): an
 -- unconstrained numeric has none, and no declaration can hold all of its values.
 CREATE FUNCTION synchro.synchro_portable_type(p_type oid, p_typmod integer,
@@ -204,9 +215,40 @@ BEGIN
         decimal_precision := ((v_typmod - 4) >> 16) & 65535;
         decimal_scale := (v_typmod - 4) & 65535;
         IF decimal_scale > decimal_precision THEN portable_type := NULL; END IF;
+    ELSIF portable_type IS NULL AND synchro.synchro_array_element(v_type) IS NOT NULL THEN
+        -- An array of elements that have a portable type is a json array of their wire values.
+        IF (SELECT e.portable_type FROM synchro.synchro_portable_type(synchro.synchro_array_element(v_type), v_typmod) e)
+           IS NOT NULL THEN
+            portable_type := 'json';
+        END IF;
     END IF;
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_portable_type(oid, integer) FROM PUBLIC;
+
+-- How capture and push read a column's text (synchro_value_source): the base type's OID for a
+-- scalar; for an array, 'array <element portable type> <element base type OID>' and, for
+-- decimal elements, ' <precision> <scale>' (the column's modifier is its elements').
+CREATE FUNCTION synchro.synchro_value_source(p_type oid, p_typmod integer) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_type oid;
+    v_typmod integer;
+    v_element oid;
+    v_base oid;
+    v_portable record;
+BEGIN
+    SELECT b.base_type, b.base_typmod INTO v_type, v_typmod FROM synchro.synchro_base_type(p_type, p_typmod) b;
+    v_element := synchro.synchro_array_element(v_type);
+    IF v_element IS NULL THEN
+        RETURN v_type::text;
+    END IF;
+    SELECT e.* INTO v_portable FROM synchro.synchro_portable_type(v_element, v_typmod) e;
+    SELECT b.base_type INTO v_base FROM synchro.synchro_base_type(v_element, v_typmod) b;
+    RETURN concat_ws(' ', 'array', v_portable.portable_type, v_base::text, v_portable.decimal_precision::text,
+                     v_portable.decimal_scale::text);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_value_source(oid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_value_source(oid, integer) TO synchro_worker;
 
 -- Why a column has no portable type, and the way out, for a person: the registration error's
 -- HINT and the CLI's message. Names the column and its type, never a value.
@@ -227,9 +269,10 @@ BEGIN
     ELSIF v_type = 'numeric'::regtype THEN
         v_why := 'its scale is negative or larger than its precision, which no portable decimal can declare';
         v_fix := format('declare a scale in 0..precision (ALTER TABLE ... ALTER COLUMN %I TYPE numeric(p, s))', p_column);
-    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_type t WHERE t.oid = v_type AND t.typcategory = 'A') THEN
-        v_why := 'array columns are not synced by this version';
-        v_fix := format('keep the values in a json or jsonb column, or keep %I on the server', p_column);
+    ELSIF synchro.synchro_array_element(v_type) IS NOT NULL THEN
+        v_why := format('its elements (%s) have no portable type',
+                        format_type(synchro.synchro_array_element(v_type), v_typmod));
+        v_fix := format('change the element type (text, numeric(p, s), jsonb, ...), or keep %I on the server', p_column);
     ELSE
         v_why := 'it maps to none of the portable types (string, int, int64, decimal, float, boolean, '
                  'datetime, date, time, json, bytes)';

@@ -10,6 +10,7 @@
 --   decimal (numeric(p,s))       NaN (a constrained numeric cannot hold an infinity)
 --   date                         infinity, -infinity, BC dates, years after 9999
 --   datetime (timestamptz)       the same, evaluated in UTC ('0001-01-01 00:30+01' is 1 BC)
+--   datetime (timestamp)         the same, as written
 --   time                         24:00:00
 --   json (json, jsonb)           outside I-JSON as protocol/src/jcs.rs `canonicalize` accepts
 --                                it: a number written as an integer beyond +-(2^53-1), one not
@@ -17,8 +18,10 @@
 --                                integer (jsonb prints 1e21 as 1000000000000000000000); nesting
 --                                deeper than 128; and for json (kept verbatim) also duplicate
 --                                member names and lone surrogate escapes.
+--   json (an array)              a lower bound other than 1 ('[0:1]={1,2}': JSON has none),
+--                                and any element its element type refuses above
 -- Every other mapped type (string, int, int64, boolean, bytes, every key type) has no such
--- value.
+-- value. Domains are checked as their base type.
 --
 -- The fence trigger (31_fences) carries, after (relation_id, kind, key column), the mode of
 -- the row document it reads ('jsonb': to_jsonb of the row; 'json': row_to_json, so json
@@ -34,15 +37,36 @@
 -- whose write is refused (or fails with any other data exception, such as jsonb's \u0000)
 -- gets status invalid_value from synchro_push_write_batch (52_push).
 
--- The check a column needs, from its portable type and SQL type; NULL when none can fail.
-CREATE FUNCTION synchro.synchro_value_check_kind(p_portable_type text, p_type oid) RETURNS text
+-- The check a value of a base type needs; NULL when none can fail.
+CREATE FUNCTION synchro.synchro_scalar_check_kind(p_type oid) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT CASE p_portable_type
-        WHEN 'float' THEN 'float' WHEN 'decimal' THEN 'decimal' WHEN 'date' THEN 'date'
-        WHEN 'datetime' THEN 'datetime' WHEN 'time' THEN 'time'
-        WHEN 'json' THEN CASE WHEN p_type = 'jsonb'::regtype THEN 'jsonb' ELSE 'json' END
+    SELECT CASE p_type
+        WHEN 'float4'::regtype THEN 'float' WHEN 'float8'::regtype THEN 'float'
+        WHEN 'numeric'::regtype THEN 'decimal' WHEN 'date'::regtype THEN 'date'
+        WHEN 'timestamptz'::regtype THEN 'datetime' WHEN 'timestamp'::regtype THEN 'datetime'
+        WHEN 'time'::regtype THEN 'time'
+        WHEN 'jsonb'::regtype THEN 'jsonb' WHEN 'json'::regtype THEN 'json'
     END
 $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_scalar_check_kind(oid) FROM PUBLIC;
+
+-- The check a column needs, from its SQL type seen through domains; NULL when none can fail
+-- (or the column has no portable type). An array's is 'array' (its lower bounds), with
+-- ':<kind>' when its elements need one.
+CREATE FUNCTION synchro.synchro_value_check_kind(p_portable_type text, p_type oid) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_type oid := (synchro.synchro_base_type(p_type, -1)).base_type;
+    v_element oid := synchro.synchro_array_element(v_type);
+BEGIN
+    IF p_portable_type IS NULL THEN
+        RETURN NULL;
+    ELSIF v_element IS NOT NULL THEN
+        RETURN 'array' || coalesce(':' || synchro.synchro_scalar_check_kind(
+            (synchro.synchro_base_type(v_element, -1)).base_type), '');
+    END IF;
+    RETURN synchro.synchro_scalar_check_kind(v_type);
+END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_value_check_kind(text, oid) FROM PUBLIC;
 
 -- Whether the JSON text of a scalar (as to_jsonb gives it, with TimeZone = UTC) is a value of
@@ -218,6 +242,36 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_json_text_refused(text) FROM PUBLIC;
 
+-- Whether an array is one capture cannot carry as a json array: a lower bound other than 1
+-- (JSON has none), or an element its element check kind (p_kind; NULL: none) refuses.
+CREATE FUNCTION synchro.synchro_array_refused(p_value anyarray, p_kind text) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp SET TimeZone = 'UTC' AS $$
+DECLARE
+    v_text text;
+    v_json jsonb;
+BEGIN
+    IF p_value IS NULL OR cardinality(p_value) = 0 THEN
+        RETURN false;
+    END IF;
+    IF array_dims(p_value) !~ '^(\[1:[0-9]+\])+$' THEN
+        RETURN true;
+    END IF;
+    IF p_kind IS NULL THEN
+        RETURN false;
+    END IF;
+    FOR v_text, v_json IN SELECT e::text, to_jsonb(e) FROM unnest(p_value) AS u(e) LOOP
+        CONTINUE WHEN v_text IS NULL;
+        IF (CASE p_kind
+                WHEN 'json' THEN synchro.synchro_json_text_refused(v_text)
+                WHEN 'jsonb' THEN synchro.synchro_jsonb_refused(v_json)
+                ELSE synchro.synchro_scalar_refused(p_kind, v_json #>> '{}') END) THEN
+            RETURN true;
+        END IF;
+    END LOOP;
+    RETURN false;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_array_refused(anyarray, text) FROM PUBLIC;
+
 -- The key's text form (as the fence records it) and the field IDs of p_row's values that the
 -- portable types cannot hold (checked only when p_check). p_args is the fence's argument
 -- list: relation_id, kind, key column, document mode, then (column, field_id, check) triples.
@@ -277,7 +331,10 @@ BEGIN
     v_i := v_lo + 4;
     WHILE v_i + 2 <= v_hi LOOP
         v_col := p_args[v_i]; v_field := p_args[v_i + 1]; v_kind := p_args[v_i + 2];
-        IF v_kind = 'json' THEN
+        IF v_kind LIKE 'array%' THEN
+            EXECUTE format('SELECT synchro.synchro_array_refused(($1).%I, %L)', v_col, nullif(substr(v_kind, 7), ''))
+               INTO v_bad USING p_row;
+        ELSIF v_kind = 'json' THEN
             v_bad := v_jdoc IS NOT NULL AND synchro.synchro_json_text_refused((v_jdoc -> v_col)::text);
         ELSIF v_kind = 'jsonb' THEN
             v_value := CASE WHEN v_doc IS NOT NULL THEN v_doc -> v_col ELSE (v_jdoc -> v_col)::jsonb END;
@@ -340,11 +397,15 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM synchro.synchro_create_fence(NEW.relation_id);
-    v_predicate := CASE v_kind
+    v_predicate := CASE
+        WHEN v_kind LIKE 'array%' THEN format('synchro.synchro_array_refused(t.%I, %L)', NEW.column_name,
+                                              nullif(substr(v_kind, 7), ''))
+        ELSE CASE v_kind
         WHEN 'json' THEN format('synchro.synchro_json_text_refused(t.%I::text)', NEW.column_name)
         WHEN 'jsonb' THEN format('synchro.synchro_jsonb_refused(t.%I)', NEW.column_name)
         -- Inline (synchro_scalar_refused_sql): a function call per row was most of the scan.
-        ELSE synchro.synchro_scalar_refused_sql(v_kind, format('(to_jsonb(t.%I) #>> ''{}'')', NEW.column_name)) END;
+        ELSE synchro.synchro_scalar_refused_sql(v_kind, format('(to_jsonb(t.%I) #>> ''{}'')', NEW.column_name)) END
+        END;
     -- A partitioned table's rows are in its partitions; a plain table's inheritance children
     -- are not registered.
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s%I.%I t WHERE %s)',

@@ -101,7 +101,7 @@ BEGIN
                                            WHERE y.relation_id = p_relation_id AND y.column_name = p.column_name)) f
                  JOIN pg_catalog.pg_attribute a ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
                 WHERE NOT a.attisdropped ORDER BY f.attnum LOOP
-        IF v_f.atttypid = 'json'::regtype THEN
+        IF (synchro.synchro_base_type(v_f.atttypid, -1)).base_type = 'json'::regtype THEN
             v_mode := 'json';
         END IF;
         IF v_f.kind IS NOT NULL AND v_f.attgenerated = '' THEN

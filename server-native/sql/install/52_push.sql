@@ -111,10 +111,53 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_push_runs(text[], text[], text[], int
 -- What a batch's writes of one registered relation need, built once per relation: its
 -- table, key column and type, the key predicate, the synced fields' text image (attnum
 -- order), the statements reading it (and locking the row), and the writable fields' IDs,
--- quoted column names and types. NULL for a relation not synced or not open to push.
+-- quoted column names and value expressions (a format() template whose %s is the value's
+-- text parameter: a cast to the column's type, through synchro_array_input for an array).
+-- NULL for a relation not synced or not open to push.
 CREATE TYPE synchro.push_target AS (
     table_name text, key_col text, key_type text, where_clause text, image text,
-    read_sql text, lock_sql text, ids text[], names text[], types text[]);
+    read_sql text, lock_sql text, ids text[], names text[], exprs text[]);
+
+-- The array literal of a pushed json array value: elements in the wire form of the element's
+-- portable type (p_element), nested arrays as dimensions, JSON null as NULL. Any other shape,
+-- or an element of another JSON type, raises 22023 (a data exception: the write's
+-- invalid_value); PostgreSQL's own cast judges the rest (dimensions, element values).
+CREATE FUNCTION synchro.synchro_array_input(p_value text, p_element text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_json jsonb := p_value::jsonb;
+BEGIN
+    IF jsonb_typeof(v_json) <> 'array' THEN
+        RAISE EXCEPTION 'an array field''s value is not a JSON array' USING ERRCODE = '22023';
+    END IF;
+    RETURN synchro.synchro_array_literal(v_json, p_element);
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_array_input(text, text) FROM PUBLIC;
+
+-- synchro_array_input of one JSON value (an array, or an element).
+CREATE FUNCTION synchro.synchro_array_literal(p_value jsonb, p_element text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_kind text := jsonb_typeof(p_value);
+    v_text text;
+BEGIN
+    IF v_kind = 'array' THEN
+        RETURN '{' || coalesce((SELECT string_agg(synchro.synchro_array_literal(e.value, p_element), ',' ORDER BY e.n)
+                                  FROM jsonb_array_elements(p_value) WITH ORDINALITY AS e(value, n)), '') || '}';
+    ELSIF v_kind = 'null' THEN
+        RETURN 'NULL';
+    ELSIF v_kind IS DISTINCT FROM (CASE WHEN p_element IN ('int', 'float') THEN 'number'
+                                       WHEN p_element = 'boolean' THEN 'boolean' ELSE 'string' END) THEN
+        RAISE EXCEPTION 'an array element is not a wire value of its type' USING ERRCODE = '22023';
+    END IF;
+    v_text := p_value #>> '{}';
+    IF p_element = 'bytes' THEN
+        v_text := '\x' || encode(decode(translate(v_text, '-_', '+/') || repeat('=', (4 - length(v_text) % 4) % 4),
+                                        'base64'), 'hex');
+    END IF;
+    RETURN '"' || replace(replace(v_text, '\', '\\'), '"', '\"') || '"';
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_array_literal(jsonb, text) FROM PUBLIC;
 
 CREATE FUNCTION synchro.synchro_push_target(p_relation_id text) RETURNS synchro.push_target
 LANGUAGE plpgsql STABLE
@@ -142,10 +185,14 @@ BEGIN
     t.read_sql := 'SELECT ' || t.image || ' FROM ' || t.table_name || ' t WHERE t.' || t.where_clause;
     t.lock_sql := t.read_sql || ' FOR UPDATE';
     SELECT array_agg(f.field_id), array_agg(quote_ident(f.column_name)),
-           array_agg(format_type(a.atttypid, a.atttypmod))
-      INTO t.ids, t.names, t.types
+           array_agg(CASE WHEN v.source LIKE 'array %'
+                          THEN format('synchro.synchro_array_input(%%s, %L)::%s', split_part(v.source, ' ', 2),
+                                      replace(format_type(a.atttypid, a.atttypmod), '%', '%%'))
+                          ELSE format('(%%s)::%s', replace(format_type(a.atttypid, a.atttypmod), '%', '%%')) END)
+      INTO t.ids, t.names, t.exprs
       FROM synchro.fields f JOIN pg_catalog.pg_attribute a
         ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
+     CROSS JOIN LATERAL (SELECT synchro.synchro_value_source(a.atttypid, a.atttypmod) AS source) v
      WHERE f.relation_id = p_relation_id AND f.writable;
     RETURN t;
 END $$;
@@ -188,9 +235,9 @@ BEGIN
                 RAISE SQLSTATE 'SYRB2';
             END IF;
             v_sets := v_sets || CASE WHEN v_k > 1 THEN ', ' ELSE '' END
-                      || format('%s = ($3[u.o + %s])::%s', t.names[v_j], v_k, t.types[v_j]);
+                      || format('%s = %s', t.names[v_j], format(t.exprs[v_j], format('$3[u.o + %s]', v_k)));
             v_cols := v_cols || ', ' || t.names[v_j];
-            v_vals := v_vals || format(', ($3[u.o + %s])::%s', v_k, t.types[v_j]);
+            v_vals := v_vals || ', ' || format(t.exprs[v_j], format('$3[u.o + %s]', v_k));
         END LOOP;
         v_statuses := array_fill(NULL::text, ARRAY[v_len]);
         v_pres := v_statuses;
@@ -409,9 +456,10 @@ BEGIN
                             EXIT;
                         END IF;
                         v_sets := v_sets || CASE WHEN v_k > v_from THEN ', ' ELSE '' END
-                                  || format('%s = ($2[%s])::%s', v_t.names[v_j], v_k - v_from + 1, v_t.types[v_j]);
+                                  || format('%s = %s', v_t.names[v_j],
+                                            format(v_t.exprs[v_j], format('$2[%s]', v_k - v_from + 1)));
                         v_cols := v_cols || ', ' || v_t.names[v_j];
-                        v_vals := v_vals || format(', ($2[%s])::%s', v_k - v_from + 1, v_t.types[v_j]);
+                        v_vals := v_vals || ', ' || format(v_t.exprs[v_j], format('$2[%s]', v_k - v_from + 1));
                     END LOOP;
                     IF v_status IS NULL THEN
                         v_writing := true;
@@ -656,12 +704,12 @@ END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], text[]) TO synchro_adapter;
 
--- The synced fields of a relation in attnum order, with their source type OIDs seen through
--- domains (the order of synchro_push_write_batch's images; the type their text is read as).
+-- The synced fields of a relation in attnum order (the order of synchro_push_write_batch's
+-- images), with how their text is read (synchro_value_source).
 CREATE FUNCTION synchro.synchro_push_fields(p_relation_id text)
-RETURNS TABLE (field_id text, type_oid oid)
+RETURNS TABLE (field_id text, source text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT f.field_id, (synchro.synchro_base_type(a.atttypid, a.atttypmod)).base_type
+    SELECT f.field_id, synchro.synchro_value_source(a.atttypid, a.atttypmod)
       FROM synchro.fields f JOIN synchro.relations r USING (relation_id)
       JOIN pg_catalog.pg_attribute a ON a.attrelid = r.physical_relation_oid AND a.attnum = f.attnum
      WHERE f.relation_id = p_relation_id

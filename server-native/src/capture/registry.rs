@@ -7,6 +7,8 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
 use synchro_protocol::types::{DecimalSpec, FieldSpec, PortableType};
+
+use super::values::ValueSource;
 use tokio_postgres::{Client, Statement};
 
 /// A registered field, by its source column.
@@ -18,9 +20,8 @@ pub(super) struct Field {
     /// The column's SQL type and modifier as registered (another one in the stream is drift).
     pub(super) type_oid: u32,
     pub(super) type_modifier: i32,
-    /// The type its values are converted as: the column's type seen through its domains
-    /// (`synchro_base_type`).
-    pub(super) base_type_oid: u32,
+    /// How its values' text is read (`synchro_value_source`).
+    pub(super) source: ValueSource,
 }
 
 /// Bootstrap status of a relation (`synchro.relation_capture.status`).
@@ -201,7 +202,7 @@ const RELATIONS: &str = "SELECT r.relation_id, r.physical_schema::text, r.physic
                         SELECT p.column_name::text FROM synchro.pending_fields p
                           JOIN synchro.registry_generations g USING (generation)
                          WHERE p.relation_id = r.relation_id AND g.state IN ('pending', 'staged')),
-                    (synchro.synchro_base_type(f.type_oid, f.type_modifier)).base_type
+                    synchro.synchro_value_source(f.type_oid, f.type_modifier)
                FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
                JOIN synchro.relation_capture c USING (relation_id)";
 
@@ -259,7 +260,7 @@ fn load_relations(rows: Vec<tokio_postgres::Row>) -> Result<Relations> {
 
 /// A field from `field_id, column_name, portable_type, nullable, is_key, decimal_precision,
 /// decimal_scale` at `at`, `at + 2`, … and `type_oid, type_modifier` at `at + 10`, and its
-/// base type at `base`.
+/// value source at `base`.
 fn field(r: &tokio_postgres::Row, at: usize, base: usize) -> Result<Field> {
     let ty = PortableType::parse(&r.get::<_, String>(at + 2))
         .context("registry holds an unknown type")?;
@@ -281,7 +282,8 @@ fn field(r: &tokio_postgres::Row, at: usize, base: usize) -> Result<Field> {
         is_key: r.get(at + 4),
         type_oid: r.get(at + 10),
         type_modifier: r.get(at + 11),
-        base_type_oid: r.get(base),
+        source: ValueSource::parse(r.get(base))
+            .context("registry holds an unknown value source")?,
     })
 }
 
@@ -295,7 +297,7 @@ pub(super) async fn generation_fields(
         .query(
             "SELECT field_id, column_name::text, portable_type, nullable, is_key, decimal_precision, decimal_scale,
                     NULL, NULL, NULL, type_oid, type_modifier,
-                    (synchro.synchro_base_type(type_oid, type_modifier)).base_type
+                    synchro.synchro_value_source(type_oid, type_modifier)
                FROM synchro.pending_fields WHERE generation = $1 ORDER BY attnum",
             &[&generation],
         )

@@ -10,7 +10,7 @@ use synchro_protocol::json::Json;
 use super::block::{BlockDetail, BlockReason, Blocked};
 use super::pgoutput::Value;
 use super::registry::{Field, Registered};
-use super::values::text_to_wire;
+use super::values::{text_to_wire, ValueSource};
 
 /// A column of the source relation, in the order the source sends values.
 pub(super) struct Column {
@@ -59,7 +59,7 @@ impl RelationShape {
 /// column's type through its domains; `drift` has checked the column's type is the field's).
 struct SourceField<'a> {
     field: &'a Field,
-    type_oid: u32,
+    source: ValueSource,
 }
 
 fn field_of<'a>(reg: &'a Registered, shape: &RelationShape, i: usize) -> Option<SourceField<'a>> {
@@ -68,7 +68,7 @@ fn field_of<'a>(reg: &'a Registered, shape: &RelationShape, i: usize) -> Option<
         .get(&column.name)
         .map(|field| SourceField {
             field,
-            type_oid: field.base_type_oid,
+            source: field.source,
         })
 }
 
@@ -102,7 +102,7 @@ pub(super) fn key_text(
             let Value::Text(t) = v else {
                 bail!(Blocked(BlockReason::UnrepresentableValue))
             };
-            let tv = text_to_wire(&f.field.spec, f.type_oid, t)
+            let tv = text_to_wire(&f.field.spec, &f.source, t)
                 .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?;
             return Ok(tv.to_wire_text());
         }
@@ -121,13 +121,13 @@ pub(super) fn row_json(
     let previous = previous.map(Json::parse).transpose().ok().flatten();
     let mut members = Vec::new();
     for (i, v) in values.iter().enumerate() {
-        let Some(SourceField { field, type_oid }) = field_of(reg, shape, i) else {
+        let Some(SourceField { field, source }) = field_of(reg, shape, i) else {
             continue;
         };
         let wire = match v {
             Value::Null if field.spec.nullable => Json::Null,
             Value::Null => bail!(Blocked(BlockReason::UnrepresentableValue)),
-            Value::Text(t) => text_to_wire(&field.spec, type_oid, t)
+            Value::Text(t) => text_to_wire(&field.spec, &source, t)
                 .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?
                 .to_wire(),
             Value::Unchanged => previous

@@ -47,13 +47,56 @@ fn canonical_time(t: &str) -> Option<String> {
     Some(format!("{hms}.{frac:0<6}"))
 }
 
-/// Converts one text-form column value of `spec`'s type (source type OID `type_oid`, seen
-/// through domains).
+/// How a column's text is read (`synchro.synchro_value_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueSource {
+    /// A scalar of this type OID (the column's type through its domains).
+    Scalar(u32),
+    /// An array (a `json` field) of elements of this spec and base type OID.
+    Array {
+        /// The elements' portable type (nullable; a decimal's precision and scale).
+        element: FieldSpec,
+        /// The elements' type OID through domains.
+        oid: u32,
+    },
+}
+
+impl ValueSource {
+    /// Parses `synchro_value_source`'s text: `<oid>`, or `array <type> <oid>[ <p> <s>]`.
+    pub fn parse(text: &str) -> Option<ValueSource> {
+        let mut words = text.split(' ');
+        let first = words.next()?;
+        if first != "array" {
+            return first.parse().ok().map(ValueSource::Scalar);
+        }
+        let ty = PortableType::parse(words.next()?)?;
+        let oid = words.next()?.parse().ok()?;
+        let element = match ty {
+            PortableType::Decimal => FieldSpec::decimal(
+                true,
+                words.next()?.parse().ok()?,
+                words.next()?.parse().ok()?,
+            )
+            .ok()?,
+            _ => FieldSpec::new(ty, true).ok()?,
+        };
+        words
+            .next()
+            .is_none()
+            .then_some(ValueSource::Array { element, oid })
+    }
+}
+
+/// Converts one text-form column value of `spec`'s type, read as `source` says.
 pub fn text_to_wire(
     spec: &FieldSpec,
-    type_oid: u32,
+    source: &ValueSource,
     text: &[u8],
 ) -> Result<TypedValue, ValueError> {
+    let type_oid = match *source {
+        ValueSource::Scalar(oid) => oid,
+        ValueSource::Array { element, oid } => return array_to_wire(spec, &element, oid, text),
+    };
     let ty = spec.ty;
     let s = std::str::from_utf8(text).map_err(|_| err(ty, "not UTF-8"))?;
     let wire = match ty {
@@ -128,4 +171,205 @@ pub fn text_to_wire(
     };
     // The canonical wire validator is the final judge (grammar, calendar, precision/scale).
     TypedValue::from_wire(spec, &wire).map_err(|_| err(ty, "outside the portable type"))
+}
+
+/// An array's output text (`{a,"b c",NULL,{...}}`, as `array_out` writes it) as the canonical
+/// json array of its elements' wire values, dimensions nested, NULL kept. A lower bound other
+/// than 1 (`[0:1]={...}`) has no JSON form: an error (the fence refuses writing one).
+fn array_to_wire(
+    spec: &FieldSpec,
+    element: &FieldSpec,
+    oid: u32,
+    text: &[u8],
+) -> Result<TypedValue, ValueError> {
+    let ty = spec.ty;
+    let mut parser = ArrayText { text, at: 0 };
+    let parsed = parser
+        .array(0)
+        .ok_or(err(ty, "not an array with lower bounds 1"))?;
+    if parser.at != text.len() {
+        return Err(err(ty, "not an array with lower bounds 1"));
+    }
+    let json = parsed.into_wire(element, oid)?;
+    let canonical = jcs::to_canonical_string(&json).map_err(|_| err(ty, "not I-JSON"))?;
+    TypedValue::from_wire(spec, &Json::String(canonical))
+        .map_err(|_| err(ty, "outside the portable type"))
+}
+
+/// An array's output text parsed: elements (their text, or NULL) and sub-arrays.
+enum ArrayItem {
+    Null,
+    Text(Vec<u8>),
+    Array(Vec<ArrayItem>),
+}
+
+impl ArrayItem {
+    fn into_wire(self, element: &FieldSpec, oid: u32) -> Result<Json, ValueError> {
+        Ok(match self {
+            ArrayItem::Null => Json::Null,
+            ArrayItem::Text(t) => text_to_wire(element, &ValueSource::Scalar(oid), &t)?.to_wire(),
+            ArrayItem::Array(items) => Json::Array(
+                items
+                    .into_iter()
+                    .map(|i| i.into_wire(element, oid))
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+}
+
+/// A cursor over `array_out` text (delimiter `,`: every type with a portable type uses it).
+struct ArrayText<'a> {
+    text: &'a [u8],
+    at: usize,
+}
+
+impl ArrayText<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.text.get(self.at).copied()
+    }
+
+    /// `{item,item,...}` at nesting `depth` (PostgreSQL allows 6 dimensions).
+    fn array(&mut self, depth: usize) -> Option<ArrayItem> {
+        if depth > 6 || self.peek()? != b'{' {
+            return None;
+        }
+        self.at += 1;
+        let mut items = Vec::new();
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some(ArrayItem::Array(items));
+        }
+        loop {
+            items.push(match self.peek()? {
+                b'{' => self.array(depth + 1)?,
+                b'"' => self.quoted()?,
+                _ => self.bare()?,
+            });
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(ArrayItem::Array(items));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// `"..."` with `\` escapes.
+    fn quoted(&mut self) -> Option<ArrayItem> {
+        self.at += 1;
+        let mut out = Vec::new();
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.at += 1;
+                    return Some(ArrayItem::Text(out));
+                }
+                b'\\' => {
+                    out.push(*self.text.get(self.at + 1)?);
+                    self.at += 2;
+                }
+                b => {
+                    out.push(b);
+                    self.at += 1;
+                }
+            }
+        }
+    }
+
+    /// An unquoted element up to `,` or `}`: `NULL` is SQL null.
+    fn bare(&mut self) -> Option<ArrayItem> {
+        let start = self.at;
+        while !matches!(self.peek()?, b',' | b'}') {
+            if matches!(self.peek()?, b'"' | b'{' | b'\\') {
+                return None;
+            }
+            self.at += 1;
+        }
+        let t = &self.text[start..self.at];
+        if t.is_empty() {
+            return None;
+        }
+        Some(if t == b"NULL" {
+            ArrayItem::Null
+        } else {
+            ArrayItem::Text(t.to_vec())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(element: FieldSpec, oid: u32, text: &str) -> Result<String, ValueError> {
+        let spec = FieldSpec::new(PortableType::Json, true).unwrap();
+        text_to_wire(&spec, &ValueSource::Array { element, oid }, text.as_bytes())
+            .map(|v| v.to_wire_text())
+    }
+
+    #[test]
+    fn arrays_become_canonical_json_arrays_of_wire_values() {
+        let string = FieldSpec::new(PortableType::String, true).unwrap();
+        assert_eq!(
+            wire(string, 25, r#"{a,"b c",NULL,"NULL","q\"uote\\d",""}"#).unwrap(),
+            r#""[\"a\",\"b c\",null,\"NULL\",\"q\\\"uote\\\\d\",\"\"]""#
+        );
+        assert_eq!(wire(string, 25, "{}").unwrap(), r#""[]""#);
+        let int = FieldSpec::new(PortableType::Int, true).unwrap();
+        assert_eq!(
+            wire(int, 23, "{{1,2},{3,NULL}}").unwrap(),
+            r#""[[1,2],[3,null]]""#
+        );
+        let int64 = FieldSpec::new(PortableType::Int64, true).unwrap();
+        assert_eq!(
+            wire(int64, 20, "{9223372036854775807}").unwrap(),
+            r#""[\"9223372036854775807\"]""#
+        );
+        let float = FieldSpec::new(PortableType::Float, true).unwrap();
+        assert_eq!(
+            wire(float, FLOAT4_OID, "{1.1}").unwrap(),
+            r#""[1.100000023841858]""#
+        );
+        let datetime = FieldSpec::new(PortableType::Datetime, true).unwrap();
+        assert_eq!(
+            wire(datetime, TIMESTAMP_OID, r#"{"2024-03-01 01:00:00.5"}"#).unwrap(),
+            r#""[\"2024-03-01T01:00:00.500000Z\"]""#
+        );
+        let decimal = FieldSpec::decimal(true, 10, 2).unwrap();
+        assert_eq!(
+            wire(decimal, 1700, "{12.50,-0.01}").unwrap(),
+            r#""[\"12.5\",\"-0.01\"]""#
+        );
+    }
+
+    #[test]
+    fn arrays_json_cannot_carry_are_errors() {
+        let int = FieldSpec::new(PortableType::Int, true).unwrap();
+        for text in [
+            "[0:1]={1,2}",
+            "{1,2",
+            "{1,,2}",
+            "{1}}",
+            "1,2",
+            "{\"1}",
+            "{{{{{{{{1}}}}}}}}",
+            "{NaN}",
+        ] {
+            assert!(wire(int, 23, text).is_err(), "{text}");
+        }
+        let float = FieldSpec::new(PortableType::Float, true).unwrap();
+        assert!(wire(float, 701, "{NaN}").is_err());
+        assert!(ValueSource::parse("array decimal 1700").is_none());
+        assert_eq!(
+            ValueSource::parse("array decimal 1700 10 2"),
+            Some(ValueSource::Array {
+                element: FieldSpec::decimal(true, 10, 2).unwrap(),
+                oid: 1700
+            })
+        );
+        assert_eq!(ValueSource::parse("1114"), Some(ValueSource::Scalar(1114)));
+    }
 }

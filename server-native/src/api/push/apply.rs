@@ -31,6 +31,8 @@ use synchro_protocol::json::Json;
 use synchro_protocol::manifest::{Manifest, Table};
 use synchro_protocol::types::PortableType;
 use synchro_protocol::wire::{Outcome, OutcomeRow};
+
+use crate::capture::values::ValueSource;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 
@@ -45,8 +47,8 @@ const ATTEMPTS: usize = 3;
 /// A source row's fields as text (null for SQL NULL), in attnum order.
 type Image = Vec<Option<String>>;
 
-/// The synced fields of a relation with their source type OIDs, in attnum order.
-type ImageFields = Vec<(String, u32)>;
+/// The synced fields of a relation with how their text is read, in attnum order.
+type ImageFields = Vec<(String, ValueSource)>;
 
 /// What the batch shares.
 pub(super) struct Context<'a> {
@@ -100,7 +102,7 @@ pub(super) async fn apply(
     let (loaded, read, savepoint) = futures_util::join!(
         futures_util::future::try_join_all(relations.iter().map(|relation| async move {
             tx.query_typed(
-                "SELECT field_id, type_oid FROM synchro.synchro_push_fields($1)",
+                "SELECT field_id, source FROM synchro.synchro_push_fields($1)",
                 &[(relation, Type::TEXT)],
             )
             .await
@@ -120,12 +122,17 @@ pub(super) async fn apply(
         .iter()
         .zip(loaded)
         .map(|(relation, rows)| {
-            (
-                *relation,
-                rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
-            )
+            let image = rows
+                .iter()
+                .map(|r| {
+                    let source = ValueSource::parse(r.get(1))
+                        .ok_or_else(|| ApiError::integrity(Integrity::Answer))?;
+                    Ok((r.get(0), source))
+                })
+                .collect::<Result<_, ApiError>>()?;
+            Ok((*relation, image))
         })
-        .collect();
+        .collect::<Result<_, ApiError>>()?;
     let reads: Reads = relations
         .into_iter()
         .zip(read)
@@ -510,12 +517,16 @@ async fn write_batch(
 }
 
 /// A row (by field ID) from a text image of the table's fields in attnum order.
-fn row(table: &Table, fields: &[(String, u32)], image: &[Option<String>]) -> Result<Row, ApiError> {
+fn row(
+    table: &Table,
+    fields: &[(String, ValueSource)],
+    image: &[Option<String>],
+) -> Result<Row, ApiError> {
     if image.len() != fields.len() {
         return Err(ApiError::unavailable());
     }
     let mut row = Vec::with_capacity(fields.len());
-    for ((field_id, oid), text) in fields.iter().zip(image) {
+    for ((field_id, source), text) in fields.iter().zip(image) {
         let Some(field) = table.field(field_id) else {
             continue;
         };
@@ -528,7 +539,7 @@ fn row(table: &Table, fields: &[(String, u32)], image: &[Option<String>]) -> Res
         };
         let value = match text {
             None => Json::Null,
-            Some(t) => crate::capture::values::text_to_wire(&field.spec, *oid, t.as_bytes())
+            Some(t) => crate::capture::values::text_to_wire(&field.spec, source, t.as_bytes())
                 .map_err(|_| ApiError::integrity(Integrity::StoredRow))?
                 .to_wire(),
         };
