@@ -307,7 +307,18 @@ async fn application_column_types_register_capture_and_push_exactly() {
             )
             .await;
         let o = &refused["outcomes"][0];
-        assert_eq!(o["status"], "rejected_terminal", "{case}: {refused}");
+        assert_eq!(
+            (&o["status"], &o["code"]),
+            (&json!("rejected_terminal"), &json!("invalid_value")),
+            "{case}: {refused}"
+        );
+        // It names the field (by the manifest's name).
+        let i = cases.iter().position(|c| c["name"] == case).unwrap();
+        let message = o["message"].as_str().unwrap();
+        assert!(
+            message.ends_with(&format!("value of c{i} (outside its type, enum or domain)")),
+            "{case}: {message}"
+        );
         assert!(
             !refused.to_string().contains(value),
             "the value is not echoed: {refused}"

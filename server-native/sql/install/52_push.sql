@@ -198,6 +198,31 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_push_target(text) FROM PUBLIC;
 
+-- The status of a write the database refused: 'invalid_value:<field IDs>' when values of
+-- the write are refused by their column's type or domain on their own (a label outside an
+-- enum, a domain's CHECK, text no array or interval reads), naming those fields; else
+-- p_status. Each value is cast alone in a subtransaction of its own.
+CREATE FUNCTION synchro.synchro_push_refusal(p_status text, t synchro.push_target, p_columns text[],
+    p_values text[]) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_refused text[] := '{}';
+    v_j integer;
+BEGIN
+    FOR v_k IN 1 .. coalesce(cardinality(p_columns), 0) LOOP
+        v_j := array_position(t.ids, p_columns[v_k]);
+        CONTINUE WHEN v_j IS NULL OR p_values[v_k] IS NULL;
+        BEGIN
+            EXECUTE 'SELECT ' || format(t.exprs[v_j], '$1') USING p_values[v_k];
+        EXCEPTION WHEN data_exception OR integrity_constraint_violation THEN
+            v_refused := v_refused || p_columns[v_k];
+        END;
+    END LOOP;
+    RETURN CASE WHEN cardinality(v_refused) > 0
+                THEN 'invalid_value:' || array_to_string(v_refused, ',') ELSE p_status END;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_push_refusal(text, synchro.push_target, text[], text[]) FROM PUBLIC;
+
 -- One run of a batch executed set-based (see synchro_push_write_batch) in a subtransaction:
 -- the run's keys, key wires, base versions and value offsets, its shared operation and
 -- written fields (p_columns, p_count of them) and the batch's values. One row per mutation
@@ -494,10 +519,14 @@ BEGIN
                     NULL;
                 WHEN SQLSTATE '22SY1' OR data_exception THEN
                     IF NOT v_writing THEN RAISE; END IF;
-                    v_status := 'invalid_value'; v_current := NULL; v_post := v_pre;
+                    v_status := synchro.synchro_push_refusal('invalid_value', v_t, p_columns[v_from:v_to],
+                                                             p_values[v_from:v_to]);
+                    v_current := NULL; v_post := v_pre;
                 WHEN integrity_constraint_violation THEN
                     IF NOT v_writing THEN RAISE; END IF;
-                    v_status := 'constraint_violation'; v_current := NULL; v_post := v_pre;
+                    v_status := synchro.synchro_push_refusal('constraint_violation', v_t, p_columns[v_from:v_to],
+                                                             p_values[v_from:v_to]);
+                    v_current := NULL; v_post := v_pre;
             END;
         END IF;
         status := v_status;

@@ -457,6 +457,22 @@ fn outcome(
         }
         "not_writable" => rejected(id, "not_writable", "the table or a field is not writable"),
         "invalid_value" => rejected(id, "invalid_value", "a value cannot be represented"),
+        status if status.starts_with("invalid_value:") => {
+            // Values their column's type or domain refuses on their own: named by the
+            // manifest's field names (never the value).
+            let names: Vec<&str> = status["invalid_value:".len()..]
+                .split(',')
+                .map(|f| p.table.field(f).map_or(f, |f| f.name.as_str()))
+                .collect();
+            rejected(
+                id,
+                "invalid_value",
+                &format!(
+                    "the database refuses the value of {} (outside its type, enum or domain)",
+                    names.join(", ")
+                ),
+            )
+        }
         _ => rejected(id, "constraint_violation", "the database refused the write"),
     })
 }
