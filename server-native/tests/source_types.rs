@@ -784,3 +784,68 @@ async fn a_join_table_syncs_through_a_one_column_key() {
         .get(0);
     assert_eq!(left, 0);
 }
+
+/// The README's "Your own schema" example, run as written: the check finds nothing to refuse
+/// and `--all` registers both tables with the types the README names.
+#[tokio::test]
+async fn the_readme_schema_registers_as_the_readme_says() {
+    let readme = include_str!("../../README.md");
+    let section = &readme[readme.find("## Your own schema").unwrap()..];
+    let sql = &section[section.find("```sql\n").unwrap() + 7..];
+    let sql = &sql[..sql.find("```").unwrap()];
+    let env = Env::installed().await;
+    env.as_app_owner(sql).await;
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args(["registry", "register", "--schema", "app"])
+            .args(args)
+            .env(
+                "DATABASE_URL",
+                env.cluster.url("synchro_dev_operator", "app"),
+            )
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let checked = run(&["--all", "--check"]);
+    assert_eq!(checked["ok"], true, "{checked}");
+    let registered = run(&["--all"]);
+    let types: Vec<Vec<String>> = registered["registered"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["fields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{}:{}",
+                        f["column"].as_str().unwrap(),
+                        f["type"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        types,
+        [
+            vec![
+                "id:string",
+                "userId:string",
+                "total:decimal",
+                "paidAt:datetime"
+            ],
+            vec![
+                "id:string",
+                "email:string",
+                "role:string",
+                "tags:json",
+                "createdAt:datetime",
+                "updatedAt:datetime"
+            ],
+        ]
+    );
+}
