@@ -27,6 +27,9 @@ pub struct RegisterRequest {
     pub server_only: Vec<String>,
     /// Server-owned lifecycle columns: `created_at`, `updated_at`, `deleted_at` → column.
     pub lifecycle: std::collections::BTreeMap<String, String>,
+    /// How `timestamp` (without time zone) columns are read: column (or `*` for every one) →
+    /// a time zone name, or `text` (a string of PostgreSQL's text); UTC when not named.
+    pub timestamp_zones: std::collections::BTreeMap<String, String>,
 }
 
 impl RegisterRequest {
@@ -43,6 +46,7 @@ impl RegisterRequest {
             table_name: None,
             server_only: Vec::new(),
             lifecycle: Default::default(),
+            timestamp_zones: Default::default(),
         }
     }
 }
@@ -187,8 +191,13 @@ pub async fn check_registrations(
         let columns: Vec<Value> = tx
             .query(
                 "SELECT column_name, sql_type, portable_type, decimal_precision, decimal_scale, server_only, hint
-                   FROM synchro.synchro_column_report($1, $2, $3)",
-                &[&r.schema, &r.relation, &r.server_only],
+                   FROM synchro.synchro_column_report($1, $2, $3, $4::text::jsonb)",
+                &[
+                    &r.schema,
+                    &r.relation,
+                    &r.server_only,
+                    &serde_json::to_string(&r.timestamp_zones).expect("a map of strings"),
+                ],
             )
             .await
             .map_err(database)?
@@ -243,7 +252,8 @@ async fn register_in(
 ) -> Result<Value, RegistrationError> {
     let row = db
         .query_one(
-            "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb)::text",
+            "SELECT synchro.synchro_register_relation($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb,
+                                                      $11::text::jsonb)::text",
             &[
                 &r.schema,
                 &r.relation,
@@ -255,6 +265,7 @@ async fn register_in(
                 &r.table_name,
                 &r.server_only,
                 &serde_json::to_string(&r.lifecycle).expect("a map of strings"),
+                &serde_json::to_string(&r.timestamp_zones).expect("a map of strings"),
             ],
         )
         .await

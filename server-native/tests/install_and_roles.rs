@@ -602,6 +602,7 @@ const EXECUTE: &[(&str, &[&str])] = &[
     ("synchro_client_state", &["synchro_adapter"]),
     ("synchro_column_has_values", &["synchro_operator"]),
     ("synchro_column_report", &["synchro_operator"]),
+    ("synchro_column_zone", &["synchro_worker"]),
     ("synchro_compact_scope", &["synchro_operator"]),
     ("synchro_clear_evaluator_name", &["synchro_operator"]),
     ("synchro_rule_unusable", &["synchro_worker"]),

@@ -10,8 +10,8 @@
 mod common;
 
 use common::{
-    free_port, register_with_rule, source_type_vectors, source_types_fixture, source_types_row,
-    source_types_same, start_server, wait_ready, Env,
+    free_port, register_request_with_rule, register_with_rule, source_type_vectors,
+    source_types_fixture, source_types_row, source_types_same, start_server, wait_ready, Env,
 };
 use serde_json::{json, Value};
 use synchro_protocol::digest::row_digest_of_values;
@@ -848,4 +848,179 @@ async fn the_readme_schema_registers_as_the_readme_says() {
             ],
         ]
     );
+}
+
+/// `timestamp` (without time zone) columns read in a time zone, or as text: the UTC instant
+/// of the local time (the earlier of a repeated one), a skipped local time refused where it
+/// is written, a push stored as the local time of its instant; text kept as PostgreSQL
+/// writes it; and declarations PostgreSQL cannot read refused.
+#[tokio::test]
+async fn timestamps_are_read_in_their_declared_zone_or_as_text() {
+    let env = Env::installed().await;
+    env.as_app_owner(
+        "CREATE TABLE app.meetings (id integer PRIMARY KEY, owner text NOT NULL, local_at timestamp,
+             paris_at timestamp, raw_at timestamp(3), utc_at timestamp);
+         INSERT INTO app.meetings VALUES (1, 'alice', '2024-07-04 12:00', '2024-10-27 02:30',
+             '2024-02-29 23:59:59.999', '2024-01-01 00:00')",
+    )
+    .await;
+    // Declarations PostgreSQL cannot read, or that name no timestamp column, are refused.
+    for bad in ["Mars/Olympus", "owner=UTC", "nope=text"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
+            .args([
+                "registry",
+                "register",
+                "--schema",
+                "app",
+                "--relation",
+                "meetings",
+            ])
+            .args(["--timestamp-zone", bad])
+            .env(
+                "DATABASE_URL",
+                env.cluster.url("synchro_dev_operator", "app"),
+            )
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("timestamp zone"), "{bad}: {stderr}");
+    }
+    let zones = [
+        ("*", "America/New_York"),
+        ("paris_at", "Europe/Paris"),
+        ("raw_at", "text"),
+        ("utc_at", "UTC"),
+    ];
+    let request = synchro_server::registry::RegisterRequest {
+        timestamp_zones: zones
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..synchro_server::registry::RegisterRequest::synced("app", "meetings", "multi_scope")
+    };
+    register_request_with_rule(
+        &env,
+        &request,
+        "CREATE FUNCTION rules.m_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.meetings\" WHERE id = p_id;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.m_scopes(integer) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.m_scopes(integer) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', 'meetings', 'rules.m_scopes(integer)');",
+    )
+    .await;
+    let manifest = load_lineage(&env.login("synchro_dev_adapter").await)
+        .await
+        .unwrap()
+        .current()
+        .unwrap()
+        .clone();
+    let table = &manifest.tables[0];
+    let field = |name: &str| {
+        table
+            .fields
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        ["local_at", "paris_at", "raw_at", "utc_at"].map(|c| field(c).spec.ty.as_str()),
+        ["datetime", "datetime", "string", "datetime"]
+    );
+    // A local time Paris skips, an infinite one: refused where written; as text, anything.
+    for (column, value) in [("paris_at", "2024-03-31 02:30"), ("local_at", "infinity")] {
+        assert_eq!(
+            common::sqlstate(
+                &env.admin,
+                &format!("UPDATE app.meetings SET {column} = '{value}' WHERE id = 1")
+            )
+            .await,
+            "22SY1",
+            "{column} = {value}"
+        );
+    }
+    assert_eq!(
+        common::sqlstate(
+            &env.admin,
+            "INSERT INTO app.meetings (id, owner, raw_at) VALUES (9, 'bob', 'infinity')"
+        )
+        .await,
+        "ok"
+    );
+
+    let port = free_port();
+    let _server = start_server(&env, port, SECRET);
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&reqwest::Client::new(), &base).await;
+    let expected = [
+        ("local_at", json!("2024-07-04T16:00:00.000000Z")),
+        // The repeated hour: the earlier instant (summer time).
+        ("paris_at", json!("2024-10-27T00:30:00.000000Z")),
+        ("raw_at", json!("2024-02-29 23:59:59.999")),
+        ("utc_at", json!("2024-01-01T00:00:00.000000Z")),
+    ];
+    let row = projection_row(&env, "1").await;
+    for (column, wire) in &expected {
+        assert_eq!(
+            row.get(&field(column).field_id).cloned().unwrap(),
+            Json::parse(&wire.to_string()).unwrap(),
+            "{column}"
+        );
+    }
+    // A push of those instants stores the same local times.
+    let alice = Session::connect(&base, "alice", &manifest).await;
+    let mut columns = vec![json!({"field_id": field("owner").field_id, "value": "alice"})];
+    for (column, wire) in &expected {
+        columns.push(json!({"field_id": field(column).field_id, "value": wire}));
+    }
+    let pushed = alice
+        .push(
+            "z1",
+            vec![alice.mutation("z1", "insert", json!(2), None, columns)],
+        )
+        .await;
+    assert_eq!(pushed["outcomes"][0]["status"], "applied", "{pushed}");
+    let same: bool = env
+        .admin
+        .query_one(
+            "SELECT a.local_at = b.local_at AND a.paris_at = b.paris_at AND a.raw_at = b.raw_at
+                    AND a.utc_at = b.utc_at
+               FROM app.meetings a JOIN app.meetings b ON b.id = 1 WHERE a.id = 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(same, "{pushed}");
+    // The later instant of the repeated hour is the same local time: stored as 02:30, and
+    // read back as the earlier instant.
+    let version = pushed["outcomes"][0]["server_version"].as_str().unwrap();
+    let later = alice
+        .push(
+            "z2",
+            vec![alice.mutation(
+                "z2",
+                "update",
+                json!(2),
+                Some(version),
+                vec![json!({"field_id": field("paris_at").field_id, "value": "2024-10-27T01:30:00.000000Z"})],
+            )],
+        )
+        .await;
+    let o = &later["outcomes"][0];
+    assert_eq!(o["status"], "applied", "{later}");
+    assert_eq!(
+        o["row"][field("paris_at").field_id.as_str()],
+        "2024-10-27T00:30:00.000000Z"
+    );
+    let local: String = env
+        .admin
+        .query_one("SELECT paris_at::text FROM app.meetings WHERE id = 2", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(local, "2024-10-27 02:30:00");
 }

@@ -336,13 +336,24 @@ pub fn free_port() -> u16 {
 /// is run as the operator after the `rules` schema exists (it creates the function, grants
 /// it to synchro_worker and registers it), then the manifest is published.
 pub async fn register_with_rule(env: &Env, table: &str, rule: &str) {
-    let mut op = env.login("synchro_dev_operator").await;
-    synchro_server::registry::register(
-        &op,
+    register_request_with_rule(
+        env,
         &synchro_server::registry::RegisterRequest::synced("app", table, "multi_scope"),
+        rule,
     )
-    .await
-    .unwrap();
+    .await;
+}
+
+/// [`register_with_rule`] with the registration `request` (of a relation of schema `app`).
+pub async fn register_request_with_rule(
+    env: &Env,
+    request: &synchro_server::registry::RegisterRequest,
+    rule: &str,
+) {
+    let mut op = env.login("synchro_dev_operator").await;
+    synchro_server::registry::register(&op, request)
+        .await
+        .unwrap();
     env.admin
         .batch_execute(
             "CREATE SCHEMA IF NOT EXISTS rules AUTHORIZATION synchro_dev_operator;

@@ -30,6 +30,9 @@ CREATE TABLE synchro.relations (
     -- Server-owned lifecycle columns ({"created_at","updated_at","deleted_at"}: column names;
     -- each a non-writable datetime field).
     lifecycle jsonb NOT NULL DEFAULT '{}',
+    -- How `timestamp` (without time zone) columns are read ({"<column>" or "*": a time zone
+    -- name, or "text"}); a column not named (and no "*") is read as UTC (synchro_column_zone).
+    timestamp_zones jsonb NOT NULL DEFAULT '{}',
     registered_at timestamptz NOT NULL DEFAULT now(),
     CHECK ((kind = 'synced') = (table_id IS NOT NULL AND table_name IS NOT NULL AND composition IS NOT NULL))
 );
@@ -225,10 +228,64 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_portable_type(oid, integer) FROM PUBLIC;
 
+-- The time zone a relation reads a timestamp (without time zone) column in: the column's
+-- own entry of timestamp_zones, else the relation's "*", else NULL (UTC); "text" registers
+-- the column as a string of PostgreSQL's text instead.
+CREATE FUNCTION synchro.synchro_column_zone(p_zones jsonb, p_column name) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+    SELECT nullif(coalesce(p_zones ->> p_column, p_zones ->> '*'), 'UTC')
+$$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_column_zone(jsonb, name) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_column_zone(jsonb, name) TO synchro_worker;
+
+-- synchro_portable_type of a column read in zone p_zone (synchro_column_zone): a timestamp
+-- (without time zone) column in "text" is a string.
+CREATE FUNCTION synchro.synchro_field_type(p_type oid, p_typmod integer, p_zone text,
+    OUT portable_type text, OUT decimal_precision integer, OUT decimal_scale integer)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+BEGIN
+    SELECT t.* INTO portable_type, decimal_precision, decimal_scale
+      FROM synchro.synchro_portable_type(p_type, p_typmod) t;
+    IF p_zone = 'text' AND (synchro.synchro_base_type(p_type, p_typmod)).base_type = 'timestamp'::regtype THEN
+        portable_type := 'string';
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_field_type(oid, integer, text) FROM PUBLIC;
+
+-- Refuses a timestamp_zones declaration whose keys are not "*" or a timestamp (without time
+-- zone) column of the relation, or whose values are not "text", "UTC" or a time zone name
+-- PostgreSQL knows (pg_timezone_names), with SQLSTATE 22023 naming the entry.
+CREATE FUNCTION synchro.synchro_check_timestamp_zones(p_relation oid, p_zones jsonb) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
+DECLARE
+    v_entry record;
+BEGIN
+    IF jsonb_typeof(p_zones) <> 'object' THEN
+        RAISE EXCEPTION 'timestamp zones are an object of column (or "*") to zone' USING ERRCODE = '22023';
+    END IF;
+    FOR v_entry IN SELECT e.key, e.value FROM jsonb_each(p_zones) e LOOP
+        IF v_entry.key <> '*' AND NOT EXISTS (
+            SELECT 1 FROM pg_attribute a
+             WHERE a.attrelid = p_relation AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = v_entry.key
+               AND (synchro.synchro_base_type(a.atttypid, a.atttypmod)).base_type = 'timestamp'::regtype) THEN
+            RAISE EXCEPTION 'a timestamp zone names column %, which is no timestamp (without time zone) column of the relation',
+                quote_ident(v_entry.key) USING ERRCODE = '22023';
+        END IF;
+        IF jsonb_typeof(v_entry.value) <> 'string' OR NOT (v_entry.value #>> '{}' IN ('text', 'UTC')
+               OR EXISTS (SELECT 1 FROM pg_timezone_names z WHERE z.name = v_entry.value #>> '{}')) THEN
+            RAISE EXCEPTION 'timestamp zone %: not a time zone PostgreSQL knows (pg_timezone_names), UTC or text',
+                v_entry.value::text USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_check_timestamp_zones(oid, jsonb) FROM PUBLIC;
+
 -- How capture and push read a column's text (synchro_value_source): the base type's OID for a
--- scalar; for an array, 'array <element portable type> <element base type OID>' and, for
--- decimal elements, ' <precision> <scale>' (the column's modifier is its elements').
-CREATE FUNCTION synchro.synchro_value_source(p_type oid, p_typmod integer) RETURNS text
+-- scalar, with ' <zone>' for a timestamp (without time zone) read in a zone other than UTC
+-- (p_zone, synchro_column_zone; "text" reads it as a string); for an array, 'array <element
+-- portable type> <element base type OID>' and, for decimal elements, ' <precision> <scale>'
+-- (the column's modifier is its elements'; arrays are read in UTC).
+CREATE FUNCTION synchro.synchro_value_source(p_type oid, p_typmod integer, p_zone text) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_type oid;
@@ -240,15 +297,15 @@ BEGIN
     SELECT b.base_type, b.base_typmod INTO v_type, v_typmod FROM synchro.synchro_base_type(p_type, p_typmod) b;
     v_element := synchro.synchro_array_element(v_type);
     IF v_element IS NULL THEN
-        RETURN v_type::text;
+        RETURN concat_ws(' ', v_type::text, CASE WHEN v_type = 'timestamp'::regtype AND p_zone <> 'text' THEN p_zone END);
     END IF;
     SELECT e.* INTO v_portable FROM synchro.synchro_portable_type(v_element, v_typmod) e;
     SELECT b.base_type INTO v_base FROM synchro.synchro_base_type(v_element, v_typmod) b;
     RETURN concat_ws(' ', 'array', v_portable.portable_type, v_base::text, v_portable.decimal_precision::text,
                      v_portable.decimal_scale::text);
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_value_source(oid, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_value_source(oid, integer) TO synchro_worker;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_value_source(oid, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_value_source(oid, integer, text) TO synchro_worker;
 
 -- Why a column has no portable type, and the way out, for a person: the registration error's
 -- HINT and the CLI's message. Names the column and its type, never a value.
@@ -296,7 +353,7 @@ $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_relation_json(text) FROM PUBLIC;
 
 -- Refuses a lifecycle declaration ({"created_at","updated_at","deleted_at"} → column) that
--- names an unknown member, a missing, server-only, key or non-timestamptz column, or one
+-- names an unknown member, a missing, server-only, key or non-timestamp column, or one
 -- column twice (SQLSTATE 22023). The columns become non-writable fields.
 CREATE FUNCTION synchro.synchro_check_lifecycle(p_relation oid, p_lifecycle jsonb, p_server_only name[],
     p_key name) RETURNS void
@@ -308,9 +365,11 @@ BEGIN
                       OR (l.value #>> '{}')::name = p_key OR (l.value #>> '{}')::name = ANY (p_server_only)
                       OR NOT EXISTS (SELECT 1 FROM pg_attribute a
                                       WHERE a.attrelid = p_relation AND a.attnum > 0 AND NOT a.attisdropped
-                                        AND a.attname = (l.value #>> '{}') AND a.atttypid = 'timestamptz'::regtype))
+                                        AND a.attname = (l.value #>> '{}')
+                                        AND (synchro.synchro_base_type(a.atttypid, a.atttypmod)).base_type
+                                            IN ('timestamptz'::regtype, 'timestamp'::regtype)))
        OR (SELECT count(DISTINCT l.value) <> count(*) FROM jsonb_each(p_lifecycle) l) THEN
-        RAISE EXCEPTION 'lifecycle fields are created_at, updated_at and deleted_at, each a distinct synced timestamptz column other than the key'
+        RAISE EXCEPTION 'lifecycle fields are created_at, updated_at and deleted_at, each a distinct synced timestamp column other than the key'
             USING ERRCODE = '22023';
     END IF;
 END $$;
@@ -330,7 +389,9 @@ REVOKE EXECUTE ON FUNCTION synchro.synchro_reject_key_update() FROM PUBLIC;
 -- "Primary key and replica identity contract"). Idempotent for an already registered
 -- relation: its IDs are returned, never reassigned. p_server_only names columns that are not
 -- synced (a server-only column, or one without a portable type); never the key. p_lifecycle
--- declares server-owned lifecycle columns (synchro_lifecycle_error lists the rules). Records the
+-- declares server-owned lifecycle columns (synchro_lifecycle_error lists the rules);
+-- p_timestamp_zones how timestamp (without time zone) columns are read (synchro_column_zone,
+-- synchro_check_timestamp_zones). Records the
 -- relation's first registry generation (33_reconfigure). Returns
 -- {"relation_id","table_id"?,"fields":[{"field_id","column","type"}]}.
 CREATE FUNCTION synchro.synchro_register_relation(
@@ -340,7 +401,7 @@ CREATE FUNCTION synchro.synchro_register_relation(
     p_fanout_bound integer, p_impact_bound integer,
     p_kind text DEFAULT 'synced', p_composition text DEFAULT 'single_scope',
     p_push_enabled boolean DEFAULT true, p_table_name text DEFAULT NULL, p_server_only text[] DEFAULT '{}',
-    p_lifecycle jsonb DEFAULT '{}')
+    p_lifecycle jsonb DEFAULT '{}', p_timestamp_zones jsonb DEFAULT '{}')
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
@@ -457,6 +518,7 @@ BEGIN
         PERFORM synchro.synchro_check_lifecycle(v_rel.oid, coalesce(p_lifecycle, '{}'), p_server_only::name[],
                                                 v_key.attname);
     END IF;
+    PERFORM synchro.synchro_check_timestamp_zones(v_rel.oid, coalesce(p_timestamp_zones, '{}'));
 
     v_relation_id := synchro.synchro_new_id('rel_');
     IF p_kind = 'synced' THEN
@@ -464,12 +526,13 @@ BEGIN
     END IF;
     INSERT INTO synchro.relations (relation_id, kind, physical_schema, physical_relation, physical_relation_oid,
         replica_identity, capture_key_column, primary_key_type, table_id, table_name, composition, push_enabled,
-        fanout_bound, impact_bound, server_only_columns, lifecycle)
+        fanout_bound, impact_bound, server_only_columns, lifecycle, timestamp_zones)
     VALUES (v_relation_id, p_kind, p_schema, p_relation, v_rel.oid, v_rel.relreplident, v_key.attname,
         v_key.atttypid, v_table_id, CASE WHEN p_kind = 'synced' THEN coalesce(p_table_name, p_relation) END,
         CASE WHEN p_kind = 'synced' THEN p_composition END, p_push_enabled, p_fanout_bound, p_impact_bound,
         CASE WHEN p_kind = 'synced' THEN p_server_only::name[] ELSE '{}' END,
-        CASE WHEN p_kind = 'synced' THEN coalesce(p_lifecycle, '{}') ELSE '{}' END);
+        CASE WHEN p_kind = 'synced' THEN coalesce(p_lifecycle, '{}') ELSE '{}' END,
+        coalesce(p_timestamp_zones, '{}'));
 
     IF p_kind = 'synced' THEN
         FOR v_col IN SELECT a.* FROM pg_attribute a
@@ -479,7 +542,13 @@ BEGIN
                 v_type := v_key_type; v_precision := NULL; v_scale := NULL;
             ELSE
                 SELECT t.portable_type, t.decimal_precision, t.decimal_scale INTO v_type, v_precision, v_scale
-                  FROM synchro.synchro_portable_type(v_col.atttypid, v_col.atttypmod) t;
+                  FROM synchro.synchro_field_type(v_col.atttypid, v_col.atttypmod,
+                      synchro.synchro_column_zone(p_timestamp_zones, v_col.attname)) t;
+            END IF;
+            IF v_type IS DISTINCT FROM 'datetime' AND EXISTS (
+                SELECT 1 FROM jsonb_each_text(coalesce(p_lifecycle, '{}')) l WHERE l.value = v_col.attname) THEN
+                RAISE EXCEPTION 'lifecycle column % is read as text (its timestamp zone): a lifecycle field is a datetime',
+                    quote_ident(v_col.attname) USING ERRCODE = '22023';
             END IF;
             IF v_type IS NULL THEN
                 -- No portable type: the relation cannot be represented (see protocol-decisions).
@@ -511,14 +580,15 @@ BEGIN
     RETURN synchro.synchro_relation_json(v_relation_id);
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, integer, integer, text, text, boolean, text,
-    text[], jsonb) FROM PUBLIC;
+    text[], jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION synchro.synchro_register_relation(text, text, integer, integer, text, text, boolean, text,
-    text[], jsonb) TO synchro_operator;
+    text[], jsonb, jsonb) TO synchro_operator;
 
 -- Every column of an ordinary table with the portable type registration would give it (NULL
 -- where none, with why and the way out): what `registry register --check` reports, all at
 -- once. A column named in p_server_only is reported as server-only. Catalog names only.
-CREATE FUNCTION synchro.synchro_column_report(p_schema text, p_relation text, p_server_only text[])
+CREATE FUNCTION synchro.synchro_column_report(p_schema text, p_relation text, p_server_only text[],
+    p_timestamp_zones jsonb)
 RETURNS TABLE (column_name text, sql_type text, portable_type text, decimal_precision integer,
                decimal_scale integer, server_only boolean, hint text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
@@ -529,12 +599,13 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_t
       FROM pg_catalog.pg_class c
       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
       JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-      CROSS JOIN LATERAL synchro.synchro_portable_type(a.atttypid, a.atttypmod) t
+      CROSS JOIN LATERAL synchro.synchro_field_type(a.atttypid, a.atttypmod,
+                             synchro.synchro_column_zone(coalesce(p_timestamp_zones, '{}'), a.attname)) t
      WHERE n.nspname = p_schema AND c.relname = p_relation AND c.relkind IN ('r', 'p')
      ORDER BY a.attnum
 $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_column_report(text, text, text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION synchro.synchro_column_report(text, text, text[]) TO synchro_operator;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_column_report(text, text, text[], jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION synchro.synchro_column_report(text, text, text[], jsonb) TO synchro_operator;
 
 -- The ordinary and partitioned tables of a schema, by name, that no synced or dependency
 -- registration holds yet (partitions are left out: they are rows of their parent):

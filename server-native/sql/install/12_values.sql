@@ -50,24 +50,45 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_scalar_check_kind(oid) FROM PUBLIC;
 
--- The check a column needs, from its SQL type seen through domains; NULL when none can fail
--- (or the column has no portable type). An array's is 'array' (its lower bounds), with
--- ':<kind>' when its elements need one.
-CREATE FUNCTION synchro.synchro_value_check_kind(p_portable_type text, p_type oid) RETURNS text
+-- The check a column needs, from its SQL type seen through domains and the zone a timestamp
+-- (without time zone) column is read in (p_zone, synchro_column_zone); NULL when none can fail
+-- (or the column has no portable type, or is a string). An array's is 'array' (its lower
+-- bounds), with ':<kind>' when its elements need one; a timestamp read in a zone's is
+-- 'zoned:<zone>'.
+CREATE FUNCTION synchro.synchro_value_check_kind(p_portable_type text, p_type oid, p_zone text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_type oid := (synchro.synchro_base_type(p_type, -1)).base_type;
     v_element oid := synchro.synchro_array_element(v_type);
 BEGIN
-    IF p_portable_type IS NULL THEN
+    IF p_portable_type IS NULL OR p_portable_type = 'string' THEN
         RETURN NULL;
+    ELSIF v_type = 'timestamp'::regtype AND p_zone IS NOT NULL THEN
+        RETURN 'zoned:' || p_zone;
     ELSIF v_element IS NOT NULL THEN
         RETURN 'array' || coalesce(':' || synchro.synchro_scalar_check_kind(
             (synchro.synchro_base_type(v_element, -1)).base_type), '');
     END IF;
     RETURN synchro.synchro_scalar_check_kind(v_type);
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_value_check_kind(text, oid) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_value_check_kind(text, oid, text) FROM PUBLIC;
+
+-- Whether a timestamp read in zone p_zone is one capture cannot carry: a local time the zone
+-- skips (a daylight-saving gap: it would come back an hour off), or one whose UTC instant is
+-- outside years 1 to 9999 (or infinite).
+CREATE FUNCTION synchro.synchro_zoned_refused(p_value timestamp, p_zone text) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, synchro, pg_temp SET TimeZone = 'UTC' AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    IF p_value IS NULL THEN
+        RETURN false;
+    END IF;
+    v_at := p_value AT TIME ZONE p_zone;
+    RETURN (v_at AT TIME ZONE p_zone) IS DISTINCT FROM p_value
+        OR synchro.synchro_scalar_refused('datetime', to_jsonb(v_at) #>> '{}');
+END $$;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_zoned_refused(timestamp, text) FROM PUBLIC;
 
 -- Whether the JSON text of a scalar (as to_jsonb gives it, with TimeZone = UTC) is a value of
 -- kind p_kind that its portable type cannot hold, as a boolean SQL expression over the text
@@ -334,6 +355,9 @@ BEGIN
         IF v_kind LIKE 'array%' THEN
             EXECUTE format('SELECT synchro.synchro_array_refused(($1).%I, %L)', v_col, nullif(substr(v_kind, 7), ''))
                INTO v_bad USING p_row;
+        ELSIF v_kind LIKE 'zoned:%' THEN
+            EXECUTE format('SELECT synchro.synchro_zoned_refused(($1).%I, %L)', v_col, substr(v_kind, 7))
+               INTO v_bad USING p_row;
         ELSIF v_kind = 'json' THEN
             v_bad := v_jdoc IS NOT NULL AND synchro.synchro_json_text_refused((v_jdoc -> v_col)::text);
         ELSIF v_kind = 'jsonb' THEN
@@ -390,7 +414,9 @@ BEGIN
         RETURN NULL; -- a staged generation's fields, checked when it was recorded (33_reconfigure)
     END IF;
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = NEW.relation_id;
-    SELECT synchro.synchro_value_check_kind(NEW.portable_type, a.atttypid), c.relkind INTO v_kind, v_relkind
+    SELECT synchro.synchro_value_check_kind(NEW.portable_type, a.atttypid,
+               synchro.synchro_column_zone(v_rel.timestamp_zones, NEW.column_name)), c.relkind
+      INTO v_kind, v_relkind
       FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
      WHERE a.attrelid = v_rel.physical_relation_oid AND a.attnum = NEW.attnum;
     IF v_kind IS NULL THEN
@@ -400,6 +426,8 @@ BEGIN
     v_predicate := CASE
         WHEN v_kind LIKE 'array%' THEN format('synchro.synchro_array_refused(t.%I, %L)', NEW.column_name,
                                               nullif(substr(v_kind, 7), ''))
+        WHEN v_kind LIKE 'zoned:%' THEN format('synchro.synchro_zoned_refused(t.%I, %L)', NEW.column_name,
+                                               substr(v_kind, 7))
         ELSE CASE v_kind
         WHEN 'json' THEN format('synchro.synchro_json_text_refused(t.%I::text)', NEW.column_name)
         WHEN 'jsonb' THEN format('synchro.synchro_jsonb_refused(t.%I)', NEW.column_name)

@@ -88,7 +88,8 @@ DECLARE
 BEGIN
     SELECT * INTO v_rel FROM synchro.relations WHERE relation_id = p_relation_id;
     FOR v_f IN SELECT f.column_name, f.field_id, a.atttypid, a.attgenerated,
-                      synchro.synchro_value_check_kind(f.portable_type, a.atttypid) AS kind
+                      synchro.synchro_value_check_kind(f.portable_type, a.atttypid,
+                          synchro.synchro_column_zone(v_rel.timestamp_zones, f.column_name)) AS kind
                  FROM (SELECT x.column_name, x.field_id, x.attnum, x.portable_type FROM synchro.fields x
                         WHERE x.relation_id = p_relation_id
                        UNION ALL

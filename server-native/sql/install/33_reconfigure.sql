@@ -286,7 +286,8 @@ BEGIN
             v_unchanged := v_unchanged + 1;
             CONTINUE;
         END IF;
-        SELECT t.* INTO v_type FROM synchro.synchro_portable_type(v_col.atttypid, v_col.atttypmod) t;
+        SELECT t.* INTO v_type FROM synchro.synchro_field_type(v_col.atttypid, v_col.atttypmod,
+            synchro.synchro_column_zone(v_rel.timestamp_zones, v_col.attname)) t;
         IF v_type.portable_type IS NULL THEN
             -- No portable type: declare it server-only (or retire it, when it was synced).
             PERFORM synchro.synchro_registration_error('unsupported_column_type', v_rel.relation_id, v_old.field_id,

@@ -39,7 +39,8 @@ BEGIN
               INTO v_type;
         ELSE
             SELECT t.portable_type, t.decimal_precision, t.decimal_scale INTO v_type
-              FROM synchro.synchro_portable_type(v_col.atttypid, v_col.atttypmod) t;
+              FROM synchro.synchro_field_type(v_col.atttypid, v_col.atttypmod,
+                  synchro.synchro_column_zone(NEW.timestamp_zones, v_col.attname)) t;
         END IF;
         IF v_type.portable_type IS NOT NULL THEN
             INSERT INTO synchro.fields (relation_id, field_id, column_name, attnum, portable_type, nullable, writable,

@@ -188,11 +188,17 @@ BEGIN
            array_agg(CASE WHEN v.source LIKE 'array %'
                           THEN format('synchro.synchro_array_input(%%s, %L)::%s', split_part(v.source, ' ', 2),
                                       replace(format_type(a.atttypid, a.atttypmod), '%', '%%'))
+                          -- A timestamp read in a zone: the pushed UTC instant's local time there.
+                          WHEN v.source LIKE '% %'
+                          THEN format('((%%s)::timestamptz AT TIME ZONE %L)::%s',
+                                      replace(split_part(v.source, ' ', 2), '%', '%%'),
+                                      replace(format_type(a.atttypid, a.atttypmod), '%', '%%'))
                           ELSE format('(%%s)::%s', replace(format_type(a.atttypid, a.atttypmod), '%', '%%')) END)
       INTO t.ids, t.names, t.exprs
       FROM synchro.fields f JOIN pg_catalog.pg_attribute a
         ON a.attrelid = v_rel.physical_relation_oid AND a.attnum = f.attnum
-     CROSS JOIN LATERAL (SELECT synchro.synchro_value_source(a.atttypid, a.atttypmod) AS source) v
+     CROSS JOIN LATERAL (SELECT synchro.synchro_value_source(a.atttypid, a.atttypmod,
+                             synchro.synchro_column_zone(v_rel.timestamp_zones, f.column_name)) AS source) v
      WHERE f.relation_id = p_relation_id AND f.writable;
     RETURN t;
 END $$;
@@ -738,7 +744,8 @@ GRANT EXECUTE ON FUNCTION synchro.synchro_push_scopes(text[], text[], text[], te
 CREATE FUNCTION synchro.synchro_push_fields(p_relation_id text)
 RETURNS TABLE (field_id text, source text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, synchro, pg_temp AS $$
-    SELECT f.field_id, synchro.synchro_value_source(a.atttypid, a.atttypmod)
+    SELECT f.field_id, synchro.synchro_value_source(a.atttypid, a.atttypmod,
+                                                    synchro.synchro_column_zone(r.timestamp_zones, f.column_name))
       FROM synchro.fields f JOIN synchro.relations r USING (relation_id)
       JOIN pg_catalog.pg_attribute a ON a.attrelid = r.physical_relation_oid AND a.attnum = f.attnum
      WHERE f.relation_id = p_relation_id

@@ -202,7 +202,8 @@ const RELATIONS: &str = "SELECT r.relation_id, r.physical_schema::text, r.physic
                         SELECT p.column_name::text FROM synchro.pending_fields p
                           JOIN synchro.registry_generations g USING (generation)
                          WHERE p.relation_id = r.relation_id AND g.state IN ('pending', 'staged')),
-                    synchro.synchro_value_source(f.type_oid, f.type_modifier)
+                    synchro.synchro_value_source(f.type_oid, f.type_modifier,
+                        synchro.synchro_column_zone(r.timestamp_zones, f.column_name))
                FROM synchro.relations r JOIN synchro.fields f USING (relation_id)
                JOIN synchro.relation_capture c USING (relation_id)";
 
@@ -295,10 +296,12 @@ pub(super) async fn generation_fields(
     let mut out = Vec::new();
     for r in db
         .query(
-            "SELECT field_id, column_name::text, portable_type, nullable, is_key, decimal_precision, decimal_scale,
-                    NULL, NULL, NULL, type_oid, type_modifier,
-                    synchro.synchro_value_source(type_oid, type_modifier)
-               FROM synchro.pending_fields WHERE generation = $1 ORDER BY attnum",
+            "SELECT p.field_id, p.column_name::text, p.portable_type, p.nullable, p.is_key, p.decimal_precision,
+                    p.decimal_scale, NULL, NULL, NULL, p.type_oid, p.type_modifier,
+                    synchro.synchro_value_source(p.type_oid, p.type_modifier,
+                        synchro.synchro_column_zone(r.timestamp_zones, p.column_name))
+               FROM synchro.pending_fields p JOIN synchro.relations r USING (relation_id)
+              WHERE p.generation = $1 ORDER BY p.attnum",
             &[&generation],
         )
         .await?

@@ -59,7 +59,7 @@ impl RelationShape {
 /// column's type through its domains; `drift` has checked the column's type is the field's).
 struct SourceField<'a> {
     field: &'a Field,
-    source: ValueSource,
+    source: &'a ValueSource,
 }
 
 fn field_of<'a>(reg: &'a Registered, shape: &RelationShape, i: usize) -> Option<SourceField<'a>> {
@@ -68,7 +68,7 @@ fn field_of<'a>(reg: &'a Registered, shape: &RelationShape, i: usize) -> Option<
         .get(&column.name)
         .map(|field| SourceField {
             field,
-            source: field.source,
+            source: &field.source,
         })
 }
 
@@ -102,7 +102,7 @@ pub(super) fn key_text(
             let Value::Text(t) = v else {
                 bail!(Blocked(BlockReason::UnrepresentableValue))
             };
-            let tv = text_to_wire(&f.field.spec, &f.source, t)
+            let tv = text_to_wire(&f.field.spec, f.source, t)
                 .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?;
             return Ok(tv.to_wire_text());
         }
@@ -127,7 +127,7 @@ pub(super) fn row_json(
         let wire = match v {
             Value::Null if field.spec.nullable => Json::Null,
             Value::Null => bail!(Blocked(BlockReason::UnrepresentableValue)),
-            Value::Text(t) => text_to_wire(&field.spec, &source, t)
+            Value::Text(t) => text_to_wire(&field.spec, source, t)
                 .map_err(|_| Blocked(BlockReason::UnrepresentableValue))?
                 .to_wire(),
             Value::Unchanged => previous

@@ -48,10 +48,12 @@ fn canonical_time(t: &str) -> Option<String> {
 }
 
 /// How a column's text is read (`synchro.synchro_value_source`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ValueSource {
     /// A scalar of this type OID (the column's type through its domains).
     Scalar(u32),
+    /// A `timestamp` (without time zone) read as a local time of this zone.
+    Zoned(jiff::tz::TimeZone),
     /// An array (a `json` field) of elements of this spec and base type OID.
     Array {
         /// The elements' portable type (nullable; a decimal's precision and scale).
@@ -62,12 +64,20 @@ pub enum ValueSource {
 }
 
 impl ValueSource {
-    /// Parses `synchro_value_source`'s text: `<oid>`, or `array <type> <oid>[ <p> <s>]`.
+    /// Parses `synchro_value_source`'s text: `<oid>`, `1114 <zone>`, or `array <type> <oid>[
+    /// <p> <s>]`. A zone the system's tz database does not know is `None`.
     pub fn parse(text: &str) -> Option<ValueSource> {
         let mut words = text.split(' ');
         let first = words.next()?;
         if first != "array" {
-            return first.parse().ok().map(ValueSource::Scalar);
+            let oid: u32 = first.parse().ok()?;
+            return match words.next() {
+                None => Some(ValueSource::Scalar(oid)),
+                Some(zone) if oid == TIMESTAMP_OID && words.next().is_none() => {
+                    jiff::tz::TimeZone::get(zone).ok().map(ValueSource::Zoned)
+                }
+                Some(_) => None,
+            };
         }
         let ty = PortableType::parse(words.next()?)?;
         let oid = words.next()?.parse().ok()?;
@@ -93,9 +103,10 @@ pub fn text_to_wire(
     source: &ValueSource,
     text: &[u8],
 ) -> Result<TypedValue, ValueError> {
-    let type_oid = match *source {
-        ValueSource::Scalar(oid) => oid,
-        ValueSource::Array { element, oid } => return array_to_wire(spec, &element, oid, text),
+    let type_oid = match source {
+        ValueSource::Scalar(oid) => *oid,
+        ValueSource::Zoned(zone) => return zoned_to_wire(spec, zone, text),
+        ValueSource::Array { element, oid } => return array_to_wire(spec, element, *oid, text),
     };
     let ty = spec.ty;
     let s = std::str::from_utf8(text).map_err(|_| err(ty, "not UTF-8"))?;
@@ -171,6 +182,39 @@ pub fn text_to_wire(
     };
     // The canonical wire validator is the final judge (grammar, calendar, precision/scale).
     TypedValue::from_wire(spec, &wire).map_err(|_| err(ty, "outside the portable type"))
+}
+
+/// A `timestamp` (without time zone) read as a local time of `zone`: its UTC instant. A local
+/// time the zone skips (a daylight-saving gap) has none that comes back to it: an error, as
+/// the fence refuses writing one. Of a repeated local time, the earlier instant.
+fn zoned_to_wire(
+    spec: &FieldSpec,
+    zone: &jiff::tz::TimeZone,
+    text: &[u8],
+) -> Result<TypedValue, ValueError> {
+    let ty = spec.ty;
+    let s = std::str::from_utf8(text).map_err(|_| err(ty, "not UTF-8"))?;
+    let local: jiff::civil::DateTime = s.parse().map_err(|_| err(ty, "not a timestamp"))?;
+    let instant = zone
+        .to_ambiguous_timestamp(local)
+        .compatible()
+        .map_err(|_| err(ty, "outside the time zone's range"))?;
+    if zone.to_datetime(instant) != local {
+        return Err(err(ty, "a local time the time zone skips"));
+    }
+    let utc = jiff::tz::TimeZone::UTC.to_datetime(instant);
+    let wire = format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        utc.year(),
+        utc.month(),
+        utc.day(),
+        utc.hour(),
+        utc.minute(),
+        utc.second(),
+        utc.subsec_nanosecond() / 1000
+    );
+    TypedValue::from_wire(spec, &Json::String(wire))
+        .map_err(|_| err(ty, "outside the portable type"))
 }
 
 /// An array's output text (`{a,"b c",NULL,{...}}`, as `array_out` writes it) as the canonical
@@ -343,6 +387,36 @@ mod tests {
             wire(decimal, 1700, "{12.50,-0.01}").unwrap(),
             r#""[\"12.5\",\"-0.01\"]""#
         );
+    }
+
+    #[test]
+    fn zoned_timestamps_are_their_utc_instants() {
+        let Some(source) = ValueSource::parse("1114 Europe/Paris") else {
+            panic!("no Europe/Paris in the system's tz database");
+        };
+        let spec = FieldSpec::new(PortableType::Datetime, true).unwrap();
+        let wire = |t: &str| text_to_wire(&spec, &source, t.as_bytes()).map(|v| v.to_wire_text());
+        assert_eq!(
+            wire("2024-01-15 12:00:00.25").unwrap(),
+            r#""2024-01-15T11:00:00.250000Z""#
+        );
+        assert_eq!(
+            wire("2024-07-15 12:00:00").unwrap(),
+            r#""2024-07-15T10:00:00.000000Z""#
+        );
+        // The repeated hour at the end of summer time: the earlier instant.
+        assert_eq!(
+            wire("2024-10-27 02:30:00").unwrap(),
+            r#""2024-10-27T00:30:00.000000Z""#
+        );
+        // The skipped hour at its start, and years the UTC instant leaves: errors.
+        assert!(wire("2024-03-31 02:30:00").is_err());
+        // (Paris kept local mean time, 0:09:21 ahead of UTC, before 1891.)
+        assert!(wire("0001-01-01 00:05:00").is_err());
+        assert!(wire("0001-01-01 00:30:00").is_ok());
+        assert!(wire("infinity").is_err());
+        assert!(ValueSource::parse("1114 Not/AZone").is_none());
+        assert!(ValueSource::parse("25 Europe/Paris").is_none());
     }
 
     #[test]

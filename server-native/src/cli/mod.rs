@@ -636,6 +636,12 @@ enum RegistryCommand {
         /// Lifecycle columns, for every relation registered.
         #[command(flatten)]
         lifecycle: LifecycleArgs,
+        /// How `timestamp` (without time zone) columns are read: ZONE for every one (a time
+        /// zone PostgreSQL knows, such as Europe/Paris), COLUMN=ZONE for one (with several
+        /// relations RELATION.COLUMN=ZONE), and `text` instead of a zone to sync the column as
+        /// PostgreSQL's text. Default: UTC. Repeatable.
+        #[arg(long = "timestamp-zone")]
+        timestamp_zone: Vec<String>,
     },
     /// Show what reconfiguring a relation after DDL would do, changing nothing: the class,
     /// the fields added, changed and retired, the affected scopes, and the connect action

@@ -59,6 +59,40 @@ fn server_only_by_relation(
     Ok(out)
 }
 
+/// The `--timestamp-zone` entries of each relation: ZONE (every relation's `*`), COLUMN=ZONE
+/// with one relation, RELATION.COLUMN=ZONE with several.
+fn zones_by_relation(
+    relations: &[String],
+    several: bool,
+    entries: &[String],
+) -> Result<Vec<std::collections::BTreeMap<String, String>>> {
+    let mut out = vec![std::collections::BTreeMap::new(); relations.len()];
+    for entry in entries {
+        let Some((target, zone)) = entry.split_once('=') else {
+            for zones in &mut out {
+                zones.insert("*".to_owned(), entry.clone());
+            }
+            continue;
+        };
+        let (i, column) = if several {
+            let placed = target.split_once('.').and_then(|(relation, column)| {
+                Some((relations.iter().position(|r| r == relation)?, column))
+            });
+            placed.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--timestamp-zone {entry}: with several relations, name RELATION.COLUMN=ZONE of one of them"
+                )
+            })?
+        } else {
+            (0, target)
+        };
+        if let Some(zones) = out.get_mut(i) {
+            zones.insert(column.to_owned(), zone.to_owned());
+        }
+    }
+    Ok(out)
+}
+
 /// Runs one `registry` subcommand.
 pub(super) async fn run(command: RegistryCommand) -> Result<ExitCode> {
     match command {
@@ -76,6 +110,7 @@ pub(super) async fn run(command: RegistryCommand) -> Result<ExitCode> {
             impact_bound,
             server_only,
             lifecycle,
+            timestamp_zone,
         } => {
             let mut db = connect_db(&database_url).await?;
             let relations = if all {
@@ -95,10 +130,12 @@ pub(super) async fn run(command: RegistryCommand) -> Result<ExitCode> {
                 anyhow::bail!("--table-name names one relation's table: register it on its own");
             }
             let server_only = server_only_by_relation(&relations, several, &server_only)?;
+            let zones = zones_by_relation(&relations, several, &timestamp_zone)?;
             let requests: Vec<RegisterRequest> = relations
                 .iter()
                 .zip(server_only)
-                .map(|(relation, server_only)| RegisterRequest {
+                .zip(zones)
+                .map(|((relation, server_only), timestamp_zones)| RegisterRequest {
                     schema: schema.clone(),
                     relation: relation.clone(),
                     kind: kind.clone(),
@@ -109,6 +146,7 @@ pub(super) async fn run(command: RegistryCommand) -> Result<ExitCode> {
                     table_name: table_name.clone(),
                     server_only,
                     lifecycle: lifecycle.map(),
+                    timestamp_zones,
                 })
                 .collect();
             if check {
