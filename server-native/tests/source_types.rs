@@ -288,6 +288,9 @@ async fn application_column_types_register_capture_and_push_exactly() {
         ("text[]", "[\"a\",7]"),
         ("integer[][]", "[[1,2],[3]]"),
         ("integer[][]", "[1.5]"),
+        ("integer[][]", "[[[[[[[1]]]]]]]"),
+        ("text[]", "[{\"a\":1}]"),
+        ("text[]", "{\"a\":[\"b\"]}"),
         ("enum[]", "[\"furious\"]"),
         ("bytea[]", "[\"!!\"]"),
     ]
@@ -884,7 +887,31 @@ async fn timestamps_are_read_in_their_declared_zone_or_as_text() {
             .unwrap();
         assert_eq!(out.status.code(), Some(1), "{bad}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("timestamp zone"), "{bad}: {stderr}");
+        assert!(
+            stderr.contains("timestamp zone") || stderr.contains("--timestamp-zone"),
+            "{bad}: {stderr}"
+        );
+    }
+    // The SQL entry point checks the same (without the CLI's own check of the zone).
+    let op = env.login("synchro_dev_operator").await;
+    for zones in [
+        r#"{"*": "Mars/Olympus"}"#,
+        r#"{"owner": "UTC"}"#,
+        r#"{"*": 3}"#,
+        "[]",
+    ] {
+        assert_eq!(
+            common::sqlstate(
+                &op,
+                &format!(
+                    "SELECT synchro.synchro_register_relation('app', 'meetings', 10, 10,
+                         p_timestamp_zones => '{zones}')"
+                )
+            )
+            .await,
+            "22023",
+            "{zones}"
+        );
     }
     let zones = [
         ("*", "America/New_York"),

@@ -671,6 +671,7 @@ async fn the_sql_checks_refuse_exactly_what_capture_cannot_convert() {
         ("date", PortableType::Date, 1082, "infinity|-infinity|0001-01-01|0001-12-31 BC|4713-01-01 BC|9999-12-31|10000-01-01|5874897-12-31|2024-02-29"),
         ("timestamptz", PortableType::Datetime, 1184, "infinity|-infinity|0001-01-01 00:00+00|0001-01-01 00:00+00:01|0001-01-01 00:00-00:01|9999-12-31 23:59:59.999999+00|9999-12-31 23:59:59.999999-00:01|10000-01-01 00:00+00|0044-03-15 BC|294276-12-31 23:59:59+00|2024-02-29 12:00:00.5+05:30"),
         ("time", PortableType::Time, 1083, "00:00|23:59:59.999999|24:00|23:59:60|12:00:00.5"),
+        ("timestamp", PortableType::Datetime, 1114, "infinity|-infinity|0001-01-01 00:00|0044-03-15 BC|9999-12-31 23:59:59.999999|10000-01-01 00:00|294276-12-31 23:59:59|2024-02-29 12:00:00.5"),
     ];
     // In the capture session's settings (the trigger and registration set TimeZone to UTC
     // themselves; the other tests write from sessions in other time zones).
@@ -682,7 +683,7 @@ async fn the_sql_checks_refuse_exactly_what_capture_cannot_convert() {
         };
         let kind: String = db
             .query_one(
-                &format!("SELECT synchro.synchro_value_check_kind($1, '{ty}'::regtype)"),
+                &format!("SELECT synchro.synchro_value_check_kind($1, '{ty}'::regtype, NULL)"),
                 &[&portable.as_str()],
             )
             .await

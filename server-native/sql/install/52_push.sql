@@ -130,19 +130,24 @@ BEGIN
     IF jsonb_typeof(v_json) <> 'array' THEN
         RAISE EXCEPTION 'an array field''s value is not a JSON array' USING ERRCODE = '22023';
     END IF;
-    RETURN synchro.synchro_array_literal(v_json, p_element);
+    RETURN synchro.synchro_array_literal(v_json, p_element, 1);
 END $$;
 REVOKE EXECUTE ON FUNCTION synchro.synchro_array_input(text, text) FROM PUBLIC;
 
--- synchro_array_input of one JSON value (an array, or an element).
-CREATE FUNCTION synchro.synchro_array_literal(p_value jsonb, p_element text) RETURNS text
+-- synchro_array_input of one JSON value (an array at dimension p_depth, or an element).
+-- PostgreSQL arrays have at most 6 dimensions: a deeper one raises 22023 here rather than
+-- program_limit_exceeded in the cast.
+CREATE FUNCTION synchro.synchro_array_literal(p_value jsonb, p_element text, p_depth integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, synchro, pg_temp AS $$
 DECLARE
     v_kind text := jsonb_typeof(p_value);
     v_text text;
 BEGIN
-    IF v_kind = 'array' THEN
-        RETURN '{' || coalesce((SELECT string_agg(synchro.synchro_array_literal(e.value, p_element), ',' ORDER BY e.n)
+    IF v_kind = 'array' AND p_depth > 6 THEN
+        RAISE EXCEPTION 'an array has more than 6 dimensions' USING ERRCODE = '22023';
+    ELSIF v_kind = 'array' THEN
+        RETURN '{' || coalesce((SELECT string_agg(synchro.synchro_array_literal(e.value, p_element, p_depth + 1), ','
+                                                  ORDER BY e.n)
                                   FROM jsonb_array_elements(p_value) WITH ORDINALITY AS e(value, n)), '') || '}';
     ELSIF v_kind = 'null' THEN
         RETURN 'NULL';
@@ -157,7 +162,7 @@ BEGIN
     END IF;
     RETURN '"' || replace(replace(v_text, '\', '\\'), '"', '\"') || '"';
 END $$;
-REVOKE EXECUTE ON FUNCTION synchro.synchro_array_literal(jsonb, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION synchro.synchro_array_literal(jsonb, text, integer) FROM PUBLIC;
 
 CREATE FUNCTION synchro.synchro_push_target(p_relation_id text) RETURNS synchro.push_target
 LANGUAGE plpgsql STABLE

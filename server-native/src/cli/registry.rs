@@ -90,6 +90,15 @@ fn zones_by_relation(
             zones.insert(column.to_owned(), zone.to_owned());
         }
     }
+    // Capture reads zones with this machine's tz database, PostgreSQL with its own: a zone
+    // only PostgreSQL knows would stop capture, so it is refused here.
+    for zone in out.iter().flat_map(|z| z.values()) {
+        if zone != "text" && jiff::tz::TimeZone::get(zone).is_err() {
+            anyhow::bail!(
+                "--timestamp-zone {zone}: this machine's time zone database (/usr/share/zoneinfo) does not know it"
+            );
+        }
+    }
     Ok(out)
 }
 
