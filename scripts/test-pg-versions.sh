@@ -22,7 +22,7 @@ declare -A PACKAGE=(
 PG_FACING=(
     --workspace --test install_and_roles --test pgoutput --test capture --test capture_crash
     --test server_crash --test pull_api --test push_api --test lineage --test tls
-    --test lineage_reset --test managed_service
+    --test lineage_reset --test managed_service --test source_types
 )
 
 # As root the clusters run as the postgres user, which must reach the binaries: from a clone
