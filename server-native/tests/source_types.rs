@@ -10,7 +10,7 @@
 mod common;
 
 use common::{
-    free_port, register_request_with_rule, register_with_rule, source_type_vectors,
+    free_port, owner_rule, register_request_with_rule, register_with_rule, source_type_vectors,
     source_types_fixture, source_types_row, source_types_same, start_server, wait_ready, Env,
 };
 use serde_json::{json, Value};
@@ -417,18 +417,12 @@ async fn arrays_json_cannot_carry_are_refused_where_written() {
     );
 }
 
-/// `synchro-server registry register` as the operator: (exit code, stdout JSON, stderr).
-fn register_cli(env: &Env, relation: &str, extra: &[&str]) -> (i32, Value, String) {
+/// `synchro-server registry register --schema app <args>` as the operator: (exit code, stdout
+/// JSON or null, stderr).
+fn registry_register(env: &Env, args: &[&str]) -> (i32, Value, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args([
-            "registry",
-            "register",
-            "--schema",
-            "app",
-            "--relation",
-            relation,
-        ])
-        .args(extra)
+        .args(["registry", "register", "--schema", "app"])
+        .args(args)
         .env(
             "DATABASE_URL",
             env.cluster.url("synchro_dev_operator", "app"),
@@ -436,12 +430,41 @@ fn register_cli(env: &Env, relation: &str, extra: &[&str]) -> (i32, Value, Strin
         .env_remove("SYNCHRO_LOG")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     (
         out.status.code().unwrap_or(-1),
-        serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// [`registry_register`] of `--relation <relation>` and `extra`.
+fn register_cli(env: &Env, relation: &str, extra: &[&str]) -> (i32, Value, String) {
+    let mut args = vec!["--relation", relation];
+    args.extend_from_slice(extra);
+    registry_register(env, &args)
+}
+
+/// `column:type` of each field of each relation a several-relation registration printed.
+fn registered_types(registered: &Value) -> Vec<Vec<String>> {
+    registered["registered"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{registered}"))
+        .iter()
+        .map(|t| {
+            t["fields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{}:{}",
+                        f["column"].as_str().unwrap(),
+                        f["type"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// What registration cannot sync is refused with the spec's error body, and the CLI says which
@@ -612,49 +635,14 @@ async fn a_whole_schema_registers_in_one_command() {
          CREATE TABLE app.\"Tag\" (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), name varchar(40) NOT NULL UNIQUE)",
     )
     .await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args([
-            "registry", "register", "--schema", "app", "--all", "--check",
-        ])
-        .env(
-            "DATABASE_URL",
-            env.cluster.url("synchro_dev_operator", "app"),
-        )
-        .output()
-        .unwrap();
-    let checked: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(checked["ok"], true, "{checked}");
+    let (code, checked, _) = registry_register(&env, &["--all", "--check"]);
+    assert_eq!((code, &checked["ok"]), (0, &json!(true)), "{checked}");
     assert_eq!(checked["relations"].as_array().unwrap().len(), 3);
     let (code, body, _) = register_cli(&env, "x", &[]);
     assert_eq!(code, 1, "no such table: {body}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args(["registry", "register", "--schema", "app", "--all"])
-        .env(
-            "DATABASE_URL",
-            env.cluster.url("synchro_dev_operator", "app"),
-        )
-        .output()
-        .unwrap();
-    let registered: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tables = registered["registered"].as_array().unwrap();
-    assert_eq!(tables.len(), 3, "{registered}");
-    let types: Vec<Vec<String>> = tables
-        .iter()
-        .map(|t| {
-            t["fields"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| {
-                    format!(
-                        "{}:{}",
-                        f["column"].as_str().unwrap(),
-                        f["type"].as_str().unwrap()
-                    )
-                })
-                .collect()
-        })
-        .collect();
+    let (code, registered, _) = registry_register(&env, &["--all"]);
+    assert_eq!(code, 0, "{registered}");
+    let types = registered_types(&registered);
     assert_eq!(
         types,
         [
@@ -675,15 +663,7 @@ async fn a_whole_schema_registers_in_one_command() {
         ]
     );
     // Nothing is left to register.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-        .args(["registry", "register", "--schema", "app", "--all"])
-        .env(
-            "DATABASE_URL",
-            env.cluster.url("synchro_dev_operator", "app"),
-        )
-        .output()
-        .unwrap();
-    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (_, again, _) = registry_register(&env, &["--all"]);
     assert_eq!(again, json!({"registered": []}));
 }
 
@@ -709,18 +689,7 @@ async fn a_join_table_syncs_through_a_one_column_key() {
              DROP CONSTRAINT post_tags_pkey, ADD PRIMARY KEY (id), ADD UNIQUE (post_id, tag_id)",
     )
     .await;
-    register_with_rule(
-        &env,
-        "post_tags",
-        "CREATE FUNCTION rules.pt_scopes(p_id uuid) RETURNS SETOF text LANGUAGE sql STABLE
-         BEGIN ATOMIC
-           SELECT 'user:' || owner FROM synchro_projection.\"app.post_tags\" WHERE id = p_id::text;
-         END;
-         REVOKE EXECUTE ON FUNCTION rules.pt_scopes(uuid) FROM PUBLIC;
-         GRANT EXECUTE ON FUNCTION rules.pt_scopes(uuid) TO synchro_worker;
-         SELECT synchro.synchro_register_membership_function('app', 'post_tags', 'rules.pt_scopes(uuid)');",
-    )
-    .await;
+    register_with_rule(&env, "post_tags", &owner_rule("post_tags", "uuid")).await;
     let manifest = load_lineage(&env.login("synchro_dev_adapter").await)
         .await
         .unwrap()
@@ -798,42 +767,11 @@ async fn the_readme_schema_registers_as_the_readme_says() {
     let sql = &sql[..sql.find("```").unwrap()];
     let env = Env::installed().await;
     env.as_app_owner(sql).await;
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-            .args(["registry", "register", "--schema", "app"])
-            .args(args)
-            .env(
-                "DATABASE_URL",
-                env.cluster.url("synchro_dev_operator", "app"),
-            )
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
-    let checked = run(&["--all", "--check"]);
+    let (_, checked, _) = registry_register(&env, &["--all", "--check"]);
     assert_eq!(checked["ok"], true, "{checked}");
-    let registered = run(&["--all"]);
-    let types: Vec<Vec<String>> = registered["registered"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            t["fields"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| {
-                    format!(
-                        "{}:{}",
-                        f["column"].as_str().unwrap(),
-                        f["type"].as_str().unwrap()
-                    )
-                })
-                .collect()
-        })
-        .collect();
+    let (_, registered, _) = registry_register(&env, &["--all"]);
     assert_eq!(
-        types,
+        registered_types(&registered),
         [
             vec![
                 "id:string",
@@ -869,24 +807,8 @@ async fn timestamps_are_read_in_their_declared_zone_or_as_text() {
     .await;
     // Declarations PostgreSQL cannot read, or that name no timestamp column, are refused.
     for bad in ["Mars/Olympus", "owner=UTC", "nope=text"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_synchro-server"))
-            .args([
-                "registry",
-                "register",
-                "--schema",
-                "app",
-                "--relation",
-                "meetings",
-            ])
-            .args(["--timestamp-zone", bad])
-            .env(
-                "DATABASE_URL",
-                env.cluster.url("synchro_dev_operator", "app"),
-            )
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(1), "{bad}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (code, _, stderr) = register_cli(&env, "meetings", &["--timestamp-zone", bad]);
+        assert_eq!(code, 1, "{bad}");
         assert!(
             stderr.contains("timestamp zone") || stderr.contains("--timestamp-zone"),
             "{bad}: {stderr}"
@@ -926,18 +848,7 @@ async fn timestamps_are_read_in_their_declared_zone_or_as_text() {
             .collect(),
         ..synchro_server::registry::RegisterRequest::synced("app", "meetings", "multi_scope")
     };
-    register_request_with_rule(
-        &env,
-        &request,
-        "CREATE FUNCTION rules.m_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
-         BEGIN ATOMIC
-           SELECT 'user:' || owner FROM synchro_projection.\"app.meetings\" WHERE id = p_id;
-         END;
-         REVOKE EXECUTE ON FUNCTION rules.m_scopes(integer) FROM PUBLIC;
-         GRANT EXECUTE ON FUNCTION rules.m_scopes(integer) TO synchro_worker;
-         SELECT synchro.synchro_register_membership_function('app', 'meetings', 'rules.m_scopes(integer)');",
-    )
-    .await;
+    register_request_with_rule(&env, &request, &owner_rule("meetings", "integer")).await;
     let manifest = load_lineage(&env.login("synchro_dev_adapter").await)
         .await
         .unwrap()

@@ -446,19 +446,22 @@ pub async fn source_types_fixture(env: &Env) -> Vec<serde_json::Value> {
         source_types_row(&cases, 1, "alice")
     ))
     .await;
-    register_with_rule(
-        env,
-        "source_types",
-        "CREATE FUNCTION rules.t_scopes(p_id integer) RETURNS SETOF text LANGUAGE sql STABLE
-         BEGIN ATOMIC
-           SELECT 'user:' || owner FROM synchro_projection.\"app.source_types\" WHERE id = p_id;
-         END;
-         REVOKE EXECUTE ON FUNCTION rules.t_scopes(integer) FROM PUBLIC;
-         GRANT EXECUTE ON FUNCTION rules.t_scopes(integer) TO synchro_worker;
-         SELECT synchro.synchro_register_membership_function('app', 'source_types', 'rules.t_scopes(integer)');",
-    )
-    .await;
+    register_with_rule(env, "source_types", &owner_rule("source_types", "integer")).await;
     cases
+}
+
+/// The membership rule [`register_with_rule`] takes for a table `app.<table>` with an `id`
+/// key of SQL type `key_type` and an `owner` column: each row in the scope `user:<owner>`.
+pub fn owner_rule(table: &str, key_type: &str) -> String {
+    format!(
+        "CREATE FUNCTION rules.{table}_scopes(p_id {key_type}) RETURNS SETOF text LANGUAGE sql STABLE
+         BEGIN ATOMIC
+           SELECT 'user:' || owner FROM synchro_projection.\"app.{table}\" WHERE id::text = p_id::text;
+         END;
+         REVOKE EXECUTE ON FUNCTION rules.{table}_scopes({key_type}) FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION rules.{table}_scopes({key_type}) TO synchro_worker;
+         SELECT synchro.synchro_register_membership_function('app', '{table}', 'rules.{table}_scopes({key_type})');"
+    )
 }
 
 /// For each column `c<i>` of `app.source_types`, whether row `a` holds exactly what row `b`
