@@ -866,9 +866,12 @@ async fn a_pushed_value_the_source_cannot_represent_is_that_mutations_invalid_va
             "{o}"
         );
     }
-    // The fence's refusal (a value PostgreSQL holds that the portable type cannot) names no
-    // field; a value the column's type refuses on its own (float4's range) is named.
-    assert_eq!(outcomes[0]["message"], "a value cannot be represented");
+    // The fence's refusal (a value PostgreSQL holds that the portable type cannot) and a
+    // value the column's type refuses on its own (float4's range) name the field.
+    assert_eq!(
+        outcomes[0]["message"],
+        "the value of jb cannot be held by its portable type"
+    );
     assert_eq!(
         outcomes[2]["message"],
         "the database refuses the value of f4 (outside its type, enum or domain)"

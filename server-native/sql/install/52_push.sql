@@ -416,6 +416,7 @@ DECLARE
     v_cols text;
     v_vals text;
     v_writing boolean;
+    v_detail text;
     v_done boolean;
     v_r record;
 BEGIN
@@ -528,7 +529,14 @@ BEGIN
             EXCEPTION
                 WHEN SQLSTATE 'SYRB1' THEN
                     NULL;
-                WHEN SQLSTATE '22SY1' OR data_exception THEN
+                WHEN SQLSTATE '22SY1' THEN
+                    IF NOT v_writing THEN RAISE; END IF;
+                    -- The fence names the fields whose values no portable type holds.
+                    GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+                    v_status := coalesce('unrepresentable:' || (SELECT string_agg(f, ',')
+                        FROM jsonb_array_elements_text(v_detail::jsonb #> '{error,field_ids}') AS f), 'invalid_value');
+                    v_current := NULL; v_post := v_pre;
+                WHEN data_exception THEN
                     IF NOT v_writing THEN RAISE; END IF;
                     v_status := synchro.synchro_push_refusal('invalid_value', v_t, p_columns[v_from:v_to],
                                                              p_values[v_from:v_to]);

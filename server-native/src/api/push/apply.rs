@@ -457,21 +457,26 @@ fn outcome(
         }
         "not_writable" => rejected(id, "not_writable", "the table or a field is not writable"),
         "invalid_value" => rejected(id, "invalid_value", "a value cannot be represented"),
-        status if status.starts_with("invalid_value:") => {
-            // Values their column's type or domain refuses on their own: named by the
-            // manifest's field names (never the value).
-            let names: Vec<&str> = status["invalid_value:".len()..]
+        status if status.contains(':') => {
+            // Values named by the manifest's field names (never the value): refused by their
+            // column's type, enum or domain on their own, or (the fence) by no portable type.
+            let (kind, ids) = status.split_once(':').unwrap_or_default();
+            let names: Vec<&str> = ids
                 .split(',')
                 .map(|f| p.table.field(f).map_or(f, |f| f.name.as_str()))
                 .collect();
-            rejected(
-                id,
-                "invalid_value",
-                &format!(
+            let message = if kind == "unrepresentable" {
+                format!(
+                    "the value of {} cannot be held by its portable type",
+                    names.join(", ")
+                )
+            } else {
+                format!(
                     "the database refuses the value of {} (outside its type, enum or domain)",
                     names.join(", ")
-                ),
-            )
+                )
+            };
+            rejected(id, "invalid_value", &message)
         }
         _ => rejected(id, "constraint_violation", "the database refused the write"),
     })
