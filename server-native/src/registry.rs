@@ -89,8 +89,10 @@ impl RegistrationError {
 /// capture worker: its activation and rule evaluations lock the projection and its views in
 /// the opposite order). PostgreSQL rolled it back whole; it is run again.
 fn conflicted(e: &RegistrationError) -> bool {
+    // `install::describe` writes "<message> (SQLSTATE <code>)", then "; <hint>" when there is
+    // one (a deadlock's is "See server log for query details.").
     matches!(e, RegistrationError::Database(m)
-        if m.ends_with("(SQLSTATE 40P01)") || m.ends_with("(SQLSTATE 40001)"))
+        if m.contains("(SQLSTATE 40P01)") || m.contains("(SQLSTATE 40001)"))
 }
 
 /// A failure of the publish step: its database error's message and SQLSTATE when it was
@@ -589,4 +591,23 @@ async fn change_and_publish_once(
         .await
         .map_err(|e| RegistrationError::Database(crate::install::describe(&e)))?;
     Ok((change, outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlocks_and_serialization_failures_are_retried_whatever_their_hint() {
+        let db = |m: &str| RegistrationError::Database(m.to_owned());
+        assert!(conflicted(&db(
+            "deadlock detected (SQLSTATE 40P01); See server log for query details."
+        )));
+        assert!(conflicted(&db(
+            "could not serialize access due to concurrent update (SQLSTATE 40001)"
+        )));
+        assert!(!conflicted(&db(
+            "permission denied for table x (SQLSTATE 42501)"
+        )));
+    }
 }

@@ -181,10 +181,12 @@ pub(super) async fn run(command: RegistryCommand) -> Result<ExitCode> {
                 }
                 Err((i, e)) => {
                     // Which relation was refused (nothing was registered), then the refusal.
-                    eprintln!(
-                        "{}.{} was refused; nothing was registered",
-                        requests[i].schema, requests[i].relation
-                    );
+                    if let (Some(r), RegistrationError::Invalid(..)) = (requests.get(i), &e) {
+                        eprintln!(
+                            "{}.{} was refused; nothing was registered",
+                            r.schema, r.relation
+                        );
+                    }
                     printed::<Value>(Err(e))
                 }
             }
